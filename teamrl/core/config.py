@@ -1,0 +1,266 @@
+"""The config schema: typed dataclasses, validated before any model loads.
+
+A config is a YAML file plus ``key.sub=value`` overrides. Every field declares its type and,
+where it matters, its allowed values or range; an unknown key, a wrong type or an
+out-of-range value fails with one line that names the key and what is allowed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A config key or value is not allowed; the message names the key and what is."""
+
+
+def _f(default: Any = dataclasses.MISSING, *, choices: tuple | None = None, ge: float | None = None,
+       gt: float | None = None, le: float | None = None, doc: str = "", factory: Any = None) -> Any:
+    meta = {"choices": choices, "ge": ge, "gt": gt, "le": le, "doc": doc}
+    if factory is not None:
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+@dataclass
+class LoraConfig:
+    r: int = _f(16, ge=1, doc="LoRA rank")
+    alpha: float = _f(32.0, gt=0, doc="LoRA scaling numerator (scale = alpha / r)")
+    dropout: float = _f(0.0, ge=0, le=1, doc="dropout on the LoRA input")
+    target_modules: list[str] = _f(factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+                                   doc="module names that get adapters")
+
+
+@dataclass
+class PolicyConfig:
+    mode: str = _f("shared", choices=("shared", "lora_per_role", "separate"),
+                   doc="shared: one set of weights for every role; lora_per_role: one LoRA adapter per role type on one base; separate: one model per role")
+    lora: LoraConfig | None = _f(factory=LoraConfig, doc="LoRA settings; null trains full weights (not allowed with lora_per_role)")
+
+
+@dataclass
+class RolloutConfig:
+    group_size: int = _f(8, ge=1, doc="samples per prompt (G)")
+    batch_size: int = _f(4, ge=1, doc="problems per step")
+    max_new_tokens: int = _f(48, ge=1, doc="completion length limit")
+    temperature: float = _f(1.0, ge=0, doc="sampling temperature; 0 is greedy")
+    top_p: float = _f(1.0, gt=0, le=1, doc="nucleus sampling mass")
+    top_k: int = _f(0, ge=0, doc="keep the k most likely tokens; 0 keeps all")
+    stop: list[str] = _f(factory=list, doc="stop strings (the completion is cut after the first one)")
+
+
+@dataclass
+class LossSettings:
+    eps_low: float = _f(0.2, ge=0, doc="lower PPO clip: ratio >= 1 - eps_low")
+    eps_high: float = _f(0.2, ge=0, doc="upper PPO clip: ratio <= 1 + eps_high (DAPO clip-higher when > eps_low)")
+    dual_clip: float | None = _f(None, gt=1, doc="dual-clip constant c > 1 for negative advantages; null disables")
+    kl_coef: float = _f(0.0, ge=0, doc="weight of the k3 KL to the reference (base with adapters off)")
+    aggregation: str = _f("token_mean", choices=("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "dr_grpo"),
+                          doc="how token losses become one number")
+
+
+@dataclass
+class TrainConfig:
+    steps: int = _f(20, ge=1, doc="optimizer iterations")
+    lr: float = _f(2e-4, gt=0, doc="learning rate (AdamW)")
+    weight_decay: float = _f(0.0, ge=0, doc="AdamW weight decay")
+    max_grad_norm: float = _f(1.0, gt=0, doc="gradient clipping norm per policy")
+    ppo_epochs: int = _f(1, ge=1, doc="passes over each batch; with 1, old log-probs are the detached current ones")
+    micro_batch_size: int = _f(16, ge=1, doc="sequences per forward/backward (gradient accumulation)")
+    advantage: str = _f("group", choices=("group", "mean", "batch", "none", "rloo", "max"), doc="group normalisation mode")
+    advantage_eps: float = _f(1e-4, gt=0, doc="epsilon added to the std")
+    loss: LossSettings = _f(factory=LossSettings)
+
+
+@dataclass
+class RunConfig:
+    dir: str = _f("runs", doc="parent folder of run directories")
+    save_every: int = _f(10, ge=1, doc="checkpoint every N steps (and at the end)")
+    keep_checkpoints: int = _f(2, ge=1, doc="how many recent checkpoints to keep")
+    log_episodes: bool = _f(True, doc="write sampled episodes to episodes/step_N.jsonl")
+    progress: bool = _f(True, doc="show a progress bar")
+
+
+@dataclass
+class Config:
+    name: str = _f("run", doc="run name: the run directory is <run.dir>/<name>")
+    seed: int = _f(0, doc="seed for data order, sampling and initialisation")
+    model: str = _f("smollm2-135m", doc="alias (smollm2-135m, tiny-random), local folder, or hub id")
+    threads: int = _f(0, ge=0, doc="torch CPU threads; 0 keeps torch's default")
+    algorithm: str = _f("grpo", choices=("grpo",), doc="training algorithm")
+    task: dict[str, Any] = _f(factory=lambda: {"name": "word_count"}, doc="task name and its own options")
+    policy: PolicyConfig = _f(factory=PolicyConfig)
+    rollout: RolloutConfig = _f(factory=RolloutConfig)
+    train: TrainConfig = _f(factory=TrainConfig)
+    run: RunConfig = _f(factory=RunConfig)
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", str(tp)).replace("typing.", "")
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    """Check ``value`` against annotation ``tp``; build nested dataclasses."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for a in args:
+            if a is type(None):
+                continue
+            try:
+                return _coerce(value, a, key)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(errors[0] if len(errors) == 1 else f"{key}: got {value!r}, expected one of {[_type_name(a) for a in args]}")
+    if dataclasses.is_dataclass(tp):
+        if isinstance(value, tp):
+            return value
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a mapping of {[f.name for f in dataclasses.fields(tp)]}, got {value!r}")
+        return _build(tp, value, key + ".")
+    if origin is list:
+        (inner,) = typing.get_args(tp)
+        if not isinstance(value, list):
+            raise ConfigError(f"{key}: expected a list of {_type_name(inner)}, got {value!r}")
+        return [_coerce(v, inner, f"{key}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a mapping, got {value!r}")
+        return dict(value)
+    if tp is float:
+        if isinstance(value, str):  # YAML 1.1 reads "1e-3" (no dot) as a string
+            try:
+                value = float(value)
+            except ValueError:
+                pass
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{key}: expected a number, got {value!r}")
+        return float(value)
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{key}: expected an integer, got {value!r}")
+        return value
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key}: expected true or false, got {value!r}")
+        return value
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{key}: expected a string, got {value!r}")
+        return value
+    raise ConfigError(f"{key}: unsupported type {tp}")  # a schema bug, not a user error
+
+
+def _check_range(f: dataclasses.Field, value: Any, key: str) -> None:
+    m = f.metadata
+    if value is None:
+        return
+    if m.get("choices") and value not in m["choices"]:
+        raise ConfigError(f"{key}: {value!r} is not allowed; choose one of {list(m['choices'])}")
+    for bound, ok, word in (("ge", lambda v, b: v >= b, ">="), ("gt", lambda v, b: v > b, ">"), ("le", lambda v, b: v <= b, "<=")):
+        b = m.get(bound)
+        if b is not None and not ok(value, b):
+            raise ConfigError(f"{key}: {value!r} is out of range; must be {word} {b}")
+
+
+def _build(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = [k for k in data if k not in fields]
+    if unknown:
+        raise ConfigError(f"{prefix}{unknown[0]}: unknown key; allowed keys are {sorted(fields)}")
+    kwargs = {}
+    for name, value in data.items():
+        key = prefix + name
+        v = _coerce(value, hints[name], key)
+        _check_range(fields[name], v, key)
+        kwargs[name] = v
+    return cls(**kwargs)
+
+
+def _set_path(data: dict[str, Any], dotted: str, value: Any) -> None:
+    parts = dotted.split(".")
+    node = data
+    for p in parts[:-1]:
+        nxt = node.get(p)
+        if nxt is None:
+            nxt = node[p] = {}
+        if not isinstance(nxt, dict):
+            raise ConfigError(f"{dotted}: {p} is not a mapping, cannot set a sub-key")
+        node = nxt
+    node[parts[-1]] = value
+
+
+def parse_overrides(overrides: list[str]) -> list[tuple[str, Any]]:
+    """``["train.lr=1e-4", "policy.lora=null"]`` -> [(key, parsed YAML value), ...]."""
+    out = []
+    for o in overrides:
+        if "=" not in o:
+            raise ConfigError(f"override {o!r}: expected key.sub=value")
+        k, v = o.split("=", 1)
+        out.append((k.strip(), yaml.safe_load(v) if v.strip() else ""))
+    return out
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
+    """Read a YAML config (or the defaults), apply overrides, validate, and return a :class:`Config`."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file {str(p)!r} does not exist")
+        loaded = yaml.safe_load(p.read_text()) or {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"config file {str(p)!r}: expected a mapping at the top level")
+        data = loaded
+    for key, value in parse_overrides(overrides or []):
+        _set_path(data, key, value)
+    cfg = _build(Config, data)
+    validate(cfg)
+    return cfg
+
+
+def validate(cfg: Config) -> None:
+    """Checks that span several fields."""
+    if cfg.policy.mode == "lora_per_role" and cfg.policy.lora is None:
+        raise ConfigError("policy.lora: lora_per_role needs LoRA settings, got null; use mode shared or separate for full weights")
+    if "name" not in cfg.task:
+        raise ConfigError("task.name: missing; name a task, e.g. word_count")
+    if cfg.train.advantage in ("group", "rloo", "batch", "mean", "none") and cfg.rollout.group_size < 2:
+        raise ConfigError(f"rollout.group_size: {cfg.rollout.group_size} gives groups of one, whose advantage is 0; must be >= 2 (or use train.advantage=max)")
+
+
+def config_to_dict(cfg: Any) -> Any:
+    """The resolved config as plain data (for ``config.yaml`` in the run directory)."""
+    return dataclasses.asdict(cfg)
+
+
+def describe_schema(cls: type = Config, prefix: str = "") -> list[tuple[str, str, str, str]]:
+    """(key, type, default, doc) rows for the README's config reference."""
+    rows = []
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        tp = hints[f.name]
+        inner = [a for a in typing.get_args(tp) if dataclasses.is_dataclass(a)]
+        sub = tp if dataclasses.is_dataclass(tp) else (inner[0] if inner else None)
+        default = f.default if f.default is not dataclasses.MISSING else (f.default_factory() if f.default_factory is not dataclasses.MISSING else "")
+        if sub is not None:
+            if f.metadata.get("doc"):
+                rows.append((prefix + f.name, "mapping or null" if inner else "mapping", "", f.metadata["doc"]))
+            rows += describe_schema(sub, prefix + f.name + ".")
+            continue
+        doc = f.metadata.get("doc", "")
+        if f.metadata.get("choices"):
+            doc += f" (one of {', '.join(f.metadata['choices'])})"
+        rows.append((prefix + f.name, str(tp).replace("typing.", "").replace("<class '", "").replace("'>", ""), repr(default), doc))
+    return rows

@@ -1,0 +1,239 @@
+"""PPO-style clipped token loss with optional dual clip and k3 KL, and its aggregations.
+
+One loss serves every algorithm: the per-token clipped surrogate of PPO/GRPO, optionally with
+the dual clip of Ye et al. (2020) for negative advantages and a k3 KL penalty to a reference
+policy, reduced over tokens by one of ``AGGREGATIONS`` (each matching a TRL ``loss_type``).
+
+Masked positions (prompt, padding, everything after the first EOS) never contribute loss or
+gradient: their inputs are replaced with ``torch.where`` *before* any ``exp``, so even garbage
+log-probs such as ``+-1e9`` there cannot produce ``inf * 0 = NaN`` in the forward or backward pass.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["AGGREGATIONS", "LossConfig", "completion_mask", "policy_loss"]
+
+AGGREGATIONS: tuple[str, ...] = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "dr_grpo")
+
+
+def completion_mask(
+    completion_ids: torch.Tensor,
+    eos_token_id: int | Sequence[int] | None,
+    pad_mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Mask of the completion tokens that carry loss.
+
+    Args:
+        completion_ids: long ``[B, T]`` generated token ids.
+        eos_token_id: one id or several ids that end a completion; ``None`` (or an empty sequence)
+            means no EOS truncation.
+        pad_mask: optional bool ``[B, T]``, True for real tokens, False for padding.
+
+    Returns:
+        bool ``[B, T]``: True for real tokens up to and including the first EOS; False after the
+        first EOS and wherever ``pad_mask`` is False. An EOS id at a padding position is ignored,
+        so ``pad_token_id == eos_token_id`` (common) is safe with left or right padding.
+    """
+    if completion_ids.dim() != 2:
+        raise ValueError(f"completion_ids must be [B, T]; got shape {tuple(completion_ids.shape)}")
+    if pad_mask is not None and pad_mask.shape != completion_ids.shape:
+        raise ValueError(
+            f"pad_mask shape {tuple(pad_mask.shape)} does not match completion_ids shape {tuple(completion_ids.shape)}"
+        )
+    real = (
+        torch.ones_like(completion_ids, dtype=torch.bool) if pad_mask is None else pad_mask.to(torch.bool)
+    )
+    if eos_token_id is None:
+        eos_ids: list[int] = []
+    elif isinstance(eos_token_id, Sequence):
+        eos_ids = [int(i) for i in eos_token_id]
+    else:  # a plain int, or an integer scalar such as numpy.int64
+        eos_ids = [int(eos_token_id)]
+    if not eos_ids:
+        return real
+    eos_tensor = torch.tensor(eos_ids, dtype=completion_ids.dtype, device=completion_ids.device)
+    is_eos = torch.isin(completion_ids, eos_tensor) & real
+    # Number of EOS tokens strictly before each position; zero means "not past the first EOS",
+    # which keeps the first EOS itself.
+    eos_before = torch.cumsum(is_eos.to(torch.int32), dim=1) - is_eos.to(torch.int32)
+    return real & (eos_before == 0)
+
+
+@dataclass
+class LossConfig:
+    """Settings of :func:`policy_loss`.
+
+    Attributes:
+        eps_low: lower clip range, ratio clamped at ``1 - eps_low``; in ``[0, 1]``.
+        eps_high: upper clip range, ratio clamped at ``1 + eps_high``; ``>= 0`` (DAPO's clip-higher
+            uses ``eps_high > eps_low``).
+        dual_clip: ``None`` or a constant ``c > 1``; for negative advantages the token loss is capped
+            at ``-c * A`` (Ye et al. 2020, verl's ``clip_ratio_c``).
+        kl_coef: weight of the k3 KL penalty to the reference policy; ``>= 0``.
+        aggregation: one of ``AGGREGATIONS``.
+        max_completion_length: the constant denominator of ``"dr_grpo"`` (required there).
+    """
+
+    eps_low: float = 0.2
+    eps_high: float = 0.2
+    dual_clip: float | None = None
+    kl_coef: float = 0.0
+    aggregation: str = "token_mean"
+    max_completion_length: int | None = None
+
+    def __post_init__(self) -> None:
+        def finite(name: str, value: object) -> float:
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ValueError(f"LossConfig.{name} must be a finite number; got {value!r}")
+            return float(value)
+
+        if not 0.0 <= finite("eps_low", self.eps_low) <= 1.0:
+            raise ValueError(f"LossConfig.eps_low must be in [0, 1]; got {self.eps_low!r}")
+        if finite("eps_high", self.eps_high) < 0.0:
+            raise ValueError(f"LossConfig.eps_high must be >= 0; got {self.eps_high!r}")
+        if self.dual_clip is not None and finite("dual_clip", self.dual_clip) <= 1.0:
+            raise ValueError(f"LossConfig.dual_clip must be None or > 1; got {self.dual_clip!r}")
+        if finite("kl_coef", self.kl_coef) < 0.0:
+            raise ValueError(f"LossConfig.kl_coef must be >= 0; got {self.kl_coef!r}")
+        if self.aggregation not in AGGREGATIONS:
+            raise ValueError(
+                f"LossConfig.aggregation must be one of {', '.join(AGGREGATIONS)}; got {self.aggregation!r}"
+            )
+        if self.max_completion_length is not None and (
+            isinstance(self.max_completion_length, bool)
+            or not isinstance(self.max_completion_length, int)
+            or self.max_completion_length < 1
+        ):
+            raise ValueError(
+                f"LossConfig.max_completion_length must be None or a positive int; got {self.max_completion_length!r}"
+            )
+        if self.aggregation == "dr_grpo" and self.max_completion_length is None:
+            raise ValueError("LossConfig.max_completion_length is required when aggregation is 'dr_grpo'")
+
+
+def _check_shapes(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    ref_logprobs: torch.Tensor | None,
+) -> None:
+    """Raise ValueError naming the shapes when the inputs do not line up as [B, T] / [B]."""
+    if logprobs.dim() != 2:
+        raise ValueError(f"logprobs must be [B, T]; got shape {tuple(logprobs.shape)}")
+    shape = logprobs.shape
+    named = {"old_logprobs": old_logprobs, "mask": mask}
+    if ref_logprobs is not None:
+        named["ref_logprobs"] = ref_logprobs
+    for name, tensor in named.items():
+        if tensor.shape != shape:
+            raise ValueError(f"{name} shape {tuple(tensor.shape)} does not match logprobs shape {tuple(shape)}")
+    if advantages.shape != shape[:1]:
+        raise ValueError(f"advantages must be [B] = {tuple(shape[:1])}; got shape {tuple(advantages.shape)}")
+
+
+def policy_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    cfg: LossConfig,
+    ref_logprobs: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Clipped policy-gradient loss over a batch of completions.
+
+    Per token (``A`` broadcast from the sequence's advantage)::
+
+        ratio   = exp(logprobs - old_logprobs)
+        loss_t  = -min(ratio * A, clamp(ratio, 1 - eps_low, 1 + eps_high) * A)
+        loss_t  = min(loss_t, -dual_clip * A)          where A < 0, if dual_clip is set
+        loss_t += kl_coef * (exp(ref - logprobs) - (ref - logprobs) - 1)   (k3, as TRL)
+
+    Aggregation (``m`` the mask, ``B`` the batch size):
+
+    * ``token_mean``: ``sum(loss_t * m) / max(sum(m), 1)`` (TRL ``"bnpo"``; ``"dapo"`` on one process);
+    * ``seq_mean_token_mean``: mean over sequences of ``sum_t(loss_t * m) / max(sum_t m, 1)`` (TRL ``"grpo"``);
+    * ``seq_mean_token_sum``: mean over sequences of ``sum_t(loss_t * m)``;
+    * ``dr_grpo``: ``sum(loss_t * m) / (B * max_completion_length)`` (TRL ``"dr_grpo"``).
+
+    Args:
+        logprobs: float ``[B, T]`` current per-token log-probs of the completion tokens (with grad).
+        old_logprobs: float ``[B, T]`` log-probs under the sampling policy (treated as constants).
+        advantages: float ``[B]``, one per sequence (treated as constants).
+        mask: bool or 0/1 float ``[B, T]``; True where the token carries loss.
+        cfg: the loss settings.
+        ref_logprobs: float ``[B, T]`` reference-policy log-probs; required when ``cfg.kl_coef > 0``.
+
+    Returns:
+        ``(loss, stats)``: the scalar loss and python floats ``"loss"``, ``"clip_frac"`` (fraction of
+        masked tokens where the PPO clip is active, i.e. its gradient is cut: ratio above
+        ``1 + eps_high`` with ``A > 0`` or below ``1 - eps_low`` with ``A < 0``, as TRL's
+        ``clip_ratio``), ``"kl"`` (masked mean of k3, 0.0 without ``ref_logprobs``) and
+        ``"ratio_mean"`` (masked mean ratio).
+
+    Positions where ``mask`` is False contribute neither loss nor gradient, whatever their values.
+    """
+    _check_shapes(logprobs, old_logprobs, advantages, mask, ref_logprobs)
+    if cfg.kl_coef > 0 and ref_logprobs is None:
+        raise ValueError(f"LossConfig.kl_coef={cfg.kl_coef} > 0 needs ref_logprobs")
+
+    batch_size = logprobs.shape[0]
+    m = mask.to(torch.bool)
+    zero = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
+    # Old log-probs and advantages are constants of the surrogate; detaching guards against a
+    # caller passing tensors that still hang on the graph.
+    adv = advantages.detach().to(logprobs.dtype).unsqueeze(1)  # [B, 1]
+
+    # Select before exp: a masked position gets log-ratio 0 and its (zero) upstream gradient never
+    # meets an inf from exp(garbage).
+    log_ratio = torch.where(m, logprobs - old_logprobs.detach(), zero)
+    ratio = torch.exp(log_ratio)
+    clipped_ratio = torch.clamp(ratio, 1.0 - cfg.eps_low, 1.0 + cfg.eps_high)
+    loss_t = -torch.minimum(ratio * adv, clipped_ratio * adv)
+    if cfg.dual_clip is not None:
+        # For A < 0 a huge ratio makes -ratio*A unbounded; cap it at -c*A (gradient 0 there).
+        loss_t = torch.where(adv < 0, torch.minimum(loss_t, -cfg.dual_clip * adv), loss_t)
+
+    if ref_logprobs is not None:
+        delta = torch.where(m, ref_logprobs.detach() - logprobs, zero)
+        kl_t = torch.exp(delta) - delta - 1.0  # k3: unbiased, non-negative estimate of KL(pi || ref)
+        if cfg.kl_coef > 0:
+            loss_t = loss_t + cfg.kl_coef * kl_t
+    else:
+        kl_t = None
+
+    loss_t = torch.where(m, loss_t, zero)
+    m_f = m.to(logprobs.dtype)
+    n_tokens = m_f.sum().clamp(min=1.0)
+    if cfg.aggregation == "token_mean":
+        loss = loss_t.sum() / n_tokens
+    elif cfg.aggregation == "seq_mean_token_mean":
+        loss = (loss_t.sum(dim=1) / m_f.sum(dim=1).clamp(min=1.0)).sum() / max(batch_size, 1)
+    elif cfg.aggregation == "seq_mean_token_sum":
+        loss = loss_t.sum(dim=1).sum() / max(batch_size, 1)
+    else:  # dr_grpo
+        assert cfg.max_completion_length is not None  # guaranteed by LossConfig
+        longest = int(m.sum(dim=1).max().item()) if batch_size else 0
+        if longest > cfg.max_completion_length:
+            # The constant denominator is only the right normaliser if no completion is longer.
+            raise ValueError(
+                f"a completion has {longest} masked tokens, more than "
+                f"LossConfig.max_completion_length={cfg.max_completion_length} (dr_grpo's denominator)"
+            )
+        loss = loss_t.sum() / max(batch_size * cfg.max_completion_length, 1)
+
+    with torch.no_grad():
+        clip_active = ((ratio > 1.0 + cfg.eps_high) & (adv > 0)) | ((ratio < 1.0 - cfg.eps_low) & (adv < 0))
+        stats = {
+            "loss": float(loss.detach().item()),
+            "clip_frac": float(((clip_active & m).to(m_f.dtype).sum() / n_tokens).item()),
+            "kl": 0.0 if kl_t is None else float((torch.where(m, kl_t, zero).sum() / n_tokens).item()),
+            "ratio_mean": float((torch.where(m, ratio, zero).sum() / n_tokens).item()),
+        }
+    return loss, stats

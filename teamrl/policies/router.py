@@ -1,0 +1,87 @@
+"""Role -> policy routing: one shared policy, one LoRA adapter per role type, or separate models."""
+
+from __future__ import annotations
+
+import copy
+import re
+
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from teamrl.core.config import LoraConfig
+from teamrl.policies.models import load_model
+from teamrl.policies.policy import Policy
+
+POLICY_MODES = ("shared", "lora_per_role", "separate")
+
+
+def role_type(role: str) -> str:
+    """The type of a role instance: ``generator0`` -> ``generator`` (instances share a policy)."""
+    base = re.sub(r"[_-]?\d+$", "", role)
+    return base or role
+
+
+def _with_lora(model: torch.nn.Module, lora: LoraConfig, adapters: list[str]) -> torch.nn.Module:
+    from peft import LoraConfig as PeftLoraConfig, get_peft_model
+
+    pcfg = PeftLoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                          target_modules=list(lora.target_modules), bias="none", task_type="CAUSAL_LM")
+    peft_model = get_peft_model(model, pcfg, adapter_name=adapters[0])
+    for name in adapters[1:]:
+        peft_model.add_adapter(name, pcfg)
+    return peft_model
+
+
+class PolicyRouter:
+    """Maps each role to the :class:`Policy` that acts for it and learns from its samples.
+
+    - ``shared``: one policy named ``shared`` for every role (a LoRA adapter, or full weights).
+    - ``lora_per_role``: one LoRA adapter per role type on one base model; the instances
+      ``generator0..2`` share the ``generator`` adapter.
+    - ``separate``: one model per role type (each with its own LoRA, or full weights).
+    """
+
+    def __init__(self, mode: str, roles: list[str], model_name: str, lora: LoraConfig | None,
+                 lr: float, weight_decay: float = 0.0, seed: int = 0, need_reference: bool = False) -> None:
+        if mode not in POLICY_MODES:
+            raise ValueError(f"policy mode {mode!r}: choose one of {list(POLICY_MODES)}")
+        if not roles:
+            raise ValueError("PolicyRouter needs at least one role")
+        if mode == "lora_per_role" and lora is None:
+            raise ValueError("policy mode 'lora_per_role' needs a LoRA config")
+        self.mode = mode
+        types = list(dict.fromkeys(role_type(r) for r in roles))
+        self.policies: dict[str, Policy] = {}
+        self.tokenizer: PreTrainedTokenizerBase
+
+        def build(names: list[str]) -> list[Policy]:
+            base, tok = load_model(model_name, seed=seed)
+            self.tokenizer = tok
+            if lora is None:
+                (name,) = names
+                ref = copy.deepcopy(base).eval().requires_grad_(False) if need_reference else None
+                return [Policy(name, base, None, lr, weight_decay, reference_model=ref)]
+            model = _with_lora(base, lora, names)
+            return [Policy(n, model, n, lr, weight_decay) for n in names]
+
+        if mode == "shared":
+            built = build(["shared"])
+            self._route = {t: "shared" for t in types}
+        elif mode == "lora_per_role":
+            built = build(types)
+            self._route = {t: t for t in types}
+        else:
+            built = [p for t in types for p in build([t])]
+            self._route = {t: t for t in types}
+        self.policies = {p.name: p for p in built}
+
+    def policy_name(self, role: str) -> str:
+        """Name of the policy that acts for ``role`` (an instance name such as ``worker2`` is fine)."""
+        t = role_type(role)
+        if t not in self._route:
+            raise KeyError(f"role {role!r} (type {t!r}) has no policy; known role types: {sorted(self._route)}")
+        return self._route[t]
+
+    def policy_for(self, role: str) -> Policy:
+        """The :class:`Policy` for ``role``."""
+        return self.policies[self.policy_name(role)]

@@ -1,0 +1,84 @@
+"""The generation engine interface.
+
+An engine takes every pending request of one policy at once and returns completions with
+token ids and the log-probs they were sampled with. The in-process Hugging Face engine
+(:mod:`teamrl.rollout.hf_engine`) implements it; a vLLM or OpenAI-compatible server backend
+implements the same two methods.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Sequence
+
+FINISH_REASONS = ("eos", "stop", "length")
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample one completion.
+
+    ``temperature=0`` is greedy. ``top_k=0`` and ``top_p=1`` disable those filters. Stop
+    strings end a completion after the token that completes them; the text keeps the stop
+    string. With ``ignore_eos`` generation runs to ``max_new_tokens`` (benchmarks).
+    """
+
+    max_new_tokens: int = 64
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens={self.max_new_tokens}: must be >= 1")
+        if self.temperature < 0:
+            raise ValueError(f"temperature={self.temperature}: must be >= 0 (0 is greedy)")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p={self.top_p}: must be in (0, 1]")
+        if self.top_k < 0:
+            raise ValueError(f"top_k={self.top_k}: must be >= 0 (0 disables)")
+        if isinstance(self.stop, str):
+            object.__setattr__(self, "stop", (self.stop,))
+
+
+@dataclass
+class GenerationRequest:
+    """``n`` completions of one prompt (given as token ids)."""
+
+    prompt_ids: list[int]
+    params: SamplingParams = field(default_factory=SamplingParams)
+    n: int = 1
+
+
+@dataclass
+class Completion:
+    """One sampled completion.
+
+    ``logprobs[i]`` is the log-prob of ``token_ids[i]`` under ``softmax(logits / temperature)``
+    (before top-k/top-p filtering), the distribution the trainer recomputes. For greedy
+    requests it is the log-prob under temperature 1. ``token_ids`` include the EOS token when
+    ``finish_reason == "eos"``; ``text`` is decoded without special tokens.
+    """
+
+    token_ids: list[int]
+    logprobs: list[float]
+    text: str
+    finish_reason: str
+
+
+class Engine(ABC):
+    """Generates for all pending requests of one policy in one call."""
+
+    @abstractmethod
+    def generate(self, policy: str, requests: Sequence[GenerationRequest], seed: int | None = None) -> list[list[Completion]]:
+        """Return, for each request, its ``n`` completions. Same seed and inputs, same outputs."""
+
+    def sync_weights(self, policy: str) -> None:
+        """Make the engine sample from ``policy``'s current weights (after an optimizer step).
+
+        In-process engines share the training model and need nothing; a server backend
+        pushes the new weights or adapter here.
+        """

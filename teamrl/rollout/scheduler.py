@@ -1,0 +1,86 @@
+"""Batching generation across everything in flight.
+
+Workflows are coroutines that ``await scheduler.generate(policy, request)``. The scheduler
+lets every episode run until it waits on generation, then sends all pending requests of
+each policy to the engine in one call: every episode, branch and agent shares the batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+from typing import Any, Awaitable, Sequence
+
+from teamrl.core.seeding import derive_seed
+from teamrl.rollout.engine import Completion, Engine, GenerationRequest
+
+
+class GenerationScheduler:
+    """Runs coroutines and batches their generation requests per policy.
+
+    ``calls`` counts engine calls (one per policy per flush), so tests and benchmarks can
+    check that requests were batched.
+    """
+
+    def __init__(self, engine: Engine, seed: int = 0) -> None:
+        self.engine = engine
+        self.seed = seed
+        self.flushes = 0
+        self.calls: list[tuple[str, int]] = []  # (policy, number of requests) per engine call
+        self._pending: list[tuple[str, GenerationRequest, asyncio.Future]] = []
+
+    async def generate(self, policy: str, request: GenerationRequest) -> list[Completion]:
+        """Queue ``request`` for ``policy``; resolves when the batch it joined is generated."""
+        fut: asyncio.Future = asyncio.get_running_loop().create_future()
+        self._pending.append((policy, request, fut))
+        return await fut
+
+    def run(self, coros: Sequence[Awaitable[Any]]) -> list[Any]:
+        """Run the coroutines to completion; return their results in order."""
+        return asyncio.run(self._run(list(coros)))
+
+    async def _run(self, coros: list[Awaitable[Any]]) -> list[Any]:
+        tasks = [asyncio.ensure_future(c) for c in coros]
+        try:
+            while True:
+                await self._settle(tasks)
+                failed = [t for t in tasks if t.done() and t.exception() is not None]
+                if failed:
+                    raise failed[0].exception()
+                if self._pending:
+                    self._flush()
+                elif all(t.done() for t in tasks):
+                    break
+                else:  # episodes wait on something else (e.g. a sandbox run)
+                    await asyncio.wait([t for t in tasks if not t.done()], return_when=asyncio.FIRST_COMPLETED, timeout=0.05)
+        finally:
+            for t in tasks:
+                if not t.done():
+                    t.cancel()
+            self._pending = []
+        return [t.result() for t in tasks]
+
+    async def _settle(self, tasks: list[asyncio.Task]) -> None:
+        """Yield until every live episode waits on generation, or nothing moves any more."""
+        still = 0
+        last = -1
+        while still < 3:
+            await asyncio.sleep(0)
+            state = len(self._pending) + sum(t.done() for t in tasks)
+            if state == len(tasks):
+                return
+            still = still + 1 if state == last else 0
+            last = state
+
+    def _flush(self) -> None:
+        by_policy: dict[str, list[tuple[GenerationRequest, asyncio.Future]]] = defaultdict(list)
+        for policy, req, fut in self._pending:
+            by_policy[policy].append((req, fut))
+        self._pending = []
+        for policy, items in by_policy.items():
+            seed = derive_seed(self.seed, self.flushes, len(self.calls))
+            self.calls.append((policy, len(items)))
+            results = self.engine.generate(policy, [r for r, _ in items], seed=seed)
+            for (_, fut), res in zip(items, results):
+                fut.set_result(res)
+        self.flushes += 1
