@@ -21,8 +21,9 @@ class ConfigError(ValueError):
     """A config key or value is not allowed; the message names the key and what is."""
 
 
-def _f(default: Any = dataclasses.MISSING, *, choices: tuple | None = None, ge: float | None = None,
+def option(default: Any = dataclasses.MISSING, *, choices: tuple | None = None, ge: float | None = None,
        gt: float | None = None, le: float | None = None, doc: str = "", factory: Any = None) -> Any:
+    """A config field with its allowed values or range and a one-line doc for the reference."""
     meta = {"choices": choices, "ge": ge, "gt": gt, "le": le, "doc": doc}
     if factory is not None:
         return field(default_factory=factory, metadata=meta)
@@ -31,75 +32,75 @@ def _f(default: Any = dataclasses.MISSING, *, choices: tuple | None = None, ge: 
 
 @dataclass
 class LoraConfig:
-    r: int = _f(16, ge=1, doc="LoRA rank")
-    alpha: float = _f(32.0, gt=0, doc="LoRA scaling numerator (scale = alpha / r)")
-    dropout: float = _f(0.0, ge=0, le=1, doc="dropout on the LoRA input")
-    target_modules: list[str] = _f(factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+    r: int = option(16, ge=1, doc="LoRA rank")
+    alpha: float = option(32.0, gt=0, doc="LoRA scaling numerator (scale = alpha / r)")
+    dropout: float = option(0.0, ge=0, le=1, doc="dropout on the LoRA input")
+    target_modules: list[str] = option(factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
                                    doc="module names that get adapters")
 
 
 @dataclass
 class PolicyConfig:
-    mode: str = _f("shared", choices=("shared", "lora_per_role", "separate"),
+    mode: str = option("shared", choices=("shared", "lora_per_role", "separate"),
                    doc="shared: one set of weights for every role; lora_per_role: one LoRA adapter per role type on one base; separate: one model per role")
-    lora: LoraConfig | None = _f(factory=LoraConfig, doc="LoRA settings; null trains full weights (not allowed with lora_per_role)")
+    lora: LoraConfig | None = option(factory=LoraConfig, doc="LoRA settings; null trains full weights (not allowed with lora_per_role)")
 
 
 @dataclass
 class RolloutConfig:
-    group_size: int = _f(8, ge=1, doc="samples per prompt (G)")
-    batch_size: int = _f(4, ge=1, doc="problems per step")
-    max_new_tokens: int = _f(48, ge=1, doc="completion length limit")
-    temperature: float = _f(1.0, ge=0, doc="sampling temperature; 0 is greedy")
-    top_p: float = _f(1.0, gt=0, le=1, doc="nucleus sampling mass")
-    top_k: int = _f(0, ge=0, doc="keep the k most likely tokens; 0 keeps all")
-    stop: list[str] = _f(factory=list, doc="stop strings (the completion is cut after the first one)")
+    group_size: int = option(8, ge=1, doc="samples per prompt (G)")
+    batch_size: int = option(4, ge=1, doc="problems per step")
+    max_new_tokens: int = option(48, ge=1, doc="completion length limit")
+    temperature: float = option(1.0, ge=0, doc="sampling temperature; 0 is greedy")
+    top_p: float = option(1.0, gt=0, le=1, doc="nucleus sampling mass")
+    top_k: int = option(0, ge=0, doc="keep the k most likely tokens; 0 keeps all")
+    stop: list[str] = option(factory=list, doc="stop strings (the completion is cut after the first one)")
 
 
 @dataclass
 class LossSettings:
-    eps_low: float = _f(0.2, ge=0, doc="lower PPO clip: ratio >= 1 - eps_low")
-    eps_high: float = _f(0.2, ge=0, doc="upper PPO clip: ratio <= 1 + eps_high (DAPO clip-higher when > eps_low)")
-    dual_clip: float | None = _f(None, gt=1, doc="dual-clip constant c > 1 for negative advantages; null disables")
-    kl_coef: float = _f(0.0, ge=0, doc="weight of the k3 KL to the reference (base with adapters off)")
-    aggregation: str = _f("token_mean", choices=("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "dr_grpo"),
+    eps_low: float = option(0.2, ge=0, doc="lower PPO clip: ratio >= 1 - eps_low")
+    eps_high: float = option(0.2, ge=0, doc="upper PPO clip: ratio <= 1 + eps_high (DAPO clip-higher when > eps_low)")
+    dual_clip: float | None = option(None, gt=1, doc="dual-clip constant c > 1 for negative advantages; null disables")
+    kl_coef: float = option(0.0, ge=0, doc="weight of the k3 KL to the reference (base with adapters off)")
+    aggregation: str = option("token_mean", choices=("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "dr_grpo"),
                           doc="how token losses become one number")
 
 
 @dataclass
 class TrainConfig:
-    steps: int = _f(20, ge=1, doc="optimizer iterations")
-    lr: float = _f(2e-4, gt=0, doc="learning rate (AdamW)")
-    weight_decay: float = _f(0.0, ge=0, doc="AdamW weight decay")
-    max_grad_norm: float = _f(1.0, gt=0, doc="gradient clipping norm per policy")
-    ppo_epochs: int = _f(1, ge=1, doc="passes over each batch; with 1, old log-probs are the detached current ones")
-    micro_batch_size: int = _f(16, ge=1, doc="sequences per forward/backward (gradient accumulation)")
-    advantage: str = _f("group", choices=("group", "mean", "batch", "none", "rloo", "max"), doc="group normalisation mode")
-    advantage_eps: float = _f(1e-4, gt=0, doc="epsilon added to the std")
-    loss: LossSettings = _f(factory=LossSettings)
+    steps: int = option(20, ge=1, doc="optimizer iterations")
+    lr: float = option(2e-4, gt=0, doc="learning rate (AdamW)")
+    weight_decay: float = option(0.0, ge=0, doc="AdamW weight decay")
+    max_grad_norm: float = option(1.0, gt=0, doc="gradient clipping norm per policy")
+    ppo_epochs: int = option(1, ge=1, doc="passes over each batch; with 1, old log-probs are the detached current ones")
+    micro_batch_size: int = option(16, ge=1, doc="sequences per forward/backward (gradient accumulation)")
+    advantage: str = option("group", choices=("group", "mean", "batch", "none", "rloo", "max"), doc="group normalisation mode")
+    advantage_eps: float = option(1e-4, gt=0, doc="epsilon added to the std")
+    loss: LossSettings = option(factory=LossSettings)
 
 
 @dataclass
 class RunConfig:
-    dir: str = _f("runs", doc="parent folder of run directories")
-    save_every: int = _f(10, ge=1, doc="checkpoint every N steps (and at the end)")
-    keep_checkpoints: int = _f(2, ge=1, doc="how many recent checkpoints to keep")
-    log_episodes: bool = _f(True, doc="write sampled episodes to episodes/step_N.jsonl")
-    progress: bool = _f(True, doc="show a progress bar")
+    dir: str = option("runs", doc="parent folder of run directories")
+    save_every: int = option(10, ge=1, doc="checkpoint every N steps (and at the end)")
+    keep_checkpoints: int = option(2, ge=1, doc="how many recent checkpoints to keep")
+    log_episodes: bool = option(True, doc="write sampled episodes to episodes/step_N.jsonl")
+    progress: bool = option(True, doc="show a progress bar")
 
 
 @dataclass
 class Config:
-    name: str = _f("run", doc="run name: the run directory is <run.dir>/<name>")
-    seed: int = _f(0, doc="seed for data order, sampling and initialisation")
-    model: str = _f("smollm2-135m", doc="alias (smollm2-135m, tiny-random), local folder, or hub id")
-    threads: int = _f(0, ge=0, doc="torch CPU threads; 0 keeps torch's default")
-    algorithm: str = _f("grpo", choices=("grpo",), doc="training algorithm")
-    task: dict[str, Any] = _f(factory=lambda: {"name": "word_count"}, doc="task name and its own options")
-    policy: PolicyConfig = _f(factory=PolicyConfig)
-    rollout: RolloutConfig = _f(factory=RolloutConfig)
-    train: TrainConfig = _f(factory=TrainConfig)
-    run: RunConfig = _f(factory=RunConfig)
+    name: str = option("run", doc="run name: the run directory is <run.dir>/<name>")
+    seed: int = option(0, doc="seed for data order, sampling and initialisation")
+    model: str = option("smollm2-135m", doc="alias (smollm2-135m, tiny-random), local folder, or hub id")
+    threads: int = option(0, ge=0, doc="torch CPU threads; 0 keeps torch's default")
+    algorithm: str = option("grpo", choices=("grpo",), doc="training algorithm")
+    task: dict[str, Any] = option(factory=lambda: {"name": "word_count"}, doc="task name and its own options")
+    policy: PolicyConfig = option(factory=PolicyConfig)
+    rollout: RolloutConfig = option(factory=RolloutConfig)
+    train: TrainConfig = option(factory=TrainConfig)
+    run: RunConfig = option(factory=RunConfig)
 
 
 def _type_name(tp: Any) -> str:
@@ -127,7 +128,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             return value
         if not isinstance(value, dict):
             raise ConfigError(f"{key}: expected a mapping of {[f.name for f in dataclasses.fields(tp)]}, got {value!r}")
-        return _build(tp, value, key + ".")
+        return build_dataclass(tp, value, key + ".")
     if origin is list:
         (inner,) = typing.get_args(tp)
         if not isinstance(value, list):
@@ -173,7 +174,8 @@ def _check_range(f: dataclasses.Field, value: Any, key: str) -> None:
             raise ConfigError(f"{key}: {value!r} is out of range; must be {word} {b}")
 
 
-def _build(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
+def build_dataclass(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
+    """Validate ``data`` against the dataclass ``cls`` (same rules as the config) and build it."""
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = [k for k in data if k not in fields]
@@ -225,7 +227,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         data = loaded
     for key, value in parse_overrides(overrides or []):
         _set_path(data, key, value)
-    cfg = _build(Config, data)
+    cfg = build_dataclass(Config, data)
     validate(cfg)
     return cfg
 

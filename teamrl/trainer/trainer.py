@@ -1,0 +1,163 @@
+"""The training loop: problems -> rollouts -> rewards -> advantages -> per-policy updates -> log -> checkpoint."""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+
+from teamrl.algorithms.grpo import GRPO
+from teamrl.core.config import Config, config_to_dict
+from teamrl.core.metrics import MetricsSink, read_metrics
+from teamrl.core.sample import Sample
+from teamrl.core.seeding import derive_seed, seed_everything
+from teamrl.losses import LossConfig, group_advantages, group_ids_from_keys
+from teamrl.policies.router import PolicyRouter
+from teamrl.rollout.engine import SamplingParams
+from teamrl.rollout.hf_engine import HFEngine
+from teamrl.rollout.scheduler import GenerationScheduler
+from teamrl.tasks import Problem, make_task
+from teamrl.trainer.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
+from teamrl.trainer.update import UpdateSettings, update_policy
+from teamrl.workflows.context import EpisodeContext
+from teamrl.workflows.single_agent import ROLES as SINGLE_AGENT_ROLES, single_agent
+
+
+class RunExists(RuntimeError):
+    """The run directory already holds checkpoints and ``resume`` was not asked for."""
+
+
+class Trainer:
+    """Trains the policies of a workflow on a task, as configured by a validated :class:`Config`."""
+
+    def __init__(self, cfg: Config, resume: bool = False) -> None:
+        self.cfg = cfg
+        self.run_dir = Path(cfg.run.dir) / cfg.name
+        self.ckpt_dir = self.run_dir / "checkpoints"
+        if list_checkpoints(self.ckpt_dir) and not resume:
+            raise RunExists(f"run directory {self.run_dir} already has checkpoints: pass --resume to continue it, or choose another name=")
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)
+        seed_everything(cfg.seed)
+        self.task = make_task(cfg.task)
+        self.router = PolicyRouter(cfg.policy.mode, list(SINGLE_AGENT_ROLES), cfg.model, cfg.policy.lora,
+                                   lr=cfg.train.lr, weight_decay=cfg.train.weight_decay, seed=cfg.seed,
+                                   need_reference=cfg.train.loss.kl_coef > 0)
+        self.tokenizer = self.router.tokenizer
+        self.engine = HFEngine(lambda name: self.router.policies[name].active(), self.tokenizer)
+        self.algorithm = GRPO(cfg.rollout.group_size, greedy_baseline=cfg.train.advantage == "max")
+        r = cfg.rollout
+        self.params = SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
+                                     top_k=r.top_k, stop=tuple(r.stop))
+        self.update_settings = UpdateSettings(
+            loss=LossConfig(eps_low=cfg.train.loss.eps_low, eps_high=cfg.train.loss.eps_high, dual_clip=cfg.train.loss.dual_clip,
+                            kl_coef=cfg.train.loss.kl_coef, aggregation=cfg.train.loss.aggregation,
+                            max_completion_length=r.max_new_tokens if cfg.train.loss.aggregation == "dr_grpo" else None),
+            ppo_epochs=cfg.train.ppo_epochs, micro_batch_size=cfg.train.micro_batch_size, max_grad_norm=cfg.train.max_grad_norm)
+        self.eos_ids = [self.tokenizer.eos_token_id]
+        self.problems = self.task.problems()
+        self.step = 0
+        self.data_position = 0
+        ckpts = list_checkpoints(self.ckpt_dir)
+        if resume and ckpts:
+            state = load_checkpoint(ckpts[-1], self.router)
+            self.step, self.data_position = state["step"], state["data_position"]
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "config.yaml").write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
+        self.metrics = MetricsSink(self.run_dir / "metrics.jsonl", start_step=self.step)
+
+    # ---- data -------------------------------------------------------------------------
+    def _next_problems(self) -> list[Problem]:
+        """The next batch in a per-epoch shuffled order that depends only on (seed, position)."""
+        n, out = len(self.problems), []
+        for _ in range(self.cfg.rollout.batch_size):
+            epoch, idx = divmod(self.data_position, n)
+            order = list(range(n))
+            random.Random(derive_seed(self.cfg.seed, epoch)).shuffle(order)
+            out.append(self.problems[order[idx]])
+            self.data_position += 1
+        return out
+
+    # ---- one iteration ----------------------------------------------------------------
+    def train_step(self) -> dict[str, Any]:
+        """One iteration; returns the metrics record it logged."""
+        step = self.step + 1
+        t0 = time.perf_counter()
+        problems = self._next_problems()
+        scheduler = GenerationScheduler(self.engine, seed=derive_seed(self.cfg.seed, step, 1))
+
+        def make_ctx(problem: Problem, episode: int, tags: dict) -> EpisodeContext:
+            params = SamplingParams(**{**self.params.__dict__, "temperature": 0.0}) if tags.get("greedy") else self.params
+            return EpisodeContext(scheduler, self.router.policy_name, self.tokenizer, params, problem.id, episode, tags)
+
+        samples = self.algorithm.rollout(problems, lambda ctx, p: single_agent(ctx, self.task, p), make_ctx, scheduler.run)
+        t_rollout = time.perf_counter() - t0
+        train_samples = self._assign_advantages(samples)
+        t1 = time.perf_counter()
+        record: dict[str, Any] = {"step": step}
+        for name, policy in self.router.policies.items():
+            own = [s for s in train_samples if s.policy == name]
+            for k, v in update_policy(policy, own, self.update_settings, self.tokenizer.pad_token_id, self.eos_ids).items():
+                record[f"{k}/{name}"] = v
+            self.engine.sync_weights(name)
+        t_update = time.perf_counter() - t1
+        rewards = torch.tensor([s.reward for s in train_samples])
+        lengths = torch.tensor([len(s.completion_ids) for s in train_samples], dtype=torch.float32)
+        gen_tokens = sum(len(s.completion_ids) for s in samples)
+        record.update({
+            "reward_mean": float(rewards.mean()), "reward_std": float(rewards.std()) if len(rewards) > 1 else 0.0,
+            "reward_max": float(rewards.max()), "completion_len": float(lengths.mean()),
+            "eos_frac": sum(s.finish_reason == "eos" for s in train_samples) / len(train_samples),
+            "engine_calls": len(scheduler.calls), "rollout_s": t_rollout, "update_s": t_update,
+            "rollout_tokens_per_s": gen_tokens / max(t_rollout, 1e-9), "data_position": self.data_position,
+        })
+        baselines = [s for s in samples if s.tags.get("baseline")]
+        if baselines:
+            record["greedy_reward_mean"] = sum(s.reward for s in baselines) / len(baselines)
+        self.step = step
+        self.metrics.log(record)
+        if self.cfg.run.log_episodes:
+            ep_dir = self.run_dir / "episodes"
+            ep_dir.mkdir(exist_ok=True)
+            with (ep_dir / f"step_{step:06d}.jsonl").open("w") as f:
+                for s in samples:
+                    f.write(json.dumps(s.to_record()) + "\n")
+        if step % self.cfg.run.save_every == 0 or step == self.cfg.train.steps:
+            save_checkpoint(self.ckpt_dir, step, self.router, {"data_position": self.data_position}, keep=self.cfg.run.keep_checkpoints)
+        return record
+
+    def _assign_advantages(self, samples: list[Sample]) -> list[Sample]:
+        """Group-relative advantages over the trainable samples; returns them."""
+        train = [s for s in samples if not s.tags.get("baseline")]
+        rewards = torch.tensor([s.reward for s in train], dtype=torch.float32)
+        ids = group_ids_from_keys([s.group for s in train])
+        baselines = None
+        if self.cfg.train.advantage == "max":
+            greedy = {s.group: s.reward for s in samples if s.tags.get("baseline")}
+            baselines = torch.tensor([greedy[s.group] for s in train], dtype=torch.float32)
+        adv = group_advantages(rewards, ids, self.cfg.train.advantage, eps=self.cfg.train.advantage_eps, baselines=baselines)
+        for s, a in zip(train, adv.tolist()):
+            s.advantage = a
+        return train
+
+    # ---- the loop ---------------------------------------------------------------------
+    def train(self) -> list[dict[str, Any]]:
+        """Run until ``train.steps``; returns every step's metrics of this run directory."""
+        from tqdm import tqdm
+
+        total = self.cfg.train.steps
+        bar = tqdm(total=total, initial=self.step, desc=f"train {self.cfg.name}", unit="step",
+                   disable=not self.cfg.run.progress, file=sys.stderr, dynamic_ncols=True)
+        while self.step < total:
+            rec = self.train_step()
+            bar.update(1)
+            bar.set_postfix(reward=f"{rec['reward_mean']:.3f}", len=f"{rec['completion_len']:.0f}",
+                            loss=f"{next((v for k, v in rec.items() if k.startswith('loss/')), 0.0):+.3f}")
+        bar.close()
+        return read_metrics(self.run_dir / "metrics.jsonl")

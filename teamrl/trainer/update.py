@@ -1,0 +1,84 @@
+"""One policy's update from its own samples: log-probs, the PPO-style loss, one optimizer step."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from teamrl.core.sample import Sample
+from teamrl.losses import LossConfig, completion_mask, policy_loss
+from teamrl.policies.logprobs import build_token_batch, completion_logprobs
+from teamrl.policies.policy import Policy
+
+
+@dataclass
+class UpdateSettings:
+    loss: LossConfig
+    ppo_epochs: int = 1
+    micro_batch_size: int = 16
+    max_grad_norm: float = 1.0
+
+
+def _micro_batches(n: int, size: int) -> list[slice]:
+    return [slice(i, min(n, i + size)) for i in range(0, n, size)]
+
+
+def update_policy(policy: Policy, samples: Sequence[Sample], settings: UpdateSettings, pad_id: int,
+                  eos_ids: Sequence[int]) -> dict[str, float]:
+    """Train ``policy`` on ``samples`` (which must all be its own) and return loss statistics.
+
+    Micro-batches accumulate gradients with weights that make the result equal to one
+    full-batch loss for every aggregation (token counts for ``token_mean``, sequence counts
+    otherwise). With one PPO epoch the old log-probs are the detached current ones (ratio 1,
+    as TRL does); with more, they are computed once before the first update.
+    """
+    foreign = {s.policy for s in samples} - {policy.name}
+    if foreign:
+        raise ValueError(f"policy {policy.name!r} was given samples of {sorted(foreign)}")
+    samples = [s for s in samples if s.completion_ids]
+    if not samples:
+        return {}
+    temperature = samples[0].temperature or 1.0
+    cfg = settings.loss
+    adv = torch.tensor([s.advantage for s in samples], dtype=torch.float32)
+    parts = _micro_batches(len(samples), settings.micro_batch_size)
+    batches = [build_token_batch([s.prompt_ids for s in samples[sl]], [s.completion_ids for s in samples[sl]], pad_id) for sl in parts]
+    masks = [completion_mask(b.completion_ids, list(eos_ids), b.completion_pad_mask) for b in batches]
+    total_tokens = max(1, int(sum(int(m.sum()) for m in masks)))
+    if cfg.aggregation == "dr_grpo" and cfg.max_completion_length is None:
+        cfg = LossConfig(**{**cfg.__dict__, "max_completion_length": max(b.completion_len for b in batches)})
+
+    stats: dict[str, float] = {"loss": 0.0, "kl": 0.0, "clip_frac": 0.0, "entropy": 0.0}
+    with policy.active() as model:
+        model.train()
+        old: list[torch.Tensor | None] = [None] * len(batches)
+        ref: list[torch.Tensor | None] = [None] * len(batches)
+        with torch.no_grad():
+            for i, b in enumerate(batches):
+                if settings.ppo_epochs > 1:
+                    old[i] = completion_logprobs(model, b, temperature)[0]
+                if cfg.kl_coef > 0:
+                    with policy.reference() as ref_model:
+                        ref[i] = completion_logprobs(ref_model, b, temperature)[0]
+        grad_norms = []
+        for epoch in range(settings.ppo_epochs):
+            policy.optimizer.zero_grad(set_to_none=True)
+            for i, (sl, b, m) in enumerate(zip(parts, batches, masks)):
+                logp, ent = completion_logprobs(model, b, temperature, with_entropy=epoch == 0)
+                old_lp = logp.detach() if old[i] is None else old[i]
+                loss, st = policy_loss(logp, old_lp, adv[sl], m, cfg, ref_logprobs=ref[i])
+                weight = (int(m.sum()) / total_tokens) if cfg.aggregation == "token_mean" else (len(range(*sl.indices(len(samples)))) / len(samples))
+                (loss * weight).backward()
+                if epoch == settings.ppo_epochs - 1:
+                    for k in ("loss", "kl", "clip_frac"):
+                        stats[k] += st[k] * weight
+                if ent is not None:
+                    stats["entropy"] += float((ent * m).sum()) / total_tokens
+            grad_norms.append(float(torch.nn.utils.clip_grad_norm_(policy.parameters(), settings.max_grad_norm)))
+            policy.optimizer.step()
+        policy.optimizer.zero_grad(set_to_none=True)
+    stats["grad_norm"] = grad_norms[-1]
+    stats["tokens"] = float(total_tokens)
+    return stats

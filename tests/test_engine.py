@@ -1,0 +1,143 @@
+import asyncio
+
+import pytest
+import torch
+
+from teamrl.policies.chat import encode_chat
+from teamrl.policies.logprobs import build_token_batch, completion_logprobs
+from teamrl.rollout.engine import GenerationRequest, SamplingParams
+from teamrl.rollout.scheduler import GenerationScheduler
+
+
+def _prompts(tok, n=3):
+    return [encode_chat(tok, "word " * (i + 1)) for i in range(n)]  # different lengths -> left padding
+
+
+def test_same_seed_same_output_other_seed_differs(tiny, tiny_engine):
+    _, tok = tiny
+    reqs = [GenerationRequest(p, SamplingParams(max_new_tokens=12), n=3) for p in _prompts(tok)]
+    a = tiny_engine.generate("p", reqs, seed=7)
+    b = tiny_engine.generate("p", reqs, seed=7)
+    c = tiny_engine.generate("p", reqs, seed=8)
+    ids = lambda out: [x.token_ids for r in out for x in r]
+    assert ids(a) == ids(b)
+    assert ids(a) != ids(c)
+    assert [len(r) for r in a] == [3, 3, 3]
+
+
+def test_greedy_matches_hf_generate_with_padding(tiny, tiny_engine):
+    model, tok = tiny
+    prompts = _prompts(tok)
+    out = tiny_engine.generate("p", [GenerationRequest(p, SamplingParams(max_new_tokens=10, temperature=0, ignore_eos=True)) for p in prompts], seed=0)
+    for p, (c,) in zip(prompts, out):
+        ref = model.generate(torch.tensor([p]), max_new_tokens=10, min_new_tokens=10, do_sample=False)
+        assert c.token_ids == ref[0, len(p):].tolist()
+        assert len(c.token_ids) == 10 and c.finish_reason == "length"
+
+
+def test_sampling_logprobs_equal_the_trainers_logprobs(tiny, tiny_engine):
+    model, tok = tiny
+    prompts = _prompts(tok)
+    for temperature in (1.0, 0.7):
+        out = tiny_engine.generate("p", [GenerationRequest(p, SamplingParams(max_new_tokens=8, temperature=temperature), n=2) for p in prompts], seed=3)
+        flat = [(p, c) for p, r in zip(prompts, out) for c in r]
+        batch = build_token_batch([p for p, _ in flat], [c.token_ids for _, c in flat], tok.pad_token_id)
+        with torch.no_grad():
+            lp, _ = completion_logprobs(model, batch, temperature)
+        for i, (_, c) in enumerate(flat):
+            assert torch.allclose(lp[i, :len(c.logprobs)], torch.tensor(c.logprobs), atol=1e-4)
+
+
+def test_eos_ends_a_completion_and_is_kept(tiny, tiny_engine):
+    model, tok = tiny
+    p = _prompts(tok, 1)[0]
+    # Point the EOS row of the (tied) output layer along the last hidden state: EOS wins greedily.
+    emb = model.get_output_embeddings()
+    saved = emb.weight.data.clone()
+    try:
+        with torch.no_grad():
+            hidden = model.model(torch.tensor([p])).last_hidden_state[0, -1]
+        emb.weight.data[tok.eos_token_id] = 100 * hidden.sign()
+        (c,) = tiny_engine.generate("p", [GenerationRequest(p, SamplingParams(max_new_tokens=20, temperature=0))], seed=0)[0]
+    finally:
+        emb.weight.data.copy_(saved)
+    assert c.finish_reason == "eos"
+    assert c.token_ids[-1] == tok.eos_token_id
+    assert tok.eos_token not in c.text
+
+
+def test_stop_strings_and_max_new_tokens(tiny, tiny_engine):
+    _, tok = tiny
+    p = _prompts(tok, 1)[0]
+    free = tiny_engine.generate("p", [GenerationRequest(p, SamplingParams(max_new_tokens=30, temperature=0, ignore_eos=True))], seed=0)[0][0]
+    assert len(free.token_ids) == 30
+    stop = free.text[5:7]  # a string the greedy text is known to contain
+    (c,) = tiny_engine.generate("p", [GenerationRequest(p, SamplingParams(max_new_tokens=30, temperature=0, stop=(stop,), ignore_eos=True))], seed=0)[0]
+    assert c.finish_reason == "stop"
+    assert c.text.endswith(stop) and c.text == free.text[:free.text.index(stop) + len(stop)]
+    assert c.token_ids == free.token_ids[:len(c.token_ids)] and len(c.token_ids) < 30
+    short = tiny_engine.generate("p", [GenerationRequest(p, SamplingParams(max_new_tokens=4, temperature=0, ignore_eos=True))], seed=0)[0][0]
+    assert short.token_ids == free.token_ids[:4]
+
+
+def test_top_k_one_and_tiny_top_p_are_greedy(tiny, tiny_engine):
+    _, tok = tiny
+    p = _prompts(tok, 1)[0]
+    greedy = tiny_engine.generate("p", [GenerationRequest(p, SamplingParams(max_new_tokens=10, temperature=0, ignore_eos=True))], seed=0)[0][0]
+    for params in (SamplingParams(max_new_tokens=10, top_k=1, ignore_eos=True), SamplingParams(max_new_tokens=10, top_p=1e-6, ignore_eos=True)):
+        out = tiny_engine.generate("p", [GenerationRequest(p, params, n=4)], seed=5)[0]
+        assert all(c.token_ids == greedy.token_ids for c in out)
+
+
+def test_top_k_limits_the_support(tiny, tiny_engine):
+    model, tok = tiny
+    p = _prompts(tok, 1)[0]
+    with torch.no_grad():
+        top3 = set(model(torch.tensor([p])).logits[0, -1].topk(3).indices.tolist())
+    out = tiny_engine.generate("p", [GenerationRequest(p, SamplingParams(max_new_tokens=1, top_k=3), n=64)], seed=1)[0]
+    firsts = {c.token_ids[0] for c in out}
+    assert firsts <= top3 and len(firsts) >= 2
+
+
+def test_bad_sampling_params_are_named():
+    with pytest.raises(ValueError, match="top_p"):
+        SamplingParams(top_p=0)
+    with pytest.raises(ValueError, match="temperature"):
+        SamplingParams(temperature=-1)
+
+
+class CountingEngine:
+    def __init__(self, inner):
+        self.inner, self.calls = inner, []
+
+    def generate(self, policy, requests, seed=None):
+        self.calls.append((policy, len(requests)))
+        return self.inner.generate(policy, requests, seed)
+
+
+def test_scheduler_batches_every_episode_per_policy(tiny, tiny_engine):
+    _, tok = tiny
+    eng = CountingEngine(tiny_engine)
+    sched = GenerationScheduler(eng, seed=0)
+    params = SamplingParams(max_new_tokens=3)
+
+    async def episode(i):
+        # two agents with different policies, then a second turn that depends on the first
+        a, b = await asyncio.gather(sched.generate("planner", GenerationRequest(encode_chat(tok, f"p{i}"), params)),
+                                    sched.generate("coder", GenerationRequest(encode_chat(tok, f"c{i}"), params)))
+        (c,) = await sched.generate("planner", GenerationRequest(encode_chat(tok, a[0].text + b[0].text), params))
+        return i
+
+    assert sched.run([episode(i) for i in range(5)]) == list(range(5))
+    # turn 1: one call per policy holding all 5 episodes; turn 2: one planner call with 5
+    assert eng.calls == [("planner", 5), ("coder", 5), ("planner", 5)]
+
+
+def test_scheduler_propagates_episode_errors(tiny_engine):
+    sched = GenerationScheduler(tiny_engine)
+
+    async def bad():
+        raise RuntimeError("episode broke")
+
+    with pytest.raises(RuntimeError, match="episode broke"):
+        sched.run([bad()])

@@ -1,0 +1,68 @@
+"""The trainer's update step: masks carry no gradient, micro-batching is exact, GRPO reduces correctly."""
+
+import copy
+
+import torch
+
+from teamrl.core.sample import Sample
+from teamrl.losses import LossConfig, completion_mask, policy_loss
+from teamrl.policies.logprobs import build_token_batch, completion_logprobs
+from teamrl.policies.policy import Policy
+from teamrl.trainer.update import UpdateSettings, update_policy
+
+
+def _grads(model, prompts, completions, adv, pad, eos, agg="token_mean"):
+    model.zero_grad()
+    b = build_token_batch(prompts, completions, pad)
+    lp, _ = completion_logprobs(model, b)
+    m = completion_mask(b.completion_ids, eos, b.completion_pad_mask)
+    loss, _ = policy_loss(lp, lp.detach(), torch.tensor(adv), m, LossConfig(aggregation=agg))
+    loss.backward()
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def test_prompt_padding_and_post_eos_tokens_carry_no_gradient(tiny):
+    model, tok = tiny
+    eos, pad = tok.eos_token_id, tok.pad_token_id
+    prompts = [[256, 80, 81], [256, 82]]
+    comps = [[90, 91, eos], [92, eos]]
+    g1 = _grads(model, prompts, comps, [1.0, -0.5], pad, eos)
+    # Tokens after EOS (here: garbage appended), longer padding, and a different pad id change nothing.
+    comps2 = [[90, 91, eos, 93, 94, 95], [92, eos, 99]]
+    g2 = _grads(model, prompts, comps2, [1.0, -0.5], pad, eos)
+    g3 = _grads(model, prompts, comps2, [1.0, -0.5], 5, eos)
+    for n in g1:
+        assert torch.allclose(g1[n], g2[n], atol=1e-6), n
+        assert torch.allclose(g1[n], g3[n], atol=1e-6), n
+
+
+def _sample(i, tok, adv):
+    return Sample(role="agent", policy="p", problem_id=0, prompt_ids=[256] + [60 + i] * (1 + i % 3),
+                  completion_ids=[70 + i] * (2 + i % 4) + [tok.eos_token_id], sampling_logprobs=[], advantage=adv)
+
+
+def test_micro_batching_equals_one_full_batch_for_every_aggregation(tiny):
+    model, tok = tiny
+    samples = [_sample(i, tok, a) for i, a in enumerate([1.0, -1.0, 0.5, -0.5, 2.0, -2.0, 0.1])]
+    for agg in ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "dr_grpo"):
+        grads = []
+        for mb in (7, 3, 1):
+            m = copy.deepcopy(model)
+            pol = Policy("p", m, None, lr=1.0, weight_decay=0.0)
+            pol.optimizer = torch.optim.SGD(pol.parameters(), lr=1.0)  # the step equals the gradient
+            before = [p.clone() for p in pol.parameters()]
+            update_policy(pol, samples, UpdateSettings(loss=LossConfig(aggregation=agg, max_completion_length=8), micro_batch_size=mb, max_grad_norm=1e9),
+                          tok.pad_token_id, [tok.eos_token_id])
+            grads.append(torch.cat([(b - p.detach()).flatten() for b, p in zip(before, pol.parameters())]))
+        assert grads[0].abs().sum() > 0
+        for g in grads[1:]:
+            assert torch.allclose(grads[0], g, atol=1e-6, rtol=1e-4), agg
+
+
+def test_ppo_epochs_use_fixed_old_logprobs_and_clip(tiny):
+    model, tok = tiny
+    samples = [_sample(i, tok, a) for i, a in enumerate([1.0, -1.0, 1.0, -1.0])]
+    pol = Policy("p", copy.deepcopy(model), None, lr=5e-2, weight_decay=0.0)
+    stats = update_policy(pol, samples, UpdateSettings(loss=LossConfig(eps_low=0.01, eps_high=0.01), ppo_epochs=3), tok.pad_token_id, [tok.eos_token_id])
+    # after the first epoch's big step, ratios leave [0.99, 1.01] and some tokens are clipped
+    assert stats["clip_frac"] > 0
