@@ -2,13 +2,11 @@
 
   teamrl train [CONFIG.yaml] [--resume] [key.sub=value ...]
   teamrl config [CONFIG.yaml] [key.sub=value ...]   # validate and print the resolved config
-  teamrl bench [--quick]                             # engine vs generate, train-step seconds
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 
@@ -33,16 +31,10 @@ def main(argv: list[str] | None = None) -> int:
     p_train.add_argument("args", nargs="*", help="CONFIG.yaml and key.sub=value overrides")
     p_cfg = sub.add_parser("config", help="validate a config and print it resolved")
     p_cfg.add_argument("args", nargs="*")
-    p_bench = sub.add_parser("bench", help="rollout tokens/s vs model.generate, and train-step seconds")
-    p_bench.add_argument("bench_args", nargs=argparse.REMAINDER)
     ns = parser.parse_args(argv)
 
     from teamrl.core.config import ConfigError, config_to_dict, load_config
 
-    if ns.command == "bench":
-        from teamrl.bench import main as bench_main
-
-        return bench_main(ns.bench_args)
     try:
         cfg = load_config(*_split(ns.args))
     except ConfigError as e:

