@@ -36,3 +36,45 @@ class Task(ABC):
     def rewards(self, problems: Sequence[Problem], texts: Sequence[str]) -> list[float]:
         """Rewards for many answers at once; override to vectorise."""
         return [self.reward(p, t) for p, t in zip(problems, texts)]
+
+
+class TeamTask(ABC):
+    """A task solved by a team of ``roles`` acting in parallel (MAGRPO), scored jointly.
+
+    Subclasses declare ``name``, ``roles``, ``max_reward`` (for the normalised return
+    ``reward / max_reward``) and an ``Options`` dataclass. Multi-turn: after each turn the
+    trainer calls :meth:`feedback` and passes the history of joint outputs to :meth:`prompt`.
+    """
+
+    name: ClassVar[str]
+    roles: ClassVar[tuple[str, ...]]
+    max_reward: ClassVar[float] = 1.0
+
+    @abstractmethod
+    def problems(self) -> list[Problem]:
+        """The problems, in a fixed order."""
+
+    @abstractmethod
+    def prompt(self, problem: Problem, role: str, turn: int = 0, history: Sequence[dict[str, str]] = (),
+               feedback: str = "") -> list[dict[str, str]]:
+        """The local prompt of ``role`` at ``turn``; ``history`` holds the earlier joint outputs."""
+
+    @abstractmethod
+    def reward(self, problem: Problem, outputs: dict[str, str]) -> float:
+        """The shared reward of one joint action (role -> text), in [0, max_reward]."""
+
+    def rewards(self, problem: Problem, joint: Sequence[dict[str, str]]) -> list[float]:
+        """Rewards of many joint actions of one problem; override to vectorise."""
+        return [self.reward(problem, o) for o in joint]
+
+    def feedback(self, problem: Problem, outputs: dict[str, str], reward: float) -> str:
+        """What the agents are told about their joint output before the next turn."""
+        return f"Your joint answer scored {reward / self.max_reward:.2f} of 1. Improve it."
+
+    def single_prompt(self, problem: Problem) -> list[dict[str, str]]:
+        """Baseline ``single``: one agent writes every role's part in one answer."""
+        raise NotImplementedError(f"task {self.name} has no single-agent baseline prompt")
+
+    def split_single(self, text: str) -> dict[str, str]:
+        """Split a ``single`` baseline answer into the role outputs the reward expects."""
+        raise NotImplementedError(f"task {self.name} has no single-agent baseline split")
