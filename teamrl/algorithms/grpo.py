@@ -12,11 +12,10 @@ from __future__ import annotations
 from typing import Awaitable, Callable, Hashable, Sequence
 
 from teamrl.core.sample import Sample
-from teamrl.tasks.task import Problem
+from teamrl.tasks.task import Problem, Task
 from teamrl.workflows.context import EpisodeContext
+from teamrl.workflows.single_agent import single_agent
 
-# (ctx, problem) -> episode reward
-Episode = Callable[[EpisodeContext, Problem], Awaitable[float]]
 # (problem, episode index, tags) -> context
 ContextFactory = Callable[[Problem, int, dict], EpisodeContext]
 
@@ -43,13 +42,13 @@ class GRPO:
         self.group_size = group_size
         self.greedy_baseline = greedy_baseline
 
-    def rollout(self, problems: Sequence[Problem], episode: Episode, make_ctx: ContextFactory,
+    def rollout(self, problems: Sequence[Problem], task: Task, make_ctx: ContextFactory,
                 run: Callable[[list[Awaitable]], list]) -> list[Sample]:
         """Run every episode of every problem together (one engine batch per turn) and return the samples."""
         jobs = [(p, make_ctx(p, e, {})) for p in problems for e in range(self.group_size)]
         if self.greedy_baseline:
             jobs += [(p, make_ctx(p, -1, {"baseline": True, "greedy": True})) for p in problems]
-        rewards = run([episode(ctx, p) for p, ctx in jobs])
+        rewards = run([single_agent(ctx, task, p) for p, ctx in jobs])
         samples: list[Sample] = []
         for (_, ctx), r in zip(jobs, rewards):
             self.assign_rewards(ctx.samples, r)

@@ -81,6 +81,16 @@ class TrainConfig:
 
 
 @dataclass
+class MAGRPOConfig:
+    joint_mode: str = option("aligned", choices=("aligned", "cross"),
+                             doc="aligned: the j-th samples of the agents form G joint actions; cross: all G^N combinations")
+    num_turns: int = option(1, ge=1, doc="turns; each joint action of turn t gets G joint actions at turn t+1")
+    gamma: float = option(1.0, ge=0, le=1, doc="discount: R_t = r_t + gamma * mean(children's returns)")
+    termination_threshold: float | None = option(None, ge=0, le=1,
+                                                 doc="stop expanding a joint action whose normalised reward reaches this; null: never")
+
+
+@dataclass
 class RunConfig:
     dir: str = option("runs", doc="parent folder of run directories")
     save_every: int = option(10, ge=1, doc="checkpoint every N steps (and at the end)")
@@ -95,11 +105,12 @@ class Config:
     seed: int = option(0, doc="seed for data order, sampling and initialisation")
     model: str = option("smollm2-135m", doc="alias (smollm2-135m, tiny-random), local folder, or hub id")
     threads: int = option(0, ge=0, doc="torch CPU threads; 0 keeps torch's default")
-    algorithm: str = option("grpo", choices=("grpo",), doc="training algorithm")
+    algorithm: str = option("grpo", choices=("grpo", "magrpo"), doc="training algorithm")
     task: dict[str, Any] = option(factory=lambda: {"name": "word_count"}, doc="task name and its own options")
     policy: PolicyConfig = option(factory=PolicyConfig)
     rollout: RolloutConfig = option(factory=RolloutConfig)
     train: TrainConfig = option(factory=TrainConfig)
+    magrpo: MAGRPOConfig = option(factory=MAGRPOConfig)
     run: RunConfig = option(factory=RunConfig)
 
 

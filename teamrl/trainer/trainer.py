@@ -12,7 +12,7 @@ from typing import Any
 import torch
 import yaml
 
-from teamrl.algorithms.grpo import GRPO
+from teamrl.algorithms import make_algorithm
 from teamrl.core.config import Config, config_to_dict
 from teamrl.core.metrics import MetricsSink, read_metrics
 from teamrl.core.sample import Sample
@@ -25,8 +25,8 @@ from teamrl.rollout.scheduler import GenerationScheduler
 from teamrl.tasks import Problem, make_task
 from teamrl.trainer.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
 from teamrl.trainer.update import UpdateSettings, update_policy
+from teamrl.tasks.task import TeamTask
 from teamrl.workflows.context import EpisodeContext
-from teamrl.workflows.single_agent import ROLES as SINGLE_AGENT_ROLES, single_agent
 
 
 class RunExists(RuntimeError):
@@ -46,12 +46,13 @@ class Trainer:
             torch.set_num_threads(cfg.threads)
         seed_everything(cfg.seed)
         self.task = make_task(cfg.task)
-        self.router = PolicyRouter(cfg.policy.mode, list(SINGLE_AGENT_ROLES), cfg.model, cfg.policy.lora,
+        self.algorithm = make_algorithm(cfg, self.task)  # checks the task kind before any model loads
+        self.roles = list(self.task.roles)
+        self.router = PolicyRouter(cfg.policy.mode, self.roles, cfg.model, cfg.policy.lora,
                                    lr=cfg.train.lr, weight_decay=cfg.train.weight_decay, seed=cfg.seed,
                                    need_reference=cfg.train.loss.kl_coef > 0)
         self.tokenizer = self.router.tokenizer
         self.engine = HFEngine(lambda name: self.router.policies[name].active(), self.tokenizer)
-        self.algorithm = GRPO(cfg.rollout.group_size, greedy_baseline=cfg.train.advantage == "max")
         r = cfg.rollout
         self.params = SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
                                      top_k=r.top_k, stop=tuple(r.stop))
@@ -96,7 +97,7 @@ class Trainer:
             params = SamplingParams(**{**self.params.__dict__, "temperature": 0.0}) if tags.get("greedy") else self.params
             return EpisodeContext(scheduler, self.router.policy_name, self.tokenizer, params, problem.id, episode, tags)
 
-        samples = self.algorithm.rollout(problems, lambda ctx, p: single_agent(ctx, self.task, p), make_ctx, scheduler.run)
+        samples = self.algorithm.rollout(problems, self.task, make_ctx, scheduler.run)
         t_rollout = time.perf_counter() - t0
         train_samples = self._assign_advantages(samples)
         t1 = time.perf_counter()
@@ -117,6 +118,17 @@ class Trainer:
             "engine_calls": len(scheduler.calls), "rollout_s": t_rollout, "update_s": t_update,
             "rollout_tokens_per_s": gen_tokens / max(t_rollout, 1e-9), "data_position": self.data_position,
         })
+        if len(self.roles) > 1:
+            for role in self.roles:
+                own = [s for s in train_samples if s.role == role]
+                record[f"reward/{role}"] = sum(s.reward for s in own) / len(own)
+                record[f"completion_len/{role}"] = sum(len(s.completion_ids) for s in own) / len(own)
+        if isinstance(self.task, TeamTask):
+            # mean normalised reward of the joint actions, at the first and the last turn sampled
+            last = max(s.turn for s in train_samples)
+            for name, turn in (("normalised_return", 0), ("normalised_return_last_turn", last)):
+                first_role = [s for s in train_samples if s.turn == turn and s.role == self.roles[0]]
+                record[name] = sum(s.tags["normalised_reward"] for s in first_role) / len(first_role)
         baselines = [s for s in samples if s.tags.get("baseline")]
         if baselines:
             record["greedy_reward_mean"] = sum(s.reward for s in baselines) / len(baselines)
@@ -157,7 +169,7 @@ class Trainer:
         while self.step < total:
             rec = self.train_step()
             bar.update(1)
-            bar.set_postfix(reward=f"{rec['reward_mean']:.3f}", len=f"{rec['completion_len']:.0f}",
+            bar.set_postfix(reward=f"{rec.get('normalised_return', rec['reward_mean']):.3f}", len=f"{rec['completion_len']:.0f}",
                             loss=f"{next((v for k, v in rec.items() if k.startswith('loss/')), 0.0):+.3f}")
         bar.close()
         return read_metrics(self.run_dir / "metrics.jsonl")

@@ -33,14 +33,25 @@ class EpisodeContext:
     async def generate(self, role: str, messages: Messages | str, turn: int = 0, branch: int = 0,
                        params: SamplingParams | None = None) -> str:
         """Sample one completion for ``role`` and return its text."""
+        (sample,) = await self.generate_group(role, messages, n=1, turn=turn, branch=branch, params=params)
+        return sample.text
+
+    async def generate_group(self, role: str, messages: Messages | str, n: int, turn: int = 0, branch: int = 0,
+                             params: SamplingParams | None = None, tags: dict | None = None) -> list[Sample]:
+        """Sample ``n`` completions of one prompt for ``role`` (one prefill); return their Samples.
+
+        The j-th sample gets ``branch = branch + j``; ``tags`` are added to the episode's tags.
+        """
         p = params or self.params
         prompt_ids = encode_chat(self.tokenizer, messages)
+        prompt_text = render_chat(self.tokenizer, messages)
         policy = self.route(role)
-        (completion,) = await self.scheduler.generate(policy, GenerationRequest(prompt_ids, p, n=1))
-        self.samples.append(Sample(
+        completions = await self.scheduler.generate(policy, GenerationRequest(prompt_ids, p, n=n))
+        out = [Sample(
             role=role, policy=policy, problem_id=self.problem_id, prompt_ids=prompt_ids,
-            completion_ids=completion.token_ids, sampling_logprobs=completion.logprobs, text=completion.text,
-            finish_reason=completion.finish_reason, episode=self.episode, turn=turn, branch=branch,
-            temperature=p.temperature, prompt_text=render_chat(self.tokenizer, messages), tags=dict(self.tags),
-        ))
-        return completion.text
+            completion_ids=c.token_ids, sampling_logprobs=c.logprobs, text=c.text, finish_reason=c.finish_reason,
+            episode=self.episode, turn=turn, branch=branch + j, temperature=p.temperature, prompt_text=prompt_text,
+            tags={**self.tags, **(tags or {})},
+        ) for j, c in enumerate(completions)]
+        self.samples += out
+        return out
