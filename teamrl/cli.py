@@ -2,12 +2,15 @@
 
   teamrl train [CONFIG.yaml] [--resume] [key.sub=value ...]
   teamrl config [CONFIG.yaml] [key.sub=value ...]   # validate and print the resolved config
+  teamrl eval [CONFIG.yaml] [--checkpoint RUN_DIR] [--method team,single,...] [--limit N] [key.sub=value ...]
+  teamrl report RUN_DIR                              # PNG plots + report.md in RUN_DIR/report
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 
 def _split(args: list[str]) -> tuple[str | None, list[str]]:
@@ -31,12 +34,33 @@ def main(argv: list[str] | None = None) -> int:
     p_train.add_argument("args", nargs="*", help="CONFIG.yaml and key.sub=value overrides")
     p_cfg = sub.add_parser("config", help="validate a config and print it resolved")
     p_cfg.add_argument("args", nargs="*")
+    p_eval = sub.add_parser("eval", help="trained team vs prompt baselines: normalised return, tokens/s, s/problem")
+    p_eval.add_argument("--checkpoint", default=None, help="a run directory: its last checkpoint is the trained team")
+    p_eval.add_argument("--method", default=None, help="comma-separated subset of team,single,concat,sequential,discussion")
+    p_eval.add_argument("--limit", type=int, default=20, help="number of evaluation problems (default 20)")
+    p_eval.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (default 0: greedy)")
+    p_eval.add_argument("args", nargs="*")
+    p_report = sub.add_parser("report", help="plots and a summary page of a run directory")
+    p_report.add_argument("run_dir")
     ns = parser.parse_args(argv)
+    if ns.command == "report":
+        from teamrl.trainer.report import write_report
+
+        try:
+            path = write_report(ns.run_dir)
+        except (FileNotFoundError, ValueError) as e:
+            print(f"teamrl: {e}", file=sys.stderr)
+            return 2
+        print(f"report: {path}")
+        return 0
 
     from teamrl.core.config import ConfigError, config_to_dict, load_config
 
     try:
-        cfg = load_config(*_split(ns.args))
+        config, overrides = _split(ns.args)
+        if config is None and getattr(ns, "checkpoint", None):
+            config = str(Path(ns.checkpoint) / "config.yaml")  # evaluate a run with its own config
+        cfg = load_config(config, overrides)
     except ConfigError as e:
         print(f"teamrl: config error: {e}", file=sys.stderr)
         return 2
@@ -45,6 +69,8 @@ def main(argv: list[str] | None = None) -> int:
 
         print(yaml.safe_dump(config_to_dict(cfg), sort_keys=False), end="")
         return 0
+    if ns.command == "eval":
+        return _eval(cfg, ns)
     from teamrl.trainer.trainer import RunExists, Trainer
 
     try:
@@ -59,6 +85,29 @@ def main(argv: list[str] | None = None) -> int:
     print(f"mean reward, first {k} steps: {first:.3f}")
     print(f"mean reward, last {k} steps:  {last:.3f}")
     print(f"run directory: {trainer.run_dir}")
+    return 0
+
+
+def _eval(cfg, ns) -> int:
+    from teamrl.core.config import ConfigError
+    from teamrl.tasks import make_task
+    from teamrl.tasks.task import Task
+    from teamrl.trainer.evaluate import evaluate, format_table
+
+    try:
+        if ns.method:
+            methods = [m.strip() for m in ns.method.split(",") if m.strip()]
+        else:
+            single_agent = isinstance(make_task(cfg.task), Task)
+            methods = (["single"] if single_agent else ["single", "concat", "sequential", "discussion"])
+            if ns.checkpoint:
+                methods = ["team", *methods]
+        rows = evaluate(cfg, methods, checkpoint=Path(ns.checkpoint) if ns.checkpoint else None, limit=ns.limit,
+                        temperature=ns.temperature)
+    except (ConfigError, FileNotFoundError) as e:
+        print(f"teamrl: {e}", file=sys.stderr)
+        return 2
+    print(format_table(rows))
     return 0
 
 

@@ -97,6 +97,9 @@ class RunConfig:
     keep_checkpoints: int = option(2, ge=1, doc="how many recent checkpoints to keep")
     log_episodes: bool = option(True, doc="write sampled episodes to episodes/step_N.jsonl")
     progress: bool = option(True, doc="show a progress bar")
+    tensorboard: bool = option(True, doc="also write metrics as TensorBoard events under tensorboard/")
+    wandb: bool = option(False, doc="also log to Weights & Biases (needs `pip install wandb` and a login)")
+    wandb_project: str = option("teamrl", doc="W&B project name")
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""The metrics sink: one JSON line per step in ``metrics.jsonl``."""
+"""The metrics sink: one JSON line per step in ``metrics.jsonl``, optionally TensorBoard and W&B too."""
 
 from __future__ import annotations
 
@@ -9,18 +9,49 @@ from typing import Any
 
 
 class MetricsSink:
-    """Appends one JSON object per call; reopening for a resumed run drops steps past ``start_step``."""
+    """Appends one JSON object per step; reopening for a resumed run drops steps past ``start_step``.
 
-    def __init__(self, path: Path, start_step: int = 0) -> None:
+    With ``tensorboard`` every numeric value is also written as a scalar under
+    ``<run>/tensorboard``; with ``wandb`` to a W&B run (the ``wandb`` package must be installed).
+    """
+
+    def __init__(self, path: Path, start_step: int = 0, tensorboard: bool = False, wandb: bool = False,
+                 wandb_project: str = "teamrl", run_name: str = "", config: dict | None = None) -> None:
         self.path = Path(path)
         if self.path.exists():
             kept = [l for l in self.path.read_text().splitlines() if l.strip() and json.loads(l).get("step", 0) <= start_step]
             self.path.write_text("".join(l + "\n" for l in kept))
+        self._tb = None
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(log_dir=str(self.path.parent / "tensorboard"), purge_step=start_step + 1)
+        self._wandb = None
+        if wandb:
+            try:
+                import wandb as wb
+            except ImportError as e:
+                raise RuntimeError("run.wandb=true but the wandb package is not installed: pip install wandb") from e
+            self._wandb = wb.init(project=wandb_project, name=run_name, config=config, resume="allow")
 
     def log(self, record: dict[str, Any]) -> None:
         clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
         with self.path.open("a") as f:
             f.write(json.dumps(clean) + "\n")
+        step = int(record.get("step", 0))
+        numeric = {k: v for k, v in clean.items() if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step"}
+        if self._tb is not None:
+            for k, v in numeric.items():
+                self._tb.add_scalar(k, v, step)
+            self._tb.flush()
+        if self._wandb is not None:
+            self._wandb.log(numeric, step=step)
+
+    def close(self) -> None:
+        if self._tb is not None:
+            self._tb.close()
+        if self._wandb is not None:
+            self._wandb.finish()
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:

@@ -71,7 +71,9 @@ class Trainer:
             self.step, self.data_position = state["step"], state["data_position"]
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.yaml").write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
-        self.metrics = MetricsSink(self.run_dir / "metrics.jsonl", start_step=self.step)
+        self.metrics = MetricsSink(self.run_dir / "metrics.jsonl", start_step=self.step, tensorboard=cfg.run.tensorboard,
+                                   wandb=cfg.run.wandb, wandb_project=cfg.run.wandb_project, run_name=cfg.name,
+                                   config=config_to_dict(cfg))
 
     # ---- data -------------------------------------------------------------------------
     def _next_problems(self) -> list[Problem]:
@@ -172,4 +174,5 @@ class Trainer:
             bar.set_postfix(reward=f"{rec.get('normalised_return', rec['reward_mean']):.3f}", len=f"{rec['completion_len']:.0f}",
                             loss=f"{next((v for k, v in rec.items() if k.startswith('loss/')), 0.0):+.3f}")
         bar.close()
+        self.metrics.close()
         return read_metrics(self.run_dir / "metrics.jsonl")

@@ -1,0 +1,105 @@
+"""``teamrl eval``: the trained team vs prompt baselines, same task, reward and base model."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import torch
+
+from teamrl.core.config import Config, ConfigError
+from teamrl.core.seeding import derive_seed, seed_everything
+from teamrl.policies.router import PolicyRouter
+from teamrl.rollout.engine import SamplingParams
+from teamrl.rollout.hf_engine import HFEngine
+from teamrl.rollout.scheduler import GenerationScheduler
+from teamrl.tasks import make_task
+from teamrl.tasks.task import Task, TeamTask
+from teamrl.trainer.checkpoint import list_checkpoints, load_checkpoint
+from teamrl.workflows.context import EpisodeContext
+from teamrl.workflows.team_baselines import BASELINES, parallel, single
+
+EVAL_METHODS = ("team", "single", "concat", "sequential", "discussion")
+BASE = "__base__"  # the policy name that routes to the base model (adapters off)
+
+
+@dataclass
+class EvalRow:
+    method: str
+    mean: float       # normalised return, mean over problems
+    stderr: float
+    problems: int
+    tokens_per_s: float
+    seconds_per_problem: float
+
+
+def evaluate(cfg: Config, methods: list[str], checkpoint: Path | None = None, limit: int = 20,
+             temperature: float = 0.0, progress: bool = True) -> list[EvalRow]:
+    """Run each method on the first ``limit`` evaluation problems and return one row per method.
+
+    ``team`` runs every role with its trained policy (the checkpoint's); the baselines run the
+    base model (adapters disabled) with the prompts of :mod:`teamrl.workflows.team_baselines`.
+    """
+    bad = [m for m in methods if m not in EVAL_METHODS]
+    if bad:
+        raise ConfigError(f"--method: {bad[0]!r} is not known; choose from {list(EVAL_METHODS)}")
+    task = make_task(cfg.task)
+    if isinstance(task, Task) and {"concat", "sequential", "discussion"} & set(methods):
+        raise ConfigError(f"--method: task {task.name!r} has one agent; use team and single")
+    if "team" in methods and checkpoint is None:
+        raise ConfigError("--method team needs --checkpoint RUN_DIR (a trained run); the untrained team is the concat baseline")
+    seed_everything(cfg.seed)
+    roles = list(task.roles)
+    router = PolicyRouter(cfg.policy.mode, roles, cfg.model, cfg.policy.lora, lr=cfg.train.lr, seed=cfg.seed,
+                          need_reference=cfg.policy.lora is None)
+    if checkpoint is not None:
+        ckpts = list_checkpoints(Path(checkpoint) / "checkpoints")
+        if not ckpts:
+            raise FileNotFoundError(f"--checkpoint {checkpoint}: no checkpoints/step_N folder in it")
+        load_checkpoint(ckpts[-1], router)
+
+    def models(name: str) -> contextlib.AbstractContextManager:
+        if name == BASE:
+            return next(iter(router.policies.values())).reference()
+        return router.policies[name].active()
+
+    engine = HFEngine(models, router.tokenizer)
+    params = SamplingParams(max_new_tokens=cfg.rollout.max_new_tokens, temperature=temperature, top_p=cfg.rollout.top_p,
+                            top_k=cfg.rollout.top_k, stop=tuple(cfg.rollout.stop))
+    problems = task.problems()[:limit]
+    max_reward = getattr(task, "max_reward", 1.0)
+    rows = []
+    for method in methods:
+        workflow = (single if isinstance(task, Task) else parallel) if method == "team" else BASELINES[method]
+        route = router.policy_name if method == "team" else (lambda role: BASE)
+        scheduler = GenerationScheduler(engine, seed=derive_seed(cfg.seed, 7))
+        ctxs = [EpisodeContext(scheduler, route, router.tokenizer, params, p.id, 0) for p in problems]
+        t0 = time.perf_counter()
+        if progress:
+            print(f"[teamrl eval] {method}: {len(problems)} problems ...", file=sys.stderr, flush=True)
+        with torch.no_grad():
+            outputs = scheduler.run([workflow(c, task, p) for c, p in zip(ctxs, problems)])
+        wall = time.perf_counter() - t0
+        scores = []
+        for p, out in zip(problems, outputs):
+            r = task.reward(p, out["agent"]) if isinstance(task, Task) else task.reward(p, out)
+            scores.append(r / max_reward)
+        n = len(scores)
+        mean = sum(scores) / n
+        std = math.sqrt(sum((s - mean) ** 2 for s in scores) / (n - 1)) if n > 1 else 0.0
+        tokens = sum(len(s.completion_ids) for c in ctxs for s in c.samples)
+        rows.append(EvalRow(method, mean, std / math.sqrt(n), n, tokens / wall, wall / n))
+    return rows
+
+
+def format_table(rows: list[EvalRow]) -> str:
+    """A Markdown table of the rows."""
+    lines = ["| method | normalised return (mean +/- stderr) | problems | generated tokens/s | s / problem |",
+             "|---|---|---|---|---|"]
+    lines += [f"| {r.method} | {r.mean:.3f} +/- {r.stderr:.3f} | {r.problems} | {r.tokens_per_s:.0f} | {r.seconds_per_problem:.2f} |" for r in rows]
+    return "\n".join(lines)

@@ -1,0 +1,71 @@
+"""``teamrl report RUN_DIR``: PNG plots of a run's metrics and a Markdown page that embeds them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from teamrl.core.metrics import read_metrics
+
+# (file stem, title, metric-name prefixes to draw on that plot)
+PLOTS = (
+    ("reward", "reward and normalised return", ("reward_mean", "normalised_return", "normalised_return_last_turn", "greedy_reward_mean")),
+    ("reward_per_agent", "reward per agent", ("reward/",)),
+    ("response_length", "completion length (tokens)", ("completion_len",)),
+    ("loss", "loss per policy", ("loss/",)),
+    ("grad_norm", "gradient norm per policy (before clipping)", ("grad_norm/",)),
+    ("kl", "KL to the reference per policy", ("kl/",)),
+)
+
+
+def _series(metrics: list[dict], prefixes: tuple[str, ...]) -> dict[str, tuple[list[int], list[float]]]:
+    names = sorted({k for m in metrics for k in m if any(k == p or (p.endswith("/") and k.startswith(p)) or k.startswith(p + "/") for p in prefixes)})
+    out = {}
+    for n in names:
+        pts = [(m["step"], m[n]) for m in metrics if isinstance(m.get(n), (int, float))]
+        if pts:
+            out[n] = ([p[0] for p in pts], [p[1] for p in pts])
+    return out
+
+
+def write_report(run_dir: str | Path) -> Path:
+    """Write ``RUN_DIR/report/*.png`` and ``RUN_DIR/report/report.md``; return the page's path."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    run_dir = Path(run_dir)
+    mfile = run_dir / "metrics.jsonl"
+    if not mfile.is_file():
+        raise FileNotFoundError(f"{run_dir}: no metrics.jsonl; is it a run directory (runs/<name>)?")
+    metrics = read_metrics(mfile)
+    if not metrics:
+        raise ValueError(f"{mfile} is empty: the run has not finished a step yet")
+    out = run_dir / "report"
+    out.mkdir(exist_ok=True)
+    page = [f"# Run report: {run_dir.name}", ""]
+    k = min(3, len(metrics))
+    main = "normalised_return" if "normalised_return" in metrics[0] else "reward_mean"
+    first = sum(m[main] for m in metrics[:k]) / k
+    last = sum(m[main] for m in metrics[-k:]) / k
+    secs = sum(m.get("rollout_s", 0) + m.get("update_s", 0) for m in metrics)
+    page += ["| steps | " + main + f", first {k} | " + main + f", last {k} | seconds per step |", "|---|---|---|---|",
+             f"| {len(metrics)} | {first:.3f} | {last:.3f} | {secs / len(metrics):.1f} |", ""]
+    for stem, title, prefixes in PLOTS:
+        series = _series(metrics, prefixes)
+        if not series:
+            continue
+        fig, ax = plt.subplots(figsize=(6, 3.2), dpi=100)
+        for name, (x, y) in series.items():
+            ax.plot(x, y, marker="." if len(x) < 40 else None, label=name)
+        ax.set_xlabel("step")
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(out / f"{stem}.png")
+        plt.close(fig)
+        page += [f"## {title}", "", f"![{title}]({stem}.png)", ""]
+    path = out / "report.md"
+    path.write_text("\n".join(page))
+    return path

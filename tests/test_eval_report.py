@@ -1,0 +1,87 @@
+import subprocess
+import sys
+
+import pytest
+
+from teamrl.core.config import ConfigError, load_config
+from teamrl.tasks import TASKS
+from teamrl.trainer.evaluate import evaluate, format_table
+from teamrl.trainer.report import write_report
+from teamrl.trainer.trainer import Trainer
+from tests.test_magrpo import ToyTeam
+
+
+@pytest.fixture
+def toy_cfg(monkeypatch, tmp_path):
+    monkeypatch.setitem(TASKS, "toy_team", ToyTeam)
+    return load_config(None, ["model=tiny-random", "threads=1", "algorithm=magrpo", "task.name=toy_team", "name=ev",
+                              "rollout.max_new_tokens=8", "rollout.batch_size=2", "rollout.group_size=3", "train.steps=2",
+                              "run.progress=false", "policy.mode=lora_per_role", "policy.lora.r=4", "train.lr=5e-2",
+                              f"run.dir={tmp_path}"])
+
+
+def test_eval_rows_for_team_and_every_baseline(toy_cfg, tmp_path):
+    Trainer(toy_cfg).train()
+    ToyTeam.single_prompt = lambda self, p: [{"role": "user", "content": "both parts"}]
+    ToyTeam.split_single = lambda self, text: {"short": text[:10], "long": text[10:]}
+    rows = evaluate(toy_cfg, ["team", "single", "concat", "sequential", "discussion"], checkpoint=tmp_path / "ev", limit=3, progress=False)
+    assert [r.method for r in rows] == ["team", "single", "concat", "sequential", "discussion"]
+    for r in rows:
+        assert 0 <= r.mean <= 1 and r.problems == 3 and r.tokens_per_s > 0 and r.seconds_per_problem > 0
+    table = format_table(rows)
+    assert table.count("\n") == 6 and "| discussion |" in table
+
+
+def test_eval_team_needs_a_checkpoint_and_methods_are_checked(toy_cfg):
+    with pytest.raises(ConfigError, match="--checkpoint"):
+        evaluate(toy_cfg, ["team"], progress=False)
+    with pytest.raises(ConfigError, match="concat"):
+        evaluate(toy_cfg, ["vote"], progress=False)
+
+
+def test_baseline_workflows_see_what_they_should(toy_cfg):
+    from teamrl.policies.models import load_model
+    from teamrl.rollout.engine import SamplingParams
+    from teamrl.rollout.hf_engine import HFEngine
+    from teamrl.rollout.scheduler import GenerationScheduler
+    from teamrl.workflows.context import EpisodeContext
+    from teamrl.workflows.team_baselines import discussion, sequential
+    import contextlib
+
+    model, tok = load_model("tiny-random")
+    eng = HFEngine(lambda p: contextlib.nullcontext(model), tok)
+    task = ToyTeam()
+    p = task.problems()[0]
+    for wf, calls in ((sequential, 2), (discussion, 4)):
+        sched = GenerationScheduler(eng)
+        ctx = EpisodeContext(sched, lambda r: "base", tok, SamplingParams(max_new_tokens=5), p.id, 0)
+        out = sched.run([wf(ctx, task, p)])[0]
+        assert set(out) == {"short", "long"} and len(ctx.samples) == calls
+        if wf is sequential:  # the second role saw the first one's output
+            assert ctx.samples[0].text in ctx.samples[1].prompt_text and "teammate (short)" in ctx.samples[1].prompt_text
+        else:  # revisions saw both drafts
+            assert all("Your draft" in s.prompt_text for s in ctx.samples[2:])
+
+
+def test_report_writes_plots_and_page(toy_cfg, tmp_path):
+    Trainer(toy_cfg).train()
+    page = write_report(tmp_path / "ev")
+    text = page.read_text()
+    pngs = sorted(p.name for p in page.parent.glob("*.png"))
+    assert {"reward.png", "reward_per_agent.png", "loss.png", "grad_norm.png", "response_length.png", "kl.png"} <= set(pngs)
+    for name in pngs:
+        assert f"]({name})" in text
+        assert (page.parent / name).read_bytes()[:4] == b"\x89PNG"
+    assert "normalised_return" in text
+    r = subprocess.run([sys.executable, "-m", "teamrl.cli", "report", str(tmp_path / "nope")], capture_output=True, text=True)
+    assert r.returncode == 2 and "metrics.jsonl" in r.stderr
+
+
+def test_tensorboard_events_are_written(toy_cfg, tmp_path):
+    Trainer(toy_cfg).train()
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(tmp_path / "ev" / "tensorboard"))
+    acc.Reload()
+    assert "normalised_return" in acc.Tags()["scalars"]
+    assert [e.step for e in acc.Scalars("normalised_return")] == [1, 2]
