@@ -66,3 +66,43 @@ def test_ppo_epochs_use_fixed_old_logprobs_and_clip(tiny):
     stats = update_policy(pol, samples, UpdateSettings(loss=LossConfig(eps_low=0.01, eps_high=0.01), ppo_epochs=3), tok.pad_token_id, [tok.eos_token_id])
     # after the first epoch's big step, ratios leave [0.99, 1.01] and some tokens are clipped
     assert stats["clip_frac"] > 0
+
+
+def test_shared_prompt_pass_gives_the_same_logprobs_and_gradients(tiny):
+    from teamrl.policies.logprobs import build_shared_prefix_batch, shared_prefix_logprobs
+
+    model, tok = tiny
+    eos = tok.eos_token_id
+    prompts = [[256, 5, 6, 7, 8]] * 3 + [[256, 9, 10]] * 2
+    comps = [[11, 12, 13, eos], [14, 15], [16, 17, 18, 19, 20, 21], [22], [23, 24, eos]]
+    plain = build_token_batch(prompts, comps, tok.pad_token_id)
+    shared = build_shared_prefix_batch(prompts, comps, tok.pad_token_id)
+    assert shared.prompt_ids.shape[0] == 2  # each distinct prompt once
+    w = torch.randn(5, 6, generator=torch.Generator().manual_seed(0))
+    results = []
+    for fn, b in ((completion_logprobs, plain), (shared_prefix_logprobs, shared)):
+        model.zero_grad()
+        lp, _ = fn(model, b, 0.8)
+        (lp * w * plain.completion_pad_mask).sum().backward()
+        results.append((lp.detach(), [p.grad.clone() for p in model.parameters()]))
+    mask = plain.completion_pad_mask
+    assert torch.allclose(results[0][0][mask], results[1][0][mask], atol=1e-5)
+    for a, b in zip(results[0][1], results[1][1]):
+        assert torch.allclose(a, b, atol=1e-5)
+
+
+def test_update_with_repeated_prompts_matches_distinct_micro_batches(tiny):
+    model, tok = tiny
+    eos = tok.eos_token_id
+    samples = [Sample(role="agent", policy="p", problem_id=i // 3, prompt_ids=[256, 40 + i // 3, 41],
+                      completion_ids=[70 + i] * (1 + i % 3) + [eos], sampling_logprobs=[], advantage=float(i % 3 - 1))
+               for i in range(6)]
+    steps = []
+    for mb in (6, 1):  # 6: two shared-prompt groups in one micro-batch; 1: every sequence alone (plain path)
+        pol = Policy("p", copy.deepcopy(model), None, lr=1.0, weight_decay=0.0)
+        pol.optimizer = torch.optim.SGD(pol.parameters(), lr=1.0)
+        before = [p.clone() for p in pol.parameters()]
+        update_policy(pol, samples, UpdateSettings(loss=LossConfig(), micro_batch_size=mb, max_grad_norm=1e9), tok.pad_token_id, [eos])
+        steps.append(torch.cat([(b - p.detach()).flatten() for b, p in zip(before, pol.parameters())]))
+    assert steps[0].abs().sum() > 0
+    assert torch.allclose(steps[0], steps[1], atol=1e-6, rtol=1e-4)

@@ -5,13 +5,18 @@ from __future__ import annotations
 from typing import Any
 
 from teamrl.core.config import ConfigError, build_dataclass
-from teamrl.tasks.task import Problem, Task
+from teamrl.tasks.task import Problem, Task, TeamTask
 from teamrl.tasks.word_count import WordCountTask
+from teamrl.tasks.writing import WritingExpand, WritingTLDR
 
-TASKS: dict[str, type[Task]] = {WordCountTask.name: WordCountTask}
+TASKS: dict[str, type[Task] | type[TeamTask]] = {
+    WordCountTask.name: WordCountTask,
+    WritingTLDR.name: WritingTLDR,
+    WritingExpand.name: WritingExpand,
+}
 
 
-def make_task(options: dict[str, Any]) -> Task:
+def make_task(options: dict[str, Any]) -> Task | TeamTask:
     """Build the task named ``options["name"]``, validating its options like the rest of the config."""
     name = options.get("name")
     if name not in TASKS:
@@ -20,4 +25,4 @@ def make_task(options: dict[str, Any]) -> Task:
     return cls(build_dataclass(cls.Options, options, "task."))
 
 
-__all__ = ["TASKS", "Problem", "Task", "make_task"]
+__all__ = ["TASKS", "Problem", "Task", "TeamTask", "make_task"]

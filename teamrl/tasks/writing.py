@@ -37,10 +37,10 @@ level   key               points  what earns them
 ======  ================  ======  ==========================================================
 
 ``max_reward`` is the sum of the level points (4.0 for ``tldr``, 6.0 for ``expand``) and is
-reachable: a pair that meets every band scores it (the tests build one). Unlike the reference
-code, which stops at the first level that is not fully met, only level 1 is a gate; levels
-2-5 add up independently, so a group of samples still gets a graded signal when, say, the
-ratio is off but the content improves.
+reachable: a pair that meets every band scores it (the tests build one). The reference code
+(CoMLRL) stops at any level that earns nothing; here only level 1 is a gate and levels 2-5
+add up independently, so a group of samples still gets a graded signal when, say, the ratio
+is far off but the vocabulary or the content improves.
 """
 
 from __future__ import annotations
@@ -330,7 +330,7 @@ class WritingTLDROptions:
     source: str = option("aclsum", doc="'aclsum' (offline, 250 papers), a .jsonl path, or a Hugging Face data set name")
     split: str = option("", doc="aclsum: train, val or test ('' = all 250); Hugging Face: a split name ('' = train)")
     num_problems: int = option(0, ge=0, doc="papers to use, a seeded sample kept in data order; 0 = all")
-    max_source_words: int = option(300, ge=10, doc="words of introduction + conclusion shown (half each at most for the conclusion)")
+    max_source_words: int = option(300, ge=10, doc="words of introduction + conclusion shown (the conclusion gets at most half)")
     tldr_min_words: int = option(5, ge=1, doc="level 1: fewest words of the TL;DR")
     tldr_max_words: int = option(40, ge=1, doc="level 1: most words of the TL;DR")
     summary_min_words: int = option(60, ge=1, doc="level 1: fewest words of the summary")

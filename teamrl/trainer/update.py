@@ -9,7 +9,8 @@ import torch
 
 from teamrl.core.sample import Sample
 from teamrl.losses import LossConfig, completion_mask, policy_loss
-from teamrl.policies.logprobs import build_token_batch, completion_logprobs
+from teamrl.policies.logprobs import (build_shared_prefix_batch, build_token_batch, completion_logprobs,
+                                     shared_prefix_logprobs)
 from teamrl.policies.policy import Policy
 
 
@@ -23,6 +24,19 @@ class UpdateSettings:
 
 def _micro_batches(n: int, size: int) -> list[slice]:
     return [slice(i, min(n, i + size)) for i in range(0, n, size)]
+
+
+def _pack(prompts: list[list[int]], completions: list[list[int]], pad_id: int):
+    """A shared-prefix batch when prompts repeat (one prompt pass per distinct prompt), else a plain one."""
+    if len({tuple(p) for p in prompts}) < len(prompts):
+        return build_shared_prefix_batch(prompts, completions, pad_id)
+    return build_token_batch(prompts, completions, pad_id)
+
+
+def _logprobs(model, batch, temperature: float, with_entropy: bool = False):
+    if hasattr(batch, "prompt_index"):
+        return shared_prefix_logprobs(model, batch, temperature, with_entropy)
+    return completion_logprobs(model, batch, temperature, with_entropy)
 
 
 def update_policy(policy: Policy, samples: Sequence[Sample], settings: UpdateSettings, pad_id: int,
@@ -40,11 +54,14 @@ def update_policy(policy: Policy, samples: Sequence[Sample], settings: UpdateSet
     samples = [s for s in samples if s.completion_ids]
     if not samples:
         return {}
+    # Keep completions of one prompt together so that micro-batches can share the prompt's pass.
+    order = {}
+    samples = sorted(samples, key=lambda s: order.setdefault(tuple(s.prompt_ids), len(order)))
     temperature = samples[0].temperature or 1.0
     cfg = settings.loss
     adv = torch.tensor([s.advantage for s in samples], dtype=torch.float32)
     parts = _micro_batches(len(samples), settings.micro_batch_size)
-    batches = [build_token_batch([s.prompt_ids for s in samples[sl]], [s.completion_ids for s in samples[sl]], pad_id) for sl in parts]
+    batches = [_pack([s.prompt_ids for s in samples[sl]], [s.completion_ids for s in samples[sl]], pad_id) for sl in parts]
     masks = [completion_mask(b.completion_ids, list(eos_ids), b.completion_pad_mask) for b in batches]
     total_tokens = max(1, int(sum(int(m.sum()) for m in masks)))
     if cfg.aggregation == "dr_grpo" and cfg.max_completion_length is None:
@@ -58,15 +75,15 @@ def update_policy(policy: Policy, samples: Sequence[Sample], settings: UpdateSet
         with torch.no_grad():
             for i, b in enumerate(batches):
                 if settings.ppo_epochs > 1:
-                    old[i] = completion_logprobs(model, b, temperature)[0]
+                    old[i] = _logprobs(model, b, temperature)[0]
                 if cfg.kl_coef > 0:
                     with policy.reference() as ref_model:
-                        ref[i] = completion_logprobs(ref_model, b, temperature)[0]
+                        ref[i] = _logprobs(ref_model, b, temperature)[0]
         grad_norms = []
         for epoch in range(settings.ppo_epochs):
             policy.optimizer.zero_grad(set_to_none=True)
             for i, (sl, b, m) in enumerate(zip(parts, batches, masks)):
-                logp, ent = completion_logprobs(model, b, temperature, with_entropy=epoch == 0)
+                logp, ent = _logprobs(model, b, temperature, with_entropy=epoch == 0)
                 old_lp = logp.detach() if old[i] is None else old[i]
                 loss, st = policy_loss(logp, old_lp, adv[sl], m, cfg, ref_logprobs=ref[i])
                 weight = (int(m.sum()) / total_tokens) if cfg.aggregation == "token_mean" else (len(range(*sl.indices(len(samples)))) / len(samples))
