@@ -1,4 +1,5 @@
-# make demo  - set up .venv if missing, then train GRPO on the embedded SmolLM2-135M (about 5 min on 2 CPU cores)
+# make demo  - set up .venv if missing, then train a two-agent MAGRPO team (writing.tldr) on the embedded
+#              SmolLM2-135M, evaluate it against the prompt baselines and write the report (<= 15 min on 2 CPU cores)
 # make test  - set up .venv if missing, then run the test suite
 # make bench - rollout tokens/s of the engine vs model.generate, and train-step seconds
 VENV ?= .venv
@@ -20,7 +21,9 @@ $(STAMP): pyproject.toml constraints.txt
 	@touch $(STAMP)
 
 demo: setup
-	$(VENV)/bin/teamrl train examples/demo.yaml name=$(RUN_NAME) $(ARGS)
+	$(VENV)/bin/teamrl train configs/magrpo_writing_tldr.yaml name=$(RUN_NAME) $(ARGS)
+	$(VENV)/bin/teamrl eval --checkpoint runs/$(RUN_NAME) task.split=test --limit 20
+	$(VENV)/bin/teamrl report runs/$(RUN_NAME)
 
 test: setup
 	$(PY) -m pytest $(ARGS)

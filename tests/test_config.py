@@ -73,3 +73,11 @@ def test_schema_reference_lists_every_leaf():
     keys = [row[0] for row in describe_schema()]
     for k in ("train.loss.eps_high", "rollout.top_k", "policy.lora.r", "run.save_every", "model"):
         assert k in keys
+
+
+def test_readme_config_reference_lists_every_key():
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    missing = [k for k, *_ in describe_schema() if f"| `{k}` |" not in readme]
+    assert not missing, f"README config reference lacks {missing}; regenerate with python -m teamrl.core"
