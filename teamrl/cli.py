@@ -79,11 +79,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"teamrl: {e}", file=sys.stderr)
         return 2
     metrics = trainer.train()
-    rewards = [m["reward_mean"] for m in metrics]
-    k = min(3, len(rewards))
-    first, last = sum(rewards[:k]) / k, sum(rewards[-k:]) / k
-    print(f"mean reward, first {k} steps: {first:.3f}")
-    print(f"mean reward, last {k} steps:  {last:.3f}")
+    key = "normalised_return" if "normalised_return" in metrics[-1] else "reward_mean"
+    label = "normalised return" if key == "normalised_return" else "reward"
+    values = [m[key] for m in metrics]
+    k = min(3, len(values))
+    first, last = sum(values[:k]) / k, sum(values[-k:]) / k
+    secs = sum(m["rollout_s"] + m["update_s"] for m in metrics) / len(metrics)
+    print(f"mean {label}, first {k} steps: {first:.3f}")
+    print(f"mean {label}, last {k} steps:  {last:.3f}")
+    print(f"seconds per step: {secs:.1f}")
     print(f"run directory: {trainer.run_dir}")
     return 0
 

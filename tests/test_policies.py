@@ -121,3 +121,21 @@ def test_unknown_role_is_named():
     router = PolicyRouter("lora_per_role", ["planner"], "tiny-random", LORA, lr=1e-2)
     with pytest.raises(KeyError, match="coder"):
         router.policy_for("coder")
+
+
+def test_generation_model_is_the_merged_adapter_and_follows_updates():
+    router = PolicyRouter("lora_per_role", ["planner", "coder"], "tiny-random", LORA, lr=5e-2)
+    tok = router.tokenizer
+    ids = torch.tensor([[256, 70, 71, 72, 73]])
+    for _ in range(2):  # the copy is refreshed after each update
+        _update(router, "planner")
+        for name in ("planner", "coder"):
+            pol = router.policies[name]
+            with torch.no_grad(), pol.active() as m:
+                expected = m(ids).logits
+            with torch.no_grad(), pol.generation_model() as g:
+                got = g(ids).logits
+                assert not hasattr(g, "peft_config")  # a plain model: no adapter overhead when sampling
+            assert torch.allclose(expected, got, atol=1e-5)
+    with torch.no_grad(), router.policies["planner"].generation_model() as g1, router.policies["coder"].generation_model() as g2:
+        assert not torch.allclose(g1(ids).logits, g2(ids).logits, atol=1e-4)  # each policy samples with its own weights

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 from typing import Iterator
 
 import torch
@@ -30,6 +31,14 @@ class Policy:
         for p in self._params:
             p.requires_grad_(True)
         self.optimizer = torch.optim.AdamW(self._params, lr=lr, weight_decay=weight_decay)
+        self.version = 0  # bumped by every change of this policy's weights
+        self._merged: nn.Module | None = None
+        self._merged_version = -1
+
+    def step(self) -> None:
+        """One optimizer step (gradients must be in place)."""
+        self.optimizer.step()
+        self.version += 1
 
     def _own_parameters(self) -> list[nn.Parameter]:
         if self.adapter is None:
@@ -54,6 +63,32 @@ class Policy:
         with torch.no_grad():
             for n, p in own.items():
                 p.copy_(state[n])
+        self.version += 1
+
+    @contextlib.contextmanager
+    def generation_model(self) -> Iterator[nn.Module]:
+        """A model for sampling with this policy's current weights.
+
+        For a LoRA policy: a plain copy of the base with this adapter merged in, refreshed
+        lazily after updates. Sampling through PEFT's unmerged adapters costs ~1.5x per token
+        on CPU, and merging into the shared base in place would drift its weights over many
+        merge/unmerge cycles; a separate copy avoids both. Full-weight policies sample with
+        the model itself.
+        """
+        if self.adapter is None:
+            yield self.model
+            return
+        if self._merged is None:
+            self._merged = copy.deepcopy(self.model).unload().eval().requires_grad_(False)
+            self._targets = [(n.removeprefix("base_model.model."), m) for n, m in self.model.named_modules()
+                             if hasattr(m, "get_delta_weight") and self.adapter in getattr(m, "lora_A", {})]
+        if self._merged_version != self.version:
+            with torch.no_grad():
+                for name, layer in self._targets:
+                    target = self._merged.get_submodule(name)
+                    target.weight.copy_(layer.base_layer.weight + layer.get_delta_weight(self.adapter))
+            self._merged_version = self.version
+        yield self._merged
 
     @contextlib.contextmanager
     def active(self) -> Iterator[nn.Module]:

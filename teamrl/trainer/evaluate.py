@@ -66,7 +66,7 @@ def evaluate(cfg: Config, methods: list[str], checkpoint: Path | None = None, li
     def models(name: str) -> contextlib.AbstractContextManager:
         if name == BASE:
             return next(iter(router.policies.values())).reference()
-        return router.policies[name].active()
+        return router.policies[name].generation_model()
 
     engine = HFEngine(models, router.tokenizer)
     params = SamplingParams(max_new_tokens=cfg.rollout.max_new_tokens, temperature=temperature, top_p=cfg.rollout.top_p,

@@ -52,7 +52,7 @@ class Trainer:
                                    lr=cfg.train.lr, weight_decay=cfg.train.weight_decay, seed=cfg.seed,
                                    need_reference=cfg.train.loss.kl_coef > 0)
         self.tokenizer = self.router.tokenizer
-        self.engine = HFEngine(lambda name: self.router.policies[name].active(), self.tokenizer)
+        self.engine = HFEngine(lambda name: self.router.policies[name].generation_model(), self.tokenizer)
         r = cfg.rollout
         self.params = SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
                                      top_k=r.top_k, stop=tuple(r.stop))

@@ -94,7 +94,7 @@ def update_policy(policy: Policy, samples: Sequence[Sample], settings: UpdateSet
                 if ent is not None:
                     stats["entropy"] += float((ent * m).sum()) / total_tokens
             grad_norms.append(float(torch.nn.utils.clip_grad_norm_(policy.parameters(), settings.max_grad_norm)))
-            policy.optimizer.step()
+            policy.step()
         policy.optimizer.zero_grad(set_to_none=True)
     stats["grad_norm"] = grad_norms[-1]
     stats["tokens"] = float(total_tokens)
