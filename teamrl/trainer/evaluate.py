@@ -78,7 +78,9 @@ def evaluate(cfg: Config, methods: list[str], checkpoint: Path | None = None, li
         workflow = (single if isinstance(task, Task) else parallel) if method == "team" else BASELINES[method]
         route = router.policy_name if method == "team" else (lambda role: BASE)
         scheduler = GenerationScheduler(engine, seed=derive_seed(cfg.seed, 7))
-        ctxs = [EpisodeContext(scheduler, route, router.tokenizer, params, p.id, 0) for p in problems]
+        # One agent writing every part gets the whole team's token budget.
+        p_method = params if method != "single" else SamplingParams(**{**params.__dict__, "max_new_tokens": params.max_new_tokens * len(roles)})
+        ctxs = [EpisodeContext(scheduler, route, router.tokenizer, p_method, p.id, 0) for p in problems]
         t0 = time.perf_counter()
         if progress:
             print(f"[teamrl eval] {method}: {len(problems)} problems ...", file=sys.stderr, flush=True)
