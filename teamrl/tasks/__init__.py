@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from teamrl.core.config import ConfigError, build_dataclass
+from teamrl.tasks.code_team import CodeHelperMain
 from teamrl.tasks.task import Problem, Task, TeamTask
 from teamrl.tasks.word_count import WordCountTask
 from teamrl.tasks.writing import WritingExpand, WritingTLDR
@@ -13,6 +14,7 @@ TASKS: dict[str, type[Task] | type[TeamTask]] = {
     WordCountTask.name: WordCountTask,
     WritingTLDR.name: WritingTLDR,
     WritingExpand.name: WritingExpand,
+    CodeHelperMain.name: CodeHelperMain,
 }
 
 

