@@ -6,6 +6,7 @@ from typing import Any
 
 from teamrl.core.config import ConfigError, build_dataclass
 from teamrl.tasks.code_team import CodeHelperMain
+from teamrl.tasks.code_tester import CoderTester
 from teamrl.tasks.task import Problem, Task, TeamTask
 from teamrl.tasks.word_count import WordCountTask
 from teamrl.tasks.writing import WritingExpand, WritingTLDR
@@ -15,6 +16,7 @@ TASKS: dict[str, type[Task] | type[TeamTask]] = {
     WritingTLDR.name: WritingTLDR,
     WritingExpand.name: WritingExpand,
     CodeHelperMain.name: CodeHelperMain,
+    CoderTester.name: CoderTester,
 }
 
 

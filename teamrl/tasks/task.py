@@ -67,6 +67,11 @@ class TeamTask(ABC):
         """Rewards of many joint actions of one problem; override to vectorise."""
         return [self.reward(problem, o) for o in joint]
 
+    def role_rewards(self, problem: Problem, outputs: dict[str, str]) -> dict[str, float]:
+        """Each role's own (local) reward for a joint action; algorithms that mix local and team
+        rewards (AT-GRPO: local + alpha * team) use it. Default: no local rewards (all 0)."""
+        return {r: 0.0 for r in self.roles}
+
     def feedback(self, problem: Problem, outputs: dict[str, str], reward: float) -> str:
         """What the agents are told about their joint output before the next turn."""
         return f"Your joint answer scored {reward / self.max_reward:.2f} of 1. Improve it."
