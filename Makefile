@@ -1,7 +1,7 @@
 # make demo  - set up .venv if missing, then train a two-agent MAGRPO team (writing.tldr) on the embedded
 #              SmolLM2-135M, evaluate it against the prompt baselines and write the report (<= 15 min on 2 CPU cores)
 # make test  - set up .venv if missing, then run the test suite
-# make bench - rollout tokens/s of the engine vs model.generate, and train-step seconds
+# make bench - engine vs model.generate, train step, MAGRPO vs reference style, sandbox runs/s -> bench/RESULTS.md
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.teamrl-installed
@@ -29,7 +29,9 @@ test: setup
 	$(PY) -m pytest $(ARGS)
 
 bench: setup
-	$(PY) bench/core_bench.py $(ARGS)
+	$(PY) bench/core_bench.py --out bench/RESULTS.md
+	$(PY) bench/magrpo_bench.py --out bench/RESULTS.md
+	$(PY) bench/sandbox_bench.py --out bench/RESULTS.md
 
 clean:
 	rm -rf $(VENV) runs
