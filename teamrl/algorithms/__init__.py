@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+from teamrl.algorithms.at_grpo import ATGRPO, ATGRPOSettings
 from teamrl.algorithms.grpo import GRPO
 from teamrl.algorithms.magrpo import MAGRPO, MAGRPOSettings
 from teamrl.core.config import Config, ConfigError
+from teamrl.tasks.environment import Environment
 from teamrl.tasks.task import Task, TeamTask
 
-ALGORITHMS = ("grpo", "magrpo")
+ALGORITHMS = ("grpo", "magrpo", "at_grpo")
 
 
-def make_algorithm(cfg: Config, task: Task | TeamTask) -> GRPO | MAGRPO:
+def make_algorithm(cfg: Config, task: Task | TeamTask | Environment) -> GRPO | MAGRPO | ATGRPO:
     """The configured algorithm, checked against the kind of task it needs."""
     if cfg.algorithm == "grpo":
         if not isinstance(task, Task):
@@ -18,11 +20,17 @@ def make_algorithm(cfg: Config, task: Task | TeamTask) -> GRPO | MAGRPO:
         return GRPO(cfg.rollout.group_size, greedy_baseline=cfg.train.advantage == "max")
     if cfg.algorithm == "magrpo":
         if not isinstance(task, TeamTask):
-            raise ConfigError(f"algorithm: magrpo needs a team task (roles acting together); {task.name!r} is single-agent; use algorithm=grpo")
+            raise ConfigError(f"algorithm: magrpo needs a team task (roles acting together); {task.name!r} is not one (see teamrl.tasks.TASKS)")
         m = cfg.magrpo
         return MAGRPO(MAGRPOSettings(group_size=cfg.rollout.group_size, joint_mode=m.joint_mode, num_turns=m.num_turns,
                                      gamma=m.gamma, termination_threshold=m.termination_threshold))
+    if cfg.algorithm == "at_grpo":
+        if not isinstance(task, Environment):
+            raise ConfigError(f"algorithm: at_grpo needs a multi-turn environment (plan_path, sokoban, sudoku, ...); {task.name!r} is not one")
+        a = cfg.at_grpo
+        return ATGRPO(ATGRPOSettings(k=cfg.rollout.group_size, alpha=a.alpha, select=a.select, grouping=a.grouping,
+                                     max_turns=a.max_turns or None, seed=cfg.seed))
     raise ConfigError(f"algorithm: {cfg.algorithm!r} is not known; choose one of {list(ALGORITHMS)}")
 
 
-__all__ = ["ALGORITHMS", "GRPO", "MAGRPO", "MAGRPOSettings", "make_algorithm"]
+__all__ = ["ALGORITHMS", "ATGRPO", "ATGRPOSettings", "GRPO", "MAGRPO", "MAGRPOSettings", "make_algorithm"]

@@ -91,6 +91,15 @@ class MAGRPOConfig:
 
 
 @dataclass
+class ATGRPOConfig:
+    alpha: float = option(1.0, ge=0, doc="a candidate's reward = its local reward + alpha * team reward")
+    select: str = option("greedy", choices=("greedy", "random"), doc="which of the K branches every later step continues from")
+    grouping: str = option("tree", choices=("tree", "trajectory"),
+                           doc="tree: groups of K candidates per (problem, turn, agent); trajectory: K independent episodes (ablation)")
+    max_turns: int = option(0, ge=0, doc="turn limit; 0 = the environment's own max_turns")
+
+
+@dataclass
 class RunConfig:
     dir: str = option("runs", doc="parent folder of run directories")
     save_every: int = option(10, ge=1, doc="checkpoint every N steps (and at the end)")
@@ -108,12 +117,13 @@ class Config:
     seed: int = option(0, doc="seed for data order, sampling and initialisation")
     model: str = option("smollm2-135m", doc="alias (smollm2-135m, tiny-random), local folder, or hub id")
     threads: int = option(0, ge=0, doc="torch CPU threads; 0 keeps torch's default")
-    algorithm: str = option("grpo", choices=("grpo", "magrpo"), doc="training algorithm")
+    algorithm: str = option("grpo", choices=("grpo", "magrpo", "at_grpo"), doc="training algorithm")
     task: dict[str, Any] = option(factory=lambda: {"name": "word_count"}, doc="task name and its own options")
     policy: PolicyConfig = option(factory=PolicyConfig)
     rollout: RolloutConfig = option(factory=RolloutConfig)
     train: TrainConfig = option(factory=TrainConfig)
     magrpo: MAGRPOConfig = option(factory=MAGRPOConfig)
+    at_grpo: ATGRPOConfig = option(factory=ATGRPOConfig)
     run: RunConfig = option(factory=RunConfig)
 
 

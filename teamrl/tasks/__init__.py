@@ -7,11 +7,12 @@ from typing import Any
 from teamrl.core.config import ConfigError, build_dataclass
 from teamrl.tasks.code_team import CodeHelperMain
 from teamrl.tasks.code_tester import CoderTester
+from teamrl.tasks.environment import Environment
 from teamrl.tasks.task import Problem, Task, TeamTask
 from teamrl.tasks.word_count import WordCountTask
 from teamrl.tasks.writing import WritingExpand, WritingTLDR
 
-TASKS: dict[str, type[Task] | type[TeamTask]] = {
+TASKS: dict[str, type[Task] | type[TeamTask] | type[Environment]] = {
     WordCountTask.name: WordCountTask,
     WritingTLDR.name: WritingTLDR,
     WritingExpand.name: WritingExpand,
@@ -20,7 +21,7 @@ TASKS: dict[str, type[Task] | type[TeamTask]] = {
 }
 
 
-def make_task(options: dict[str, Any]) -> Task | TeamTask:
+def make_task(options: dict[str, Any]) -> Task | TeamTask | Environment:
     """Build the task named ``options["name"]``, validating its options like the rest of the config."""
     name = options.get("name")
     if name not in TASKS:
@@ -29,4 +30,4 @@ def make_task(options: dict[str, Any]) -> Task | TeamTask:
     return cls(build_dataclass(cls.Options, options, "task."))
 
 
-__all__ = ["TASKS", "Problem", "Task", "TeamTask", "make_task"]
+__all__ = ["TASKS", "Environment", "Problem", "Task", "TeamTask", "make_task"]

@@ -131,6 +131,8 @@ class Trainer:
             for name, turn in (("normalised_return", 0), ("normalised_return_last_turn", last)):
                 first_role = [s for s in train_samples if s.turn == turn and s.role == self.roles[0]]
                 record[name] = sum(s.tags["normalised_reward"] for s in first_role) / len(first_role)
+        if hasattr(self.algorithm, "metrics"):
+            record.update(self.algorithm.metrics(train_samples))
         baselines = [s for s in samples if s.tags.get("baseline")]
         if baselines:
             record["greedy_reward_mean"] = sum(s.reward for s in baselines) / len(baselines)
