@@ -102,10 +102,15 @@ def _eval(cfg, ns) -> int:
         if ns.method:
             methods = [m.strip() for m in ns.method.split(",") if m.strip()]
         else:
-            single_agent = isinstance(make_task(cfg.task), Task)
-            methods = (["single"] if single_agent else ["single", "concat", "sequential", "discussion"])
-            if ns.checkpoint:
-                methods = ["team", *methods]
+            from teamrl.tasks.environment import Environment
+
+            task = make_task(cfg.task)
+            if isinstance(task, Environment):
+                methods = ["untrained", "single"] + (["team", "swapped"] if ns.checkpoint else [])
+            else:
+                methods = ["single"] if isinstance(task, Task) else ["single", "concat", "sequential", "discussion"]
+                if ns.checkpoint:
+                    methods = ["team", *methods]
         rows = evaluate(cfg, methods, checkpoint=Path(ns.checkpoint) if ns.checkpoint else None, limit=ns.limit,
                         temperature=ns.temperature)
     except (ConfigError, FileNotFoundError) as e:

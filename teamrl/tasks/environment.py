@@ -22,6 +22,7 @@ class Environment(ABC):
     name: ClassVar[str]
     roles: ClassVar[tuple[str, ...]]
     parallel: ClassVar[bool] = False  # True: every role of a turn observes the same state
+    max_reward: ClassVar[float] = 1.0  # the largest team_reward, for the normalised return
     max_turns: int = 4
 
     @abstractmethod

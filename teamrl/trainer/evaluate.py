@@ -19,12 +19,15 @@ from teamrl.rollout.engine import SamplingParams
 from teamrl.rollout.hf_engine import HFEngine
 from teamrl.rollout.scheduler import GenerationScheduler
 from teamrl.tasks import make_task
+from teamrl.tasks.environment import Environment
 from teamrl.tasks.task import Task, TeamTask
 from teamrl.trainer.checkpoint import list_checkpoints, load_checkpoint
 from teamrl.workflows.context import EpisodeContext
+from teamrl.workflows.env_episode import play
 from teamrl.workflows.team_baselines import BASELINES, parallel, single
 
-EVAL_METHODS = ("team", "single", "concat", "sequential", "discussion")
+EVAL_METHODS = ("team", "single", "concat", "sequential", "discussion", "untrained", "swapped")
+ENV_METHODS = ("team", "untrained", "single", "swapped")
 BASE = "__base__"  # the policy name that routes to the base model (adapters off)
 
 
@@ -50,9 +53,13 @@ def evaluate(cfg: Config, methods: list[str], checkpoint: Path | None = None, li
     if bad:
         raise ConfigError(f"--method: {bad[0]!r} is not known; choose from {list(EVAL_METHODS)}")
     task = make_task(cfg.task)
-    if isinstance(task, Task) and {"concat", "sequential", "discussion"} & set(methods):
+    if isinstance(task, Task) and {"concat", "sequential", "discussion", "untrained", "swapped"} & set(methods):
         raise ConfigError(f"--method: task {task.name!r} has one agent; use team and single")
-    if "team" in methods and checkpoint is None:
+    if isinstance(task, Environment) and set(methods) - set(ENV_METHODS):
+        raise ConfigError(f"--method: environment {task.name!r} takes {list(ENV_METHODS)}")
+    if isinstance(task, TeamTask) and {"untrained", "swapped"} & set(methods):
+        raise ConfigError("--method: untrained and swapped are for environments; for team tasks the untrained team is concat")
+    if {"team", "swapped"} & set(methods) and checkpoint is None:
         raise ConfigError("--method team needs --checkpoint RUN_DIR (a trained run); the untrained team is the concat baseline")
     seed_everything(cfg.seed)
     roles = list(task.roles)
@@ -76,8 +83,11 @@ def evaluate(cfg: Config, methods: list[str], checkpoint: Path | None = None, li
     max_reward = getattr(task, "max_reward", 1.0)
     rows = []
     for method in methods:
-        workflow = (single if isinstance(task, Task) else parallel) if method == "team" else BASELINES[method]
-        route = router.policy_name if method == "team" else (lambda role: BASE)
+        if isinstance(task, Environment):
+            workflow, route = _env_method(task, router, method)
+        else:
+            workflow = (single if isinstance(task, Task) else parallel) if method == "team" else BASELINES[method]
+            route = router.policy_name if method == "team" else (lambda role: BASE)
         scheduler = GenerationScheduler(engine, seed=derive_seed(cfg.seed, 7))
         # One agent writing every part gets the whole team's token budget.
         p_method = params if method != "single" else SamplingParams(**{**params.__dict__, "max_new_tokens": params.max_new_tokens * len(roles)})
@@ -90,23 +100,47 @@ def evaluate(cfg: Config, methods: list[str], checkpoint: Path | None = None, li
         wall = time.perf_counter() - t0
         scores = []
         for p, out in zip(problems, outputs):
-            r = task.reward(p, out["agent"]) if isinstance(task, Task) else task.reward(p, out)
+            if isinstance(task, Environment):
+                r = task.team_reward(out)
+            else:
+                r = task.reward(p, out["agent"]) if isinstance(task, Task) else task.reward(p, out)
             scores.append(r / max_reward)
         n = len(scores)
         mean = sum(scores) / n
         std = math.sqrt(sum((s - mean) ** 2 for s in scores) / (n - 1)) if n > 1 else 0.0
         tokens = sum(len(s.completion_ids) for c in ctxs for s in c.samples)
         passed = None
-        if hasattr(task, "passed"):  # coding tasks: share of problems whose answer passes every test
+        if isinstance(task, Environment):
+            passed = sum(bool(task.success(out)) for out in outputs) / n
+        elif hasattr(task, "passed"):  # coding tasks: share of problems whose answer passes every test
             passed = sum(bool(task.passed(p, out)) for p, out in zip(problems, outputs)) / n
         rows.append(EvalRow(method, mean, std / math.sqrt(n), n, tokens / wall, wall / n, passed))
     return rows
 
 
+def _env_method(env: Environment, router: PolicyRouter, method: str):
+    """(workflow, route) of an evaluation method on an environment.
+
+    team: each role with its own trained policy; untrained: the base model for every role
+    (the prompt-only team); single: only the last role acts (one agent doing the task alone),
+    base model; swapped: each role with the next role's trained policy (specialisation check;
+    a no-op under a shared policy).
+    """
+    roles = list(env.roles)
+    if method == "team":
+        return (lambda ctx, e, p: play(ctx, e, p)), router.policy_name
+    if method == "untrained":
+        return (lambda ctx, e, p: play(ctx, e, p)), (lambda role: BASE)
+    if method == "single":
+        return (lambda ctx, e, p: play(ctx, e, p, roles=roles[-1:])), (lambda role: BASE)
+    swap = {r: roles[(i + 1) % len(roles)] for i, r in enumerate(roles)}
+    return (lambda ctx, e, p: play(ctx, e, p)), (lambda role: router.policy_name(swap[role]))
+
+
 def format_table(rows: list[EvalRow]) -> str:
     """A Markdown table of the rows."""
     with_pass = any(r.pass_at_1 is not None for r in rows)
-    head = "| method | normalised return (mean +/- stderr) |" + (" pass@1 |" if with_pass else "")
+    head = "| method | normalised return (mean +/- stderr) |" + (" pass@1 / success |" if with_pass else "")
     lines = [head + " problems | generated tokens/s | s / problem |", "|---" * (head.count("|") + 2) + "|"]
     for r in rows:
         p = (f" {r.pass_at_1:.3f} |" if r.pass_at_1 is not None else " - |") if with_pass else ""
