@@ -9,7 +9,8 @@ only compute live sequences; per-row temperature, top-k and top-p are vectorised
 
 from __future__ import annotations
 
-from typing import Callable, Iterator, Sequence
+import contextlib
+from typing import Callable, Sequence
 
 import torch
 from transformers import DynamicCache, PreTrainedTokenizerBase
@@ -18,7 +19,7 @@ from transformers.cache_utils import DynamicLayer
 from teamrl.rollout.engine import Completion, Engine, GenerationRequest
 
 # policy name -> context manager that yields the model computing with that policy's weights
-ModelProvider = Callable[[str], "contextlib.AbstractContextManager[torch.nn.Module]"]
+ModelProvider = Callable[[str], contextlib.AbstractContextManager]
 
 
 class _PreallocatedLayer(DynamicLayer):

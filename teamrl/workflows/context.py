@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Hashable
+from typing import Callable, Hashable
 
 from transformers import PreTrainedTokenizerBase
 
@@ -19,7 +19,7 @@ class EpisodeContext:
     in flight, and is recorded in ``samples`` with its ids, log-probs and tags.
     """
 
-    def __init__(self, scheduler: GenerationScheduler, route: "callable", tokenizer: PreTrainedTokenizerBase,
+    def __init__(self, scheduler: GenerationScheduler, route: Callable[[str], str], tokenizer: PreTrainedTokenizerBase,
                  params: SamplingParams, problem_id: Hashable, episode: int, tags: dict | None = None) -> None:
         self.scheduler = scheduler
         self.route = route  # role -> policy name
