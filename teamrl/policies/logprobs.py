@@ -55,11 +55,17 @@ def completion_logprobs(model: nn.Module, batch: TokenBatch, temperature: float 
     T = batch.completion_len
     out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids,
                 use_cache=False, logits_to_keep=T + 1)
-    logits = out.logits[:, :-1, :].float()
+    return token_logprobs(out.logits[:, :-1, :], batch.completion_ids, temperature, with_entropy)
+
+
+def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, temperature: float = 1.0,
+                   with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs [B, T] of ``token_ids`` under ``softmax(logits / temperature)`` (and entropies)."""
+    logits = logits.float()
     if temperature not in (0.0, 1.0):
         logits = logits / temperature
     logp_all = torch.log_softmax(logits, dim=-1)
-    logp = logp_all.gather(-1, batch.completion_ids.unsqueeze(-1)).squeeze(-1)
+    logp = logp_all.gather(-1, token_ids.unsqueeze(-1)).squeeze(-1)
     entropy = None
     if with_entropy:
         with torch.no_grad():
@@ -128,15 +134,7 @@ def shared_prefix_logprobs(model: nn.Module, batch: SharedPrefixBatch, temperatu
     if T > 1:
         rest = model(input_ids=batch.completion_ids[:, :-1], attention_mask=attn[:, :-1], position_ids=cpos[:, :-1],
                      past_key_values=cache, use_cache=True).logits
-        logits = torch.cat([first_logits, rest], dim=1).float()
+        logits = torch.cat([first_logits, rest], dim=1)
     else:
-        logits = first_logits.float()
-    if temperature not in (0.0, 1.0):
-        logits = logits / temperature
-    logp_all = torch.log_softmax(logits, dim=-1)
-    logp = logp_all.gather(-1, batch.completion_ids.unsqueeze(-1)).squeeze(-1)
-    entropy = None
-    if with_entropy:
-        with torch.no_grad():
-            entropy = -(logp_all.exp() * logp_all).sum(-1)
-    return logp, entropy
+        logits = first_logits
+    return token_logprobs(logits, batch.completion_ids, temperature, with_entropy)

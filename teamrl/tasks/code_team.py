@@ -79,7 +79,46 @@ def _imports(prompt: str) -> str:
     return "".join(line + "\n" for line in prompt.splitlines() if line.startswith(("import ", "from ")))
 
 
-class CodeHelperMain(TeamTask):
+class CodeTeamTask(TeamTask):
+    """What the two-role coding tasks share: problems from a coding data set, a sandbox pool,
+    and prompts of the form problem + the role's request (+ the previous attempt and feedback)."""
+
+    def __init__(self, opts) -> None:
+        self.opts = opts
+        if self.opts.source != "humaneval" and not self.opts.path:
+            raise ValueError(f"task.path: source {self.opts.source!r} needs the path of its file (see ../shared/data/README.md)")
+        code = load_code_problems(self.opts.source, self.opts.path or None, self.opts.num_problems or None)
+        self._problems = [Problem(c.task_id, {"code": c}) for c in code]
+        self._pool: SandboxPool | None = None
+
+    @property
+    def pool(self) -> SandboxPool:
+        """The sandbox pool, started on first use."""
+        if self._pool is None:
+            limits = SandboxLimits(wall_seconds=self.opts.wall_seconds, cpu_seconds=self.opts.wall_seconds)
+            self._pool = SandboxPool(self.opts.workers or None, limits)
+        return self._pool
+
+    def problems(self) -> list[Problem]:
+        return list(self._problems)
+
+    def request(self, code: CodeProblem, role: str) -> str:
+        """What ``role`` is asked to write."""
+        raise NotImplementedError
+
+    def prompt(self, problem: Problem, role: str, turn: int = 0, history: Sequence[dict[str, str]] = (),
+               feedback: str = "") -> list[dict[str, str]]:
+        if role not in self.roles:
+            raise KeyError(f"role {role!r}: {self.name} has roles {list(self.roles)}")
+        c: CodeProblem = problem.data["code"]
+        text = f"Problem:\n{c.prompt}\n\n{self.request(c, role)}"
+        if history:
+            previous = "\n\n".join(f"{r.capitalize()}:\n{history[-1].get(r, '')}" for r in self.roles)
+            text += f"\n\nPrevious attempt.\n{previous}\n\nFeedback: {feedback}\nWrite an improved version of your part."
+        return [{"role": "user", "content": text}]
+
+
+class CodeHelperMain(CodeTeamTask):
     """Two coders: ``helper`` writes ``aux``, ``main`` writes the entry point that may call it."""
 
     name = "code.helper_main"
@@ -88,41 +127,15 @@ class CodeHelperMain(TeamTask):
     Options = CodeHelperMainOptions
 
     def __init__(self, opts: CodeHelperMainOptions | None = None) -> None:
-        self.opts = opts or CodeHelperMainOptions()
-        if self.opts.source != "humaneval" and not self.opts.path:
-            raise ValueError(f"task.path: source {self.opts.source!r} needs the path of its file (see ../shared/data/README.md)")
-        code = load_code_problems(self.opts.source, self.opts.path or None, self.opts.num_problems or None)
-        self._problems = [Problem(c.task_id, {"code": c}) for c in code]
-        self._pool: SandboxPool | None = None
+        super().__init__(opts or CodeHelperMainOptions())
         self._runs: dict[tuple[str, str], ExecutionResult] = {}  # (task_id, program) -> result, for feedback
 
-    @property
-    def pool(self) -> SandboxPool:
-        if self._pool is None:
-            self._pool = SandboxPool(self.opts.workers or None, SandboxLimits(wall_seconds=self.opts.wall_seconds,
-                                                                             cpu_seconds=self.opts.wall_seconds))
-        return self._pool
-
-    def problems(self) -> list[Problem]:
-        return list(self._problems)
-
-    def prompt(self, problem: Problem, role: str, turn: int = 0, history: Sequence[dict[str, str]] = (),
-               feedback: str = "") -> list[dict[str, str]]:
-        c: CodeProblem = problem.data["code"]
+    def request(self, code: CodeProblem, role: str) -> str:
         if role == "helper":
-            ask = (f"Write a helper function `aux` that will help your teammate implement `{c.entry_point}`. "
-                   "Reply with Python code only, defining only `aux`.")
-        elif role == "main":
-            ask = (f"Implement `{c.entry_point}`. Your teammate writes a helper function `aux` that you may call. "
-                   f"Reply with Python code only, defining only `{c.entry_point}`.")
-        else:
-            raise KeyError(f"role {role!r}: {self.name} has roles {list(self.roles)}")
-        text = f"Problem:\n{c.prompt}\n\n{ask}"
-        if history:
-            last = history[-1]
-            text += (f"\n\nPrevious attempt.\nHelper:\n{last.get('helper', '')}\n\nMain:\n{last.get('main', '')}"
-                     f"\n\nFeedback: {feedback}\nWrite an improved version of your part.")
-        return [{"role": "user", "content": text}]
+            return (f"Write a helper function `aux` that will help your teammate implement `{code.entry_point}`. "
+                    "Reply with Python code only, defining only `aux`.")
+        return (f"Implement `{code.entry_point}`. Your teammate writes a helper function `aux` that you may call. "
+                f"Reply with Python code only, defining only `{code.entry_point}`.")
 
     def program(self, problem: Problem, outputs: dict[str, str]) -> str:
         """The combined program: the prompt's imports, the helper's code, the main code."""

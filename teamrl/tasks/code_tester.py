@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from teamrl.core.config import option
-from teamrl.sandbox import SandboxLimits, SandboxPool
-from teamrl.tasks.code_data import CodeProblem, extract_code, load_code_problems
-from teamrl.tasks.task import Problem, TeamTask
+from teamrl.tasks.code_data import CodeProblem, extract_code
+from teamrl.tasks.code_team import CodeTeamTask
+from teamrl.tasks.task import Problem
 
 _FLIP = {ast.Lt: ast.GtE, ast.LtE: ast.Gt, ast.Gt: ast.LtE, ast.GtE: ast.Lt, ast.Eq: ast.NotEq, ast.NotEq: ast.Eq,
          ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Add}
@@ -66,7 +66,7 @@ def mutate(program: str) -> str | None:
     return None
 
 
-class CoderTester(TeamTask):
+class CoderTester(CodeTeamTask):
     """Coder + unit tester on a coding data set; see the module docstring for the rewards."""
 
     name = "code.coder_tester"
@@ -75,42 +75,18 @@ class CoderTester(TeamTask):
     Options = CoderTesterOptions
 
     def __init__(self, opts: CoderTesterOptions | None = None) -> None:
-        self.opts = opts or CoderTesterOptions()
-        code = load_code_problems(self.opts.source, self.opts.path or None, self.opts.num_problems or None)
-        missing = [c.task_id for c in code if not c.canonical_solution]
+        super().__init__(opts or CoderTesterOptions())
+        missing = [p.id for p in self._problems if not p.data["code"].canonical_solution]
         if missing:
             raise ValueError(f"task.source={self.opts.source!r}: {len(missing)} problems lack a reference solution "
                              f"(e.g. {missing[0]}); the tester's reward needs one")
-        self._problems = [Problem(c.task_id, {"code": c}) for c in code]
-        self._pool: SandboxPool | None = None
         self._wrong: dict[str, str] = {}
 
-    @property
-    def pool(self) -> SandboxPool:
-        if self._pool is None:
-            lim = SandboxLimits(wall_seconds=self.opts.wall_seconds, cpu_seconds=self.opts.wall_seconds)
-            self._pool = SandboxPool(self.opts.workers or None, lim)
-        return self._pool
-
-    def problems(self) -> list[Problem]:
-        return list(self._problems)
-
-    def prompt(self, problem: Problem, role: str, turn: int = 0, history: Sequence[dict[str, str]] = (),
-               feedback: str = "") -> list[dict[str, str]]:
-        c: CodeProblem = problem.data["code"]
+    def request(self, code: CodeProblem, role: str) -> str:
         if role == "coder":
-            ask = f"Implement `{c.entry_point}`. Reply with Python code only."
-        elif role == "tester":
-            ask = (f"Write 3 to 5 `assert` statements that test `{c.entry_point}` on inputs where you are sure of the "
-                   "expected output. Reply with the asserts only, as Python code.")
-        else:
-            raise KeyError(f"role {role!r}: {self.name} has roles {list(self.roles)}")
-        text = f"Problem:\n{c.prompt}\n\n{ask}"
-        if history:
-            last = history[-1]
-            text += (f"\n\nPrevious attempt.\nCoder:\n{last.get('coder', '')}\n\nTester:\n{last.get('tester', '')}\n\n"
-                     f"Feedback: {feedback}\nWrite an improved version of your part.")
-        return [{"role": "user", "content": text}]
+            return f"Implement `{code.entry_point}`. Reply with Python code only."
+        return (f"Write 3 to 5 `assert` statements that test `{code.entry_point}` on inputs where you are sure of the "
+                "expected output. Reply with the asserts only, as Python code.")
 
     def wrong_program(self, problem: Problem) -> str:
         """A program that fails at least one hidden test (cached per problem)."""
