@@ -8,6 +8,9 @@ from teamrl.core.config import ConfigError, build_dataclass
 from teamrl.tasks.code_team import CodeHelperMain
 from teamrl.tasks.code_tester import CoderTester
 from teamrl.tasks.environment import Environment
+from teamrl.tasks.plan_path import PlanPath
+from teamrl.tasks.sokoban import Sokoban
+from teamrl.tasks.sudoku import Sudoku
 from teamrl.tasks.task import Problem, Task, TeamTask
 from teamrl.tasks.word_count import WordCountTask
 from teamrl.tasks.writing import WritingExpand, WritingTLDR
@@ -18,6 +21,9 @@ TASKS: dict[str, type[Task] | type[TeamTask] | type[Environment]] = {
     WritingExpand.name: WritingExpand,
     CodeHelperMain.name: CodeHelperMain,
     CoderTester.name: CoderTester,
+    PlanPath.name: PlanPath,
+    Sokoban.name: Sokoban,
+    Sudoku.name: Sudoku,
 }
 
 
