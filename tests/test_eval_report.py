@@ -85,3 +85,12 @@ def test_tensorboard_events_are_written(toy_cfg, tmp_path):
     acc.Reload()
     assert "normalised_return" in acc.Tags()["scalars"]
     assert [e.step for e in acc.Scalars("normalised_return")] == [1, 2]
+
+
+def test_wandb_without_the_package_fails_before_any_model_loads(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
+    with pytest.raises(ConfigError, match="pip install wandb"):
+        load_config(None, ["run.wandb=true"])

@@ -260,6 +260,11 @@ def validate(cfg: Config) -> None:
     """Checks that span several fields."""
     if cfg.policy.mode == "lora_per_role" and cfg.policy.lora is None:
         raise ConfigError("policy.lora: lora_per_role needs LoRA settings, got null; use mode shared or separate for full weights")
+    if cfg.run.wandb:
+        import importlib.util
+
+        if importlib.util.find_spec("wandb") is None:
+            raise ConfigError("run.wandb: true needs the wandb package: pip install wandb (then wandb login)")
     if "name" not in cfg.task:
         raise ConfigError("task.name: missing; name a task, e.g. word_count")
     if cfg.train.advantage in ("group", "rloo", "batch", "mean", "none") and cfg.rollout.group_size < 2:
