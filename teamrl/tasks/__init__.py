@@ -6,8 +6,10 @@ from typing import Any
 
 from teamrl.core.config import ConfigError, build_dataclass
 from teamrl.tasks.code_team import CodeHelperMain
+from teamrl.tasks.code_env import CodeEnv
 from teamrl.tasks.code_tester import CoderTester
 from teamrl.tasks.environment import Environment
+from teamrl.tasks.math_env import MathEnv
 from teamrl.tasks.plan_path import PlanPath
 from teamrl.tasks.sokoban import Sokoban
 from teamrl.tasks.sudoku import Sudoku
@@ -24,6 +26,8 @@ TASKS: dict[str, type[Task] | type[TeamTask] | type[Environment]] = {
     PlanPath.name: PlanPath,
     Sokoban.name: Sokoban,
     Sudoku.name: Sudoku,
+    MathEnv.name: MathEnv,
+    CodeEnv.name: CodeEnv,
 }
 
 
