@@ -68,6 +68,8 @@ class PlanPathOptions:
     max_turns: int = option(3, ge=1, doc="turns (tool then planner) per episode")
     seed: int = option(0, doc="seed of the grid generator")
     wall_seconds: float = option(3.0, gt=0, doc="sandbox wall-clock (and CPU) limit per tool program")
+    agents: str = option("tool,planner", choices=("tool,planner", "planner"),
+                         doc="who acts: the team, or the planner alone (the single-agent baseline)")
 
 
 @dataclass(frozen=True)
@@ -176,6 +178,7 @@ class PlanPath(ToolPlannerEnvironment):
         if self.opts.min_size > self.opts.max_size:
             raise ValueError(f"task.min_size={self.opts.min_size} > task.max_size={self.opts.max_size}")
         super().__init__(self.opts.max_turns, self.opts.wall_seconds)
+        self.roles = tuple(self.opts.agents.split(","))  # the planner alone never sees tool output
         self._problems = []
         for i in range(self.opts.num_problems):
             # One generator per problem: problem i does not depend on num_problems.

@@ -122,6 +122,7 @@ _ROLE_INTRO = {
              "shown to the planner agent, who then decides the moves that are executed."),
     "planner": ("You are the planner agent of a two-agent team. The tool agent wrote a program whose output is shown "
                 "below (it may be wrong); you decide the moves, and they are executed."),
+    "solo": "You solve the task alone: you decide the moves, and they are executed.",
 }
 
 
@@ -186,15 +187,17 @@ class ToolPlannerEnvironment(Environment):
 
     def observe(self, state: Any, role: str) -> list[dict[str, str]]:
         self._check_role(role)
-        parts = [_ROLE_INTRO[role], self.rules(), f"Turn {min(state.turn + 1, self.max_turns)} of {self.max_turns}.",
+        solo = "tool" not in self.roles  # the planner alone: no team, no tool output
+        parts = [_ROLE_INTRO["solo" if solo else role], self.rules(), f"Turn {min(state.turn + 1, self.max_turns)} of {self.max_turns}.",
                  self.render(state)]
         if state.history:
             parts.append(f"Last turn: {state.history[-1]}")
         if role == "tool":
             parts.append(self.tool_ask())
         else:
-            parts.append("Output of the tool agent's program this turn:\n"
-                         + (state.tool_output or "(no program output this turn)"))
+            if not solo:
+                parts.append("Output of the tool agent's program this turn:\n"
+                             + (state.tool_output or "(no program output this turn)"))
             parts.append(self.planner_ask())
         return [{"role": "user", "content": "\n\n".join(parts)}]
 
