@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         t = time.perf_counter()
         (r,) = evaluate(load_config(None, common + [f"run.dir={d}", "name=untrained", "task.seed=1"]), ["untrained"],
                         limit=args.eval, progress=False)
-        rows.append(("untrained MAS (prompt-only team)", 0, "-", "-", r.pass_at_1, time.perf_counter() - t))
+        rows.append(("untrained MAS (prompt-only team)", 0, "-", "-", "-", "-", r.mean, r.pass_at_1, time.perf_counter() - t))
         del base
         for i, (label, extra) in enumerate(variants):
             name = f"v{i}"
@@ -56,14 +56,17 @@ def main(argv: list[str] | None = None) -> int:
             wall = time.perf_counter() - t
             first = metrics[0]["success_rate"]
             last = sum(m["success_rate"] for m in metrics[-2:]) / len(metrics[-2:])
+            rw_first = metrics[0]["reward_mean"]
+            rw_last = sum(m["reward_mean"] for m in metrics[-2:]) / len(metrics[-2:])
             ev = load_config(None, common + extra + [f"run.dir={d}", f"name={name}", "task.seed=1"])
             (r,) = evaluate(ev, ["team"], checkpoint=Path(d) / name, limit=args.eval, progress=False)
-            rows.append((label, args.steps, f"{first:.2f}", f"{last:.2f}", r.pass_at_1, wall))
-            print(f"{label}: train success step 1 {first:.2f}, last 2 steps {last:.2f}; held-out success {r.pass_at_1:.3f}; "
-                  f"{wall:.0f} s", flush=True)
-    lines = ["| variant | steps | train success, step 1 | train success, last 2 steps | held-out success (greedy) | train wall s |",
-             "|---|---|---|---|---|---|"]
-    lines += [f"| {a} | {b} | {c} | {e} | {f:.3f} | {g:.0f} |" for a, b, c, e, f, g in rows]
+            rows.append((label, args.steps, f"{rw_first:.3f}", f"{rw_last:.3f}", f"{first:.2f}", f"{last:.2f}", r.mean,
+                         r.pass_at_1, wall))
+            print(f"{label}: train reward step 1 {rw_first:.3f}, last 2 steps {rw_last:.3f}; train success {first:.2f} -> "
+                  f"{last:.2f}; held-out team reward {r.mean:.3f}, success {r.pass_at_1:.3f}; {wall:.0f} s", flush=True)
+    lines = ["| variant | steps | train reward, step 1 | train reward, last 2 | train success, step 1 | train success, last 2 "
+             "| held-out team reward (greedy) | held-out success | wall s |", "|---|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {a} | {b} | {c} | {d} | {e} | {f} | {g:.3f} | {h:.3f} | {w:.0f} |" for a, b, c, d, e, f, g, h, w in rows]
     table = "\n".join(lines)
     head = (f"\n### AT-GRPO on Plan-Path 4x4, 2 turns, K=4, 2 grids/step, {args.tokens} new tokens, seed 0; "
             f"held-out: {args.eval} grids of generator seed 1\n\n")

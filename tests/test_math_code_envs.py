@@ -257,3 +257,16 @@ def test_hostile_coder_is_contained(cenv):
         assert r == 0.0 and cenv.team_reward(s) == 0.0 and not cenv.done(s)
     s, r = cenv.apply(s, "tester", GOOD_TESTS)  # its asserts run on the hostile code, contained too
     assert "0 of 2 passed" in s.test_report
+
+
+def test_reasoning_gym_source_loads_seeded_problems_and_scores_them():
+    from teamrl.tasks import make_task
+
+    env = make_task({"name": "math", "source": "reasoning_gym:basic_arithmetic", "num_problems": 3, "seed": 0})
+    again = make_task({"name": "math", "source": "reasoning_gym:basic_arithmetic", "num_problems": 3, "seed": 0})
+    probs = env.problems()
+    assert len(probs) == 3 and [p.data["question"] for p in probs] == [p.data["question"] for p in again.problems()]
+    state = env.reset(probs[1])
+    _, right = env.apply(state, "reasoner", f"Working... Answer: {probs[1].data['answer']}")
+    _, wrong = env.apply(state, "reasoner", "Answer: 123456789")
+    assert right == 1.0 and wrong == 0.0

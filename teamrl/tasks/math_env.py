@@ -113,12 +113,13 @@ def last_boxed(text: str) -> str | None:
     return found
 
 
-_ANSWER_LINE = re.compile(r"(?im)^[*_#>\- \t]*(?:the[^\S\n]+)?(?:final[^\S\n]+)?answer[^\S\n]*[*_]*[^\S\n]*(?:is\b|[:=])[*_]*[^\S\n]*(.*)$")
+_ANSWER_LINE = re.compile(r"(?im)(?:^|[\s.,;:])[*_#>\- \t]*(?:the[^\S\n]+)?(?:final[^\S\n]+)?answer[^\S\n]*[*_]*[^\S\n]*(?:is\b|[:=])[*_]*[^\S\n]*(.*)$")
 
 
 def extract_answer(text: str) -> str | None:
     """The answer in a reasoner's text: the last ``\\boxed{...}``, else what follows the last
-    ``Answer:`` line (markdown emphasis allowed), stripped of a final period; None if none."""
+    ``Answer:`` label (at the start of a line or after text on it; markdown emphasis allowed),
+    stripped of a final period; None if none."""
     if not isinstance(text, str):
         return None
     boxed = last_boxed(text)
