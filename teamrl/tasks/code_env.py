@@ -39,14 +39,11 @@ FEEDBACK_CHARS = 600  # of the first failure shown to the coder
 
 
 @dataclass
-class CodeEnvOptions:
+class CodeEnvOptions(CoderTesterOptions):
+    """The coder + tester task's options, plus the turn limit."""
+
     name: str = "code"
-    source: str = option("humaneval", choices=("humaneval", "mbpp", "humanevalplus"), doc="a data set with reference solutions")
-    path: str = option("", doc="its file, for every source but humaneval (see ../shared/data/README.md)")
-    num_problems: int = option(0, ge=0, doc="first N problems; 0 = all")
     max_turns: int = option(2, ge=1, doc="turns (coder then tester) per episode")
-    wall_seconds: float = option(5.0, gt=0, doc="sandbox wall-clock limit per program")
-    workers: int = option(0, ge=0, doc="parallel sandbox runs; 0 = one per CPU")
 
 
 @dataclass(frozen=True)

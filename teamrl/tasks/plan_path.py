@@ -223,9 +223,6 @@ class PlanPath(ToolPlannerEnvironment):
                 "'#' wall, '.' free), `start` (the agent's (row, col)), `goal` ((row, col)). Reply with the program "
                 "in a ```python block.")
 
-    def planner_ask(self) -> str:
-        return "End your answer with one line of moves, like `Moves: U R R D`."
-
     def tool_setup(self, state: PlanPathState) -> str:
         return f"grid = {list(state.grid)!r}\nstart = {state.pos!r}\ngoal = {state.goal!r}\n"
 

@@ -411,9 +411,6 @@ class Sokoban(ToolPlannerEnvironment):
                 "`player` ((row, col)), `boxes` and `goals` (lists of (row, col)). Reply with the program in a "
                 "```python block.")
 
-    def planner_ask(self) -> str:
-        return "End your answer with one line of moves, like `Moves: U R R D`."
-
     def tool_setup(self, state: SokobanState) -> str:
         rows = list(render_level(state.level, state.player, state.boxes))
         return (f"grid = {rows!r}\nplayer = {state.player!r}\nboxes = {sorted(state.boxes)!r}\n"

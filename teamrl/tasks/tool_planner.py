@@ -158,9 +158,9 @@ class ToolPlannerEnvironment(Environment):
     def tool_ask(self) -> str:
         """What the tool should write: the variables its program starts with and what to print."""
 
-    @abstractmethod
     def planner_ask(self) -> str:
-        """The planner's answer format."""
+        """The planner's answer format (a move line, read by :func:`parse_moves`, unless overridden)."""
+        return "End your answer with one line of moves, like `Moves: U R R D`."
 
     @abstractmethod
     def tool_setup(self, state: Any) -> str:
