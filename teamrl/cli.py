@@ -4,6 +4,7 @@
   teamrl config [CONFIG.yaml] [key.sub=value ...]   # validate and print the resolved config
   teamrl eval [CONFIG.yaml] [--checkpoint RUN_DIR] [--method team,single,...] [--limit N] [key.sub=value ...]
   teamrl report RUN_DIR                              # PNG plots + report.md in RUN_DIR/report
+  teamrl study STUDY.yaml [--table]                  # a workflow x policy x task x model x seed grid -> study.md
 """
 
 from __future__ import annotations
@@ -42,7 +43,22 @@ def main(argv: list[str] | None = None) -> int:
     p_eval.add_argument("args", nargs="*")
     p_report = sub.add_parser("report", help="plots and a summary page of a run directory")
     p_report.add_argument("run_dir")
+    p_study = sub.add_parser("study", help="run a workflow-study grid cell by cell (resumable) and write its table")
+    p_study.add_argument("study_config")
+    p_study.add_argument("--table", action="store_true", help="only rewrite the table from the finished cells")
     ns = parser.parse_args(argv)
+    if ns.command == "study":
+        from teamrl.core.config import ConfigError
+        from teamrl.trainer.study import load_study, run_study
+
+        try:
+            path = run_study(load_study(ns.study_config), only_table=ns.table)
+        except ConfigError as e:
+            print(f"teamrl: config error: {e}", file=sys.stderr)
+            return 2
+        print(path.read_text())
+        print(f"study table: {path}")
+        return 0
     if ns.command == "report":
         from teamrl.trainer.report import write_report
 
@@ -78,7 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     except (RunExists, ConfigError) as e:
         print(f"teamrl: {e}", file=sys.stderr)
         return 2
-    metrics = trainer.train()
+    everything = trainer.train()
+    metrics = [m for m in everything if "reward_mean" in m]  # training steps (evaluation-only records aside)
     key = "normalised_return" if "normalised_return" in metrics[-1] else "reward_mean"
     label = "normalised return" if key == "normalised_return" else "reward"
     values = [m[key] for m in metrics]
@@ -88,6 +105,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"mean {label}, first {k} steps: {first:.3f}")
     print(f"mean {label}, last {k} steps:  {last:.3f}")
     print(f"seconds per step: {secs:.1f}")
+    evals = [m for m in everything if "eval/accuracy" in m]
+    if evals:
+        best = max(evals, key=lambda m: m["eval/accuracy"])
+        print(f"held-out accuracy: first {evals[0]['eval/accuracy']:.3f}, peak {best['eval/accuracy']:.3f} "
+              f"(step {best['step']}), final {evals[-1]['eval/accuracy']:.3f}")
     print(f"run directory: {trainer.run_dir}")
     return 0
 

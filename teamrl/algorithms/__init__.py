@@ -5,15 +5,26 @@ from __future__ import annotations
 from teamrl.algorithms.at_grpo import ATGRPO, ATGRPOSettings
 from teamrl.algorithms.grpo import GRPO
 from teamrl.algorithms.magrpo import MAGRPO, MAGRPOSettings
+from teamrl.algorithms.workflow_grpo import WorkflowGRPO
 from teamrl.core.config import Config, ConfigError
+from teamrl.workflows import WorkflowSettings
 from teamrl.tasks.environment import Environment
+from teamrl.tasks.solve import SolveTask
 from teamrl.tasks.task import Task, TeamTask
 
 ALGORITHMS = ("grpo", "magrpo", "at_grpo")
 
 
-def make_algorithm(cfg: Config, task: Task | TeamTask | Environment) -> GRPO | MAGRPO | ATGRPO:
+def make_algorithm(cfg: Config, task: Task | TeamTask | Environment) -> GRPO | MAGRPO | ATGRPO | WorkflowGRPO:
     """The configured algorithm, checked against the kind of task it needs."""
+    if cfg.workflow.name:
+        if not isinstance(task, SolveTask):
+            raise ConfigError(f"workflow.name: {cfg.workflow.name!r} runs on a task with one verifiable answer "
+                              f"(math.solve, code.solve); {task.name!r} is not one")
+        w = cfg.workflow
+        return WorkflowGRPO(w.name, cfg.rollout.group_size,
+                            WorkflowSettings(max_iterations=w.max_iterations, num_generators=w.num_generators,
+                                             max_subtasks=w.max_subtasks), reward=w.reward)
     if cfg.algorithm == "grpo":
         if not isinstance(task, Task):
             raise ConfigError(f"algorithm: grpo trains one agent but task {task.name!r} has roles {list(task.roles)}; use algorithm=magrpo")
@@ -33,4 +44,4 @@ def make_algorithm(cfg: Config, task: Task | TeamTask | Environment) -> GRPO | M
     raise ConfigError(f"algorithm: {cfg.algorithm!r} is not known; choose one of {list(ALGORITHMS)}")
 
 
-__all__ = ["ALGORITHMS", "ATGRPO", "ATGRPOSettings", "GRPO", "MAGRPO", "MAGRPOSettings", "make_algorithm"]
+__all__ = ["ALGORITHMS", "ATGRPO", "ATGRPOSettings", "GRPO", "MAGRPO", "MAGRPOSettings", "WorkflowGRPO", "make_algorithm"]

@@ -44,6 +44,8 @@ class PolicyConfig:
     mode: str = option("shared", choices=("shared", "lora_per_role", "separate"),
                    doc="shared: one set of weights for every role; lora_per_role: one LoRA adapter per role type on one base; separate: one model per role")
     lora: LoraConfig | None = option(factory=LoraConfig, doc="LoRA settings; null trains full weights (not allowed with lora_per_role)")
+    equalize_steps: bool = option(True, doc="one optimizer step per policy per iteration; false: one per role instance "
+                                            "(generator0..2 then step the shared generator adapter three times)")
 
 
 @dataclass
@@ -78,6 +80,12 @@ class TrainConfig:
     advantage: str = option("group", choices=("group", "mean", "batch", "none", "rloo", "max"), doc="group normalisation mode")
     advantage_eps: float = option(1e-4, gt=0, doc="epsilon added to the std")
     loss: LossSettings = option(factory=LossSettings)
+    role_grad_norms: bool = option(False, doc="log each role type's loss, entropy and gradient norm on a shared policy "
+                                              "(role capture); costs a gradient copy per role")
+    eval_every: int = option(0, ge=0, doc="evaluate greedy accuracy on the held-out split every N steps; 0: never")
+    eval_problems: int = option(16, ge=1, doc="held-out problems per evaluation")
+    cliff_points: float = option(10.0, gt=0, doc="an evaluation this many accuracy points under the running peak is a cliff: warn")
+    cliff_stop: bool = option(False, doc="stop training at an accuracy cliff (the best checkpoint is kept either way)")
 
 
 @dataclass
@@ -97,6 +105,18 @@ class ATGRPOConfig:
     grouping: str = option("tree", choices=("tree", "trajectory"),
                            doc="tree: groups of K candidates per (problem, turn, agent); trajectory: K independent episodes (ablation)")
     max_turns: int = option(0, ge=0, doc="turn limit; 0 = the environment's own max_turns")
+
+
+@dataclass
+class WorkflowConfig:
+    name: str = option("", choices=("", "single", "eval_opt", "voting", "orch_workers"),
+                       doc="a study workflow on a math.solve / code.solve task; empty: the task's own roles")
+    reward: str = option("outcome", choices=("outcome", "per_role"),
+                         doc="outcome: every sample gets the final answer's correctness; per_role: evaluator, aggregator "
+                             "and voting generators get their own")
+    max_iterations: int = option(0, ge=0, doc="Eval-Opt generator attempts; 0: 3 for math, 2 for code")
+    num_generators: int = option(3, ge=2, doc="Voting generators")
+    max_subtasks: int = option(3, ge=1, doc="Orch-Workers plan limit; a longer plan gets reward 0")
 
 
 @dataclass
@@ -124,6 +144,7 @@ class Config:
     train: TrainConfig = option(factory=TrainConfig)
     magrpo: MAGRPOConfig = option(factory=MAGRPOConfig)
     at_grpo: ATGRPOConfig = option(factory=ATGRPOConfig)
+    workflow: WorkflowConfig = option(factory=WorkflowConfig)
     run: RunConfig = option(factory=RunConfig)
 
 
@@ -267,6 +288,10 @@ def validate(cfg: Config) -> None:
             raise ConfigError("run.wandb: true needs the wandb package: pip install wandb (then wandb login)")
     if "name" not in cfg.task:
         raise ConfigError("task.name: missing; name a task, e.g. word_count")
+    if cfg.workflow.name and cfg.algorithm != "grpo":
+        raise ConfigError(f"workflow.name: study workflows train with algorithm grpo, not {cfg.algorithm!r}")
+    if cfg.workflow.name and cfg.train.advantage == "max":
+        raise ConfigError("train.advantage: max (greedy baseline) is not supported with a study workflow; use group")
     if cfg.train.advantage in ("group", "rloo", "batch", "mean", "none") and cfg.rollout.group_size < 2:
         raise ConfigError(f"rollout.group_size: {cfg.rollout.group_size} gives groups of one, whose advantage is 0; must be >= 2 (or use train.advantage=max)")
 

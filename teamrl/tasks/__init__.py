@@ -12,6 +12,7 @@ from teamrl.tasks.environment import Environment
 from teamrl.tasks.math_env import MathEnv
 from teamrl.tasks.plan_path import PlanPath
 from teamrl.tasks.sokoban import Sokoban
+from teamrl.tasks.solve import CodeSolve, MathSolve
 from teamrl.tasks.sudoku import Sudoku
 from teamrl.tasks.task import Problem, Task, TeamTask
 from teamrl.tasks.word_count import WordCountTask
@@ -28,6 +29,8 @@ TASKS: dict[str, type[Task] | type[TeamTask] | type[Environment]] = {
     Sudoku.name: Sudoku,
     MathEnv.name: MathEnv,
     CodeEnv.name: CodeEnv,
+    MathSolve.name: MathSolve,
+    CodeSolve.name: CodeSolve,
 }
 
 

@@ -405,6 +405,11 @@ def extract_code(text: str) -> str:
     return text.strip()
 
 
+def prompt_imports(prompt: str) -> str:
+    """The problem prompt's import lines (HumanEval signatures use ``List`` etc.)."""
+    return "".join(line + "\n" for line in prompt.splitlines() if line.startswith(("import ", "from ")))
+
+
 def pass_at_k(n: int, c: int, k: int) -> float:
     """Unbiased pass@k from ``n`` samples of which ``c`` passed (Chen et al. 2021):
     1 - C(n-c, k) / C(n, k), as the numerically stable product 1 - prod(1 - k/i), i = n-c+1..n."""

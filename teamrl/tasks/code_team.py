@@ -25,7 +25,7 @@ from typing import Sequence
 
 from teamrl.core.config import option
 from teamrl.sandbox import ExecutionResult, SandboxLimits, SandboxPool
-from teamrl.tasks.code_data import CODE_SOURCES, CodeProblem, extract_code, load_code_problems
+from teamrl.tasks.code_data import CODE_SOURCES, CodeProblem, extract_code, load_code_problems, prompt_imports
 from teamrl.tasks.task import Problem, TeamTask
 
 LEVELS = {"aux": 0.4, "main": 0.6, "parses": 0.5, "tests": 1.0, "collaboration": 0.5, "not_wrapper": 1.0, "ignored": -0.5}
@@ -74,14 +74,9 @@ def _ignores_aux(fn: ast.FunctionDef) -> bool:
                and s.value.func.id == "aux" for s in ast.walk(fn))
 
 
-def _imports(prompt: str) -> str:
-    """The problem prompt's import lines (HumanEval signatures use ``List`` etc.)."""
-    return "".join(line + "\n" for line in prompt.splitlines() if line.startswith(("import ", "from ")))
-
-
-class CodeTeamTask(TeamTask):
-    """What the two-role coding tasks share: problems from a coding data set, a sandbox pool,
-    and prompts of the form problem + the role's request (+ the previous attempt and feedback)."""
+class CodeProblems:
+    """What every coding task shares: problems from the data set its options name (``source``,
+    ``path``, ``num_problems``) and a sandbox pool (``wall_seconds``, ``workers``) started on first use."""
 
     def __init__(self, opts) -> None:
         self.opts = opts
@@ -101,6 +96,11 @@ class CodeTeamTask(TeamTask):
 
     def problems(self) -> list[Problem]:
         return list(self._problems)
+
+
+class CodeTeamTask(CodeProblems, TeamTask):
+    """What the two-role coding tasks share: :class:`CodeProblems`, and prompts of the form
+    problem + the role's request (+ the previous attempt and feedback)."""
 
     def request(self, code: CodeProblem, role: str) -> str:
         """What ``role`` is asked to write."""
@@ -140,7 +140,7 @@ class CodeHelperMain(CodeTeamTask):
     def program(self, problem: Problem, outputs: dict[str, str]) -> str:
         """The combined program: the prompt's imports, the helper's code, the main code."""
         c: CodeProblem = problem.data["code"]
-        return _imports(c.prompt) + extract_code(outputs.get("helper", "")) + "\n\n" + extract_code(outputs.get("main", "")) + "\n"
+        return prompt_imports(c.prompt) + extract_code(outputs.get("helper", "")) + "\n\n" + extract_code(outputs.get("main", "")) + "\n"
 
     def _static(self, problem: Problem, outputs: dict[str, str]) -> tuple[dict[str, float], str | None]:
         """Points of the levels that need no execution, and the program to run (None: a gate failed)."""

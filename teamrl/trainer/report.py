@@ -14,6 +14,14 @@ PLOTS = (
     ("loss", "loss per policy", ("loss/",)),
     ("grad_norm", "gradient norm per policy (before clipping)", ("grad_norm/",)),
     ("kl", "KL to the reference per policy", ("kl/",)),
+    ("accuracy", "episode accuracy (train) and held-out greedy accuracy", ("accuracy", "first_attempt_accuracy", "eval/accuracy", "eval/peak_accuracy")),
+    ("role_grad_norm", "gradient norm per role type", ("role_grad_norm/",)),
+    ("role_capture", "role capture: share of the summed gradient norm", ("role_capture/",)),
+    ("role_loss", "loss share per role type", ("role_loss/",)),
+    ("role_entropy", "entropy per role type (and per policy)", ("role_entropy/", "entropy/")),
+    ("eval_opt", "Eval-Opt: evaluator verdicts vs truth, iterations", ("evaluator/", "iterations_mean")),
+    ("voting", "Voting: generator agreement, oracle, aggregator misses and recoveries", ("voting/",)),
+    ("orch_workers", "Orch-Workers: subtasks per plan, over-limit rate", ("orch/",)),
 )
 
 
@@ -38,7 +46,8 @@ def write_report(run_dir: str | Path) -> Path:
     mfile = run_dir / "metrics.jsonl"
     if not mfile.is_file():
         raise FileNotFoundError(f"{run_dir}: no metrics.jsonl; is it a run directory (runs/<name>)?")
-    metrics = read_metrics(mfile)
+    everything = read_metrics(mfile)
+    metrics = [m for m in everything if "reward_mean" in m]  # training steps (evaluation-only records aside)
     if not metrics:
         raise ValueError(f"{mfile} is empty: the run has not finished a step yet")
     out = run_dir / "report"
@@ -51,8 +60,15 @@ def write_report(run_dir: str | Path) -> Path:
     secs = sum(m.get("rollout_s", 0) + m.get("update_s", 0) for m in metrics)
     page += ["| steps | " + main + f", first {k} | " + main + f", last {k} | seconds per step |", "|---|---|---|---|",
              f"| {len(metrics)} | {first:.3f} | {last:.3f} | {secs / len(metrics):.1f} |", ""]
+    evals = [m for m in everything if "eval/accuracy" in m]
+    if evals:
+        best = max(evals, key=lambda m: m["eval/accuracy"])
+        cliffs = [m["step"] for m in evals if m.get("eval/cliff")]
+        page += ["| held-out accuracy: first | peak (step) | final | cliffs at steps |", "|---|---|---|---|",
+                 f"| {evals[0]['eval/accuracy']:.3f} | {best['eval/accuracy']:.3f} ({best['step']}) | "
+                 f"{evals[-1]['eval/accuracy']:.3f} | {', '.join(map(str, cliffs)) or 'none'} |", ""]
     for stem, title, prefixes in PLOTS:
-        series = _series(metrics, prefixes)
+        series = _series(everything, prefixes)
         if not series:
             continue
         fig, ax = plt.subplots(figsize=(6, 3.2), dpi=100)

@@ -13,17 +13,20 @@ import torch
 import yaml
 
 from teamrl.algorithms import make_algorithm
-from teamrl.core.config import Config, config_to_dict
+from teamrl.algorithms.workflow_grpo import WorkflowGRPO, outcome_metrics
+from teamrl.core.config import Config, ConfigError, config_to_dict
 from teamrl.core.metrics import MetricsSink, read_metrics
 from teamrl.core.sample import Sample
 from teamrl.core.seeding import derive_seed, seed_everything
 from teamrl.losses import LossConfig, group_advantages, group_ids_from_keys
-from teamrl.policies.router import PolicyRouter
+from teamrl.policies.router import PolicyRouter, role_type
 from teamrl.rollout.engine import SamplingParams
 from teamrl.rollout.hf_engine import HFEngine
 from teamrl.rollout.scheduler import GenerationScheduler
 from teamrl.tasks import Problem, make_task
+from teamrl.tasks.solve import SolveTask
 from teamrl.trainer.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
+from teamrl.trainer.diagnostics import CliffDetector, role_capture
 from teamrl.trainer.update import UpdateSettings, update_policy
 from teamrl.tasks.task import TeamTask
 from teamrl.workflows.context import EpisodeContext
@@ -47,7 +50,7 @@ class Trainer:
         seed_everything(cfg.seed)
         self.task = make_task(cfg.task)
         self.algorithm = make_algorithm(cfg, self.task)  # checks the task kind before any model loads
-        self.roles = list(self.task.roles)
+        self.roles = list(getattr(self.algorithm, "roles", None) or self.task.roles)
         self.router = PolicyRouter(cfg.policy.mode, self.roles, cfg.model, cfg.policy.lora,
                                    lr=cfg.train.lr, weight_decay=cfg.train.weight_decay, seed=cfg.seed,
                                    need_reference=cfg.train.loss.kl_coef > 0)
@@ -60,20 +63,39 @@ class Trainer:
             loss=LossConfig(eps_low=cfg.train.loss.eps_low, eps_high=cfg.train.loss.eps_high, dual_clip=cfg.train.loss.dual_clip,
                             kl_coef=cfg.train.loss.kl_coef, aggregation=cfg.train.loss.aggregation,
                             max_completion_length=r.max_new_tokens if cfg.train.loss.aggregation == "dr_grpo" else None),
-            ppo_epochs=cfg.train.ppo_epochs, micro_batch_size=cfg.train.micro_batch_size, max_grad_norm=cfg.train.max_grad_norm)
+            ppo_epochs=cfg.train.ppo_epochs, micro_batch_size=cfg.train.micro_batch_size, max_grad_norm=cfg.train.max_grad_norm,
+            role_stats=cfg.train.role_grad_norms)
         self.eos_ids = [self.tokenizer.eos_token_id]
         self.problems = self.task.problems()
+        if not self.problems:
+            raise ConfigError(f"task {self.task.name!r}: no training problems (check task.num_problems / task.test_size)")
+        self.eval_task = self._eval_task() if cfg.train.eval_every else None
+        self.cliffs = CliffDetector(cfg.train.cliff_points)
+        self.stopped_at_cliff = False
         self.step = 0
         self.data_position = 0
         ckpts = list_checkpoints(self.ckpt_dir)
         if resume and ckpts:
             state = load_checkpoint(ckpts[-1], self.router)
             self.step, self.data_position = state["step"], state["data_position"]
+            for rec in read_metrics(self.run_dir / "metrics.jsonl"):  # replay the evaluations for the running peak
+                if "eval/accuracy" in rec and rec["step"] <= self.step:
+                    self.cliffs.update(rec["step"], rec["eval/accuracy"])
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.yaml").write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
         self.metrics = MetricsSink(self.run_dir / "metrics.jsonl", start_step=self.step, tensorboard=cfg.run.tensorboard,
                                    wandb=cfg.run.wandb, wandb_project=cfg.run.wandb_project, run_name=cfg.name,
                                    config=config_to_dict(cfg))
+
+    def _eval_task(self) -> SolveTask:
+        """The held-out split of the task, for evaluation during training."""
+        if not isinstance(self.algorithm, WorkflowGRPO):
+            raise ConfigError("train.eval_every: evaluation during training needs a study workflow (workflow.name) on a "
+                              "math.solve or code.solve task")
+        task = make_task({**self.cfg.task, "split": "test"})
+        if not task.problems():
+            raise ConfigError("train.eval_every: the task holds out no problems; set task.test_size > 0")
+        return task
 
     # ---- data -------------------------------------------------------------------------
     def _next_problems(self) -> list[Problem]:
@@ -104,10 +126,18 @@ class Trainer:
         train_samples = self._assign_advantages(samples)
         t1 = time.perf_counter()
         record: dict[str, Any] = {"step": step}
+        role_stats: dict[str, list[float]] = {}
         for name, policy in self.router.policies.items():
             own = [s for s in train_samples if s.policy == name]
-            for k, v in update_policy(policy, own, self.update_settings, self.tokenizer.pad_token_id, self.eos_ids).items():
-                record[f"{k}/{name}"] = v
+            # One optimizer step per policy, or (equalize_steps false) one per role instance in turn.
+            parts = [own] if self.cfg.policy.equalize_steps else [[s for s in own if s.role == r] for r in dict.fromkeys(s.role for s in own)]
+            for part in parts:
+                for k, v in update_policy(policy, part, self.update_settings, self.tokenizer.pad_token_id, self.eos_ids).items():
+                    if "@" in k:
+                        role_stats.setdefault(k, []).append(v)
+                    else:
+                        record[f"{k}/{name}"] = v
+            record[f"optimizer_steps/{name}"] = len([p for p in parts if p])
             self.engine.sync_weights(name)
         t_update = time.perf_counter() - t1
         rewards = torch.tensor([s.reward for s in train_samples])
@@ -121,10 +151,9 @@ class Trainer:
             "rollout_tokens_per_s": gen_tokens / max(t_rollout, 1e-9), "data_position": self.data_position,
         })
         if len(self.roles) > 1:
-            for role in self.roles:
-                own = [s for s in train_samples if s.role == role]
-                record[f"reward/{role}"] = sum(s.reward for s in own) / len(own)
-                record[f"completion_len/{role}"] = sum(len(s.completion_ids) for s in own) / len(own)
+            # per-role statistics add up over the instances' steps (entropy: their mean)
+            combined = {k: (sum(v) / len(v) if k.startswith("entropy@") else sum(v)) for k, v in role_stats.items()}
+            record.update(self._role_metrics(train_samples, combined, record))
         if isinstance(self.task, TeamTask):
             # mean normalised reward of the joint actions, at the first and the last turn sampled
             last = max(s.turn for s in train_samples)
@@ -136,17 +165,75 @@ class Trainer:
         baselines = [s for s in samples if s.tags.get("baseline")]
         if baselines:
             record["greedy_reward_mean"] = sum(s.reward for s in baselines) / len(baselines)
-        self.step = step
-        self.metrics.log(record)
         if self.cfg.run.log_episodes:
             ep_dir = self.run_dir / "episodes"
             ep_dir.mkdir(exist_ok=True)
             with (ep_dir / f"step_{step:06d}.jsonl").open("w") as f:
                 for s in samples:
                     f.write(json.dumps(s.to_record()) + "\n")
-        if step % self.cfg.run.save_every == 0 or step == self.cfg.train.steps:
+        if self.eval_task is not None and step % self.cfg.train.eval_every == 0:
+            record.update(self._evaluate_and_watch(step))
+        self.step = step
+        self.metrics.log(record)
+        if step % self.cfg.run.save_every == 0 or step == self.cfg.train.steps or self.stopped_at_cliff:
             save_checkpoint(self.ckpt_dir, step, self.router, {"data_position": self.data_position}, keep=self.cfg.run.keep_checkpoints)
         return record
+
+    def _role_metrics(self, samples: list[Sample], role_stats: dict[str, float], record: dict[str, Any]) -> dict[str, float]:
+        """Per role type: reward, response length and, when measured, loss, entropy, gradient
+        norm and role capture (share of the summed gradient norms)."""
+        out: dict[str, float] = {}
+        types = list(dict.fromkeys(role_type(r) for r in self.roles))
+        for t in types:
+            own = [s for s in samples if role_type(s.role) == t]
+            if own:
+                out[f"reward/{t}"] = sum(s.reward for s in own) / len(own)
+                out[f"completion_len/{t}"] = sum(len(s.completion_ids) for s in own) / len(own)
+        norms = {t: role_stats[f"grad_norm@{t}"] for t in types if f"grad_norm@{t}" in role_stats}
+        for t in types:
+            for k in ("loss", "entropy"):
+                if f"{k}@{t}" in role_stats:
+                    out[f"role_{k}/{t}"] = role_stats[f"{k}@{t}"]
+        if not norms and self.cfg.policy.mode != "shared":  # one policy per role type: its norm is the role's
+            norms = {t: record[f"grad_norm/{self.router.policy_name(t)}"] for t in types
+                     if f"grad_norm/{self.router.policy_name(t)}" in record}
+        for t, v in norms.items():
+            out[f"role_grad_norm/{t}"] = v
+        if len(norms) > 1:
+            out.update({f"role_capture/{t}": v for t, v in role_capture(norms).items()})
+        return out
+
+    def evaluate_accuracy(self) -> dict[str, float]:
+        """Greedy accuracy (and the workflow diagnostics) on the held-out problems: one episode each."""
+        assert self.eval_task is not None and isinstance(self.algorithm, WorkflowGRPO)
+        problems = self.eval_task.problems()[:self.cfg.train.eval_problems]
+        scheduler = GenerationScheduler(self.engine, seed=derive_seed(self.cfg.seed, self.step, 2))
+        greedy = SamplingParams(**{**self.params.__dict__, "temperature": 0.0})
+
+        def make_ctx(problem: Problem, episode: int, tags: dict) -> EpisodeContext:
+            return EpisodeContext(scheduler, self.router.policy_name, self.tokenizer, greedy, problem.id, episode, tags)
+
+        _, outcomes = self.algorithm.episodes(problems, self.eval_task, make_ctx, scheduler.run, 1)
+        return {f"eval/{k}": v for k, v in outcome_metrics(self.algorithm.workflow, outcomes).items()}
+
+    def _evaluate_and_watch(self, step: int) -> dict[str, Any]:
+        """Evaluate, update the running peak; keep the best checkpoint; warn (and stop) at a cliff."""
+        from tqdm import tqdm
+
+        out: dict[str, Any] = self.evaluate_accuracy()
+        event = self.cliffs.update(step, out["eval/accuracy"])
+        out["eval/peak_accuracy"] = event.peak
+        if event.kind == "peak" and step > 0:
+            save_checkpoint(self.run_dir / "best", step, self.router, {"data_position": self.data_position,
+                                                                      "eval_accuracy": event.accuracy}, keep=1)
+        if event.kind == "cliff":
+            out["eval/cliff"] = 1
+            tqdm.write(f"warning: accuracy cliff at step {step}: eval accuracy {event.accuracy:.3f} is {event.drop_points:.1f} "
+                       f"points under its peak {event.peak:.3f} (step {event.peak_step}); the best checkpoint is in "
+                       f"{self.run_dir / 'best'}" + ("; stopping (train.cliff_stop)" if self.cfg.train.cliff_stop else ""),
+                       file=sys.stderr)
+            self.stopped_at_cliff = self.cfg.train.cliff_stop
+        return out
 
     def _assign_advantages(self, samples: list[Sample]) -> list[Sample]:
         """Group-relative advantages over the trainable samples; returns them."""
@@ -170,7 +257,9 @@ class Trainer:
         total = self.cfg.train.steps
         bar = tqdm(total=total, initial=self.step, desc=f"train {self.cfg.name}", unit="step",
                    disable=not self.cfg.run.progress, file=sys.stderr, dynamic_ncols=True)
-        while self.step < total:
+        if self.eval_task is not None and self.step == 0:  # the untrained workflow's accuracy starts the running peak
+            self.metrics.log({"step": 0, **self._evaluate_and_watch(0)})
+        while self.step < total and not self.stopped_at_cliff:
             rec = self.train_step()
             bar.update(1)
             bar.set_postfix(reward=f"{rec.get('normalised_return', rec['reward_mean']):.3f}", len=f"{rec['completion_len']:.0f}",

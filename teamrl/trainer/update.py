@@ -12,6 +12,7 @@ from teamrl.losses import LossConfig, completion_mask, policy_loss
 from teamrl.policies.logprobs import (build_shared_prefix_batch, build_token_batch, completion_logprobs,
                                      shared_prefix_logprobs)
 from teamrl.policies.policy import Policy
+from teamrl.policies.router import role_type
 
 
 @dataclass
@@ -20,10 +21,17 @@ class UpdateSettings:
     ppo_epochs: int = 1
     micro_batch_size: int = 16
     max_grad_norm: float = 1.0
+    role_stats: bool = False  # per role type: loss share, entropy, tokens and gradient norm
 
 
-def _micro_batches(n: int, size: int) -> list[slice]:
-    return [slice(i, min(n, i + size)) for i in range(0, n, size)]
+
+def _micro_batches(segments: list[tuple[int, int]], size: int) -> list[slice]:
+    """Slices of at most ``size`` that never cross a segment boundary."""
+    return [slice(i, min(end, i + size)) for start, end in segments for i in range(start, end, size)]
+
+
+def _flat_grad(params: list[torch.nn.Parameter]) -> torch.Tensor:
+    return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
 
 
 def _pack(prompts: list[list[int]], completions: list[list[int]], pad_id: int):
@@ -47,6 +55,12 @@ def update_policy(policy: Policy, samples: Sequence[Sample], settings: UpdateSet
     full-batch loss for every aggregation (token counts for ``token_mean``, sequence counts
     otherwise). With one PPO epoch the old log-probs are the detached current ones (ratio 1,
     as TRL does); with more, they are computed once before the first update.
+
+    With ``settings.role_stats`` the micro-batches never mix role types, and the gradient
+    accumulated by each role type's micro-batches (its part of the joint gradient: the parts
+    sum to it exactly) gives ``grad_norm@<role>``; ``loss@<role>`` is its weighted share of the
+    loss (the shares sum to ``loss``), ``entropy@<role>`` and ``tokens@<role>`` its own. No
+    extra forward or backward pass is needed, only a copy of the gradient per role type.
     """
     foreign = {s.policy for s in samples} - {policy.name}
     if foreign:
@@ -54,13 +68,18 @@ def update_policy(policy: Policy, samples: Sequence[Sample], settings: UpdateSet
     samples = [s for s in samples if s.completion_ids]
     if not samples:
         return {}
-    # Keep completions of one prompt together so that micro-batches can share the prompt's pass.
-    order = {}
-    samples = sorted(samples, key=lambda s: order.setdefault(tuple(s.prompt_ids), len(order)))
+    # Keep completions of one prompt together so that micro-batches can share the prompt's pass
+    # (and, for role statistics, each role type's samples together).
+    order: dict = {}
+    roles: dict[str, int] = {}
+    role_of = (lambda s: role_type(s.role)) if settings.role_stats else (lambda s: "")
+    samples = sorted(samples, key=lambda s: (roles.setdefault(role_of(s), len(roles)), order.setdefault(tuple(s.prompt_ids), len(order))))
     temperature = samples[0].temperature or 1.0
     cfg = settings.loss
     adv = torch.tensor([s.advantage for s in samples], dtype=torch.float32)
-    parts = _micro_batches(len(samples), settings.micro_batch_size)
+    names = [role_of(s) for s in samples]
+    segments = [(names.index(r), len(names) - names[::-1].index(r)) for r in roles]
+    parts = _micro_batches(segments, settings.micro_batch_size)
     batches = [_pack([s.prompt_ids for s in samples[sl]], [s.completion_ids for s in samples[sl]], pad_id) for sl in parts]
     masks = [completion_mask(b.completion_ids, list(eos_ids), b.completion_pad_mask) for b in batches]
     total_tokens = max(1, int(sum(int(m.sum()) for m in masks)))
@@ -80,22 +99,37 @@ def update_policy(policy: Policy, samples: Sequence[Sample], settings: UpdateSet
                     with policy.reference() as ref_model:
                         ref[i] = _logprobs(ref_model, b, temperature)[0]
         grad_norms = []
+        params = [p for p in policy.parameters()]
         for epoch in range(settings.ppo_epochs):
             policy.optimizer.zero_grad(set_to_none=True)
+            last = epoch == settings.ppo_epochs - 1
+            before = None
             for i, (sl, b, m) in enumerate(zip(parts, batches, masks)):
+                role = names[sl.start]
                 logp, ent = _logprobs(model, b, temperature, with_entropy=epoch == 0)
                 old_lp = logp.detach() if old[i] is None else old[i]
                 loss, st = policy_loss(logp, old_lp, adv[sl], m, cfg, ref_logprobs=ref[i])
                 weight = (int(m.sum()) / total_tokens) if cfg.aggregation == "token_mean" else (len(range(*sl.indices(len(samples)))) / len(samples))
                 (loss * weight).backward()
-                if epoch == settings.ppo_epochs - 1:
+                if last:
                     for k in ("loss", "kl", "clip_frac"):
                         stats[k] += st[k] * weight
+                    if settings.role_stats:
+                        stats[f"loss@{role}"] = stats.get(f"loss@{role}", 0.0) + st["loss"] * weight
+                        stats[f"tokens@{role}"] = stats.get(f"tokens@{role}", 0.0) + float(m.sum())
                 if ent is not None:
                     stats["entropy"] += float((ent * m).sum()) / total_tokens
+                    if settings.role_stats:
+                        stats[f"entropy@{role}"] = stats.get(f"entropy@{role}", 0.0) + float((ent * m).sum())
+                if last and settings.role_stats and (i + 1 == len(parts) or names[parts[i + 1].start] != role):
+                    now = _flat_grad(params)
+                    stats[f"grad_norm@{role}"] = float((now - before).norm() if before is not None else now.norm())
+                    before = now
             grad_norms.append(float(torch.nn.utils.clip_grad_norm_(policy.parameters(), settings.max_grad_norm)))
             policy.step()
         policy.optimizer.zero_grad(set_to_none=True)
+    for key in [k for k in stats if k.startswith("entropy@")]:
+        stats[key] /= max(1.0, stats["tokens@" + key.split("@", 1)[1]])
     stats["grad_norm"] = grad_norms[-1]
     stats["tokens"] = float(total_tokens)
     return stats

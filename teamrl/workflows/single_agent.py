@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from teamrl.tasks.solve import SolveTask
 from teamrl.tasks.task import Problem, Task
 from teamrl.workflows.context import EpisodeContext
+from teamrl.workflows.outcome import EpisodeOutcome, WorkflowSettings
 
 ROLES = ("agent",)
 
@@ -12,3 +14,11 @@ async def single_agent(ctx: EpisodeContext, task: Task, problem: Problem) -> flo
     """Return the episode reward."""
     text = await ctx.generate("agent", task.prompt(problem))
     return task.reward(problem, text)
+
+
+async def single_solve(ctx: EpisodeContext, task: SolveTask, problem: Problem, settings: WorkflowSettings) -> EpisodeOutcome:
+    """The single-agent RL baseline of the workflow study: one answer, scored by its correctness."""
+    text = await ctx.generate("agent", task.prompt(problem))
+    answer = task.extract(text)
+    (correct,) = task.correct_many(problem, [answer])
+    return EpisodeOutcome(text, answer, correct)

@@ -1,0 +1,121 @@
+"""Workflow GRPO: group-relative training of a multi-role workflow (the workflow study).
+
+The three places where algorithms differ:
+1. sampling: ``group_size`` independent episodes of the workflow (Eval-Opt, Voting,
+   Orch-Workers, or the single-agent baseline) per problem, all in flight together;
+2. group key: (problem, role type, turn): a sample is compared with the samples of the same
+   role type at the same step of the same problem's episodes (the three voting generators of
+   G episodes form one group of 3G);
+3. reward assignment: the episode's final-outcome reward (1 correct, 0 not) for every sample,
+   or, with ``reward="per_role"``, a role's own reward where the workflow defines one
+   (evaluator: its verdict was right; aggregator: it picked a correct candidate; voting
+   generators: their own answer) and the outcome elsewhere.
+
+``metrics`` turns the last rollout's episode outcomes into the study's diagnostics.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any, Awaitable, Callable, Hashable, Sequence
+
+from teamrl.core.sample import Sample
+from teamrl.policies.router import role_type
+from teamrl.tasks.solve import SolveTask
+from teamrl.tasks.task import Problem
+from teamrl.workflows import WORKFLOWS, EpisodeOutcome, WorkflowSettings
+from teamrl.workflows.context import EpisodeContext
+
+REWARD_MODES = ("outcome", "per_role")
+ContextFactory = Callable[[Problem, int, dict], EpisodeContext]
+
+
+def group_key(sample: Sample) -> Hashable:
+    """Samples are compared within (problem, role type, turn)."""
+    return (sample.problem_id, role_type(sample.role), sample.turn)
+
+
+def assign_rewards(samples: Sequence[Sample], outcome: EpisodeOutcome, mode: str) -> None:
+    """The outcome reward for every sample; under ``per_role``, a sample's own reward where it has one."""
+    for s in samples:
+        own = s.tags.get("role_reward")
+        s.reward = float(own) if mode == "per_role" and own is not None else outcome.reward
+
+
+class WorkflowGRPO:
+    """Sampler + group key + reward assignment for a study workflow on a :class:`SolveTask`."""
+
+    name = "grpo"
+    group_key = staticmethod(group_key)
+
+    def __init__(self, workflow: str, group_size: int, settings: WorkflowSettings, reward: str = "outcome") -> None:
+        if workflow not in WORKFLOWS:
+            raise ValueError(f"workflow.name={workflow!r}: choose one of {sorted(WORKFLOWS)}")
+        if reward not in REWARD_MODES:
+            raise ValueError(f"workflow.reward={reward!r}: choose one of {list(REWARD_MODES)}")
+        self.workflow = workflow
+        self.roles = WORKFLOWS[workflow].role_types
+        self.group_size = group_size
+        self.settings = settings
+        self.reward_mode = reward
+        self.outcomes: list[EpisodeOutcome] = []  # of the last rollout
+
+    def episodes(self, problems: Sequence[Problem], task: SolveTask, make_ctx: ContextFactory,
+                 run: Callable[[list[Awaitable]], list], episodes_per_problem: int) -> tuple[list[EpisodeContext], list[EpisodeOutcome]]:
+        """Run ``episodes_per_problem`` episodes of every problem together; (contexts, outcomes)."""
+        fn = WORKFLOWS[self.workflow].run
+        ctxs = [make_ctx(p, e, {}) for p in problems for e in range(episodes_per_problem)]
+        probs = [p for p in problems for _ in range(episodes_per_problem)]
+        outcomes = run([fn(ctx, task, p, self.settings) for p, ctx in zip(probs, ctxs)])
+        return ctxs, outcomes
+
+    def rollout(self, problems: Sequence[Problem], task: SolveTask, make_ctx: ContextFactory,
+                run: Callable[[list[Awaitable]], list]) -> list[Sample]:
+        """Run G episodes per problem (one engine batch per policy per step) and return the samples."""
+        ctxs, self.outcomes = self.episodes(problems, task, make_ctx, run, self.group_size)
+        samples: list[Sample] = []
+        for ctx, outcome in zip(ctxs, self.outcomes):
+            assign_rewards(ctx.samples, outcome, self.reward_mode)
+            for s in ctx.samples:
+                s.group = self.group_key(s)
+                s.tags["correct"] = outcome.correct
+            samples += ctx.samples
+        return samples
+
+    def metrics(self, samples: Sequence[Sample]) -> dict[str, float]:
+        """Episode correctness and the workflow's diagnostics over the last rollout."""
+        return outcome_metrics(self.workflow, self.outcomes)
+
+
+def outcome_metrics(workflow: str, outcomes: Sequence[EpisodeOutcome]) -> dict[str, float]:
+    """Accuracy plus, per workflow: Eval-Opt evaluator confusion (rates over all evaluations),
+    first-attempt vs final accuracy and iterations used; Voting generator agreement, oracle
+    any-correct, aggregator misses and recoveries; Orch-Workers subtasks per plan and the
+    over-limit rate."""
+    n = len(outcomes)
+    if not n:
+        return {}
+    out: dict[str, Any] = {"accuracy": sum(o.correct for o in outcomes) / n}
+    if workflow == "eval_opt":
+        out["first_attempt_accuracy"] = sum(o.stats["first_correct"] for o in outcomes) / n
+        out["iterations_mean"] = sum(o.stats["iterations"] for o in outcomes) / n
+        judged = [(v, c) for o in outcomes for v, c in o.stats["verdicts"]]
+        if judged:
+            m = len(judged)
+            out["evaluator/true_correct"] = sum(bool(v) and c for v, c in judged) / m
+            out["evaluator/false_correct"] = sum(bool(v) and not c for v, c in judged) / m
+            out["evaluator/true_incorrect"] = sum(not v and not c for v, c in judged) / m
+            out["evaluator/false_incorrect"] = sum(not v and c for v, c in judged) / m
+            out["evaluator/unparsed"] = sum(v is None for v, _ in judged) / m
+    elif workflow == "voting":
+        agreement = Counter(o.stats["agreement"] for o in outcomes)
+        for k in ("all_right", "all_wrong", "split"):
+            out[f"voting/{k}"] = agreement[k] / n
+        out["voting/oracle_accuracy"] = sum(o.stats["oracle"] for o in outcomes) / n
+        out["voting/aggregator_miss"] = sum(o.stats["miss"] for o in outcomes) / n
+        out["voting/aggregator_recovery"] = sum(o.stats["recovery"] for o in outcomes) / n
+        out["voting/choice_parsed"] = sum(o.stats["choice_source"] == "parsed" for o in outcomes) / n
+    elif workflow == "orch_workers":
+        out["orch/subtasks_mean"] = sum(o.stats["subtasks"] for o in outcomes) / n
+        out["orch/over_limit"] = sum(o.stats["over_limit"] for o in outcomes) / n
+    return out

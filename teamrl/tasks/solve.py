@@ -1,0 +1,157 @@
+"""``math.solve`` and ``code.solve``: one verifiable answer per problem (the workflow study's tasks).
+
+A :class:`SolveTask` is a single-agent :class:`~teamrl.tasks.task.Task` (reward 1 for a correct
+answer, else 0) that also tells a multi-role workflow what it needs: the problem text any role
+may be shown (:meth:`SolveTask.question`), how a final answer must be written
+(``answer_instruction``), how to read one out of a text (:meth:`SolveTask.extract`) and whether
+answers are right (:meth:`SolveTask.correct_many`). The Eval-Opt, Voting and Orch-Workers
+workflows (:mod:`teamrl.workflows`) and the single-agent RL baseline all run on these tasks.
+
+Both tasks hold out their last ``test_size`` problems: ``split: train`` (the default) trains on
+the rest, ``split: test`` gives the held-out ones (evaluation during training, ``teamrl eval``).
+
+- ``math.solve``: the problems of the ``math`` environment (a seeded arithmetic generator by
+  default; GSM8K, MATH-500 or reasoning-gym), answers compared by :func:`answers_equal`.
+- ``code.solve``: HumanEval (from the package) or MBPP / HumanEval+ / CoopHumanEval by path;
+  an answer is correct when the program passes every test, run in the sandbox (never here).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Sequence
+
+from teamrl.core.config import option
+from teamrl.tasks.code_data import CODE_SOURCES, CodeProblem, extract_code, prompt_imports
+from teamrl.tasks.code_team import CodeProblems
+from teamrl.tasks.math_env import MathOptions, answers_equal, extract_answer, load_math_problems
+from teamrl.tasks.task import Problem, Task
+
+SPLITS = ("train", "test")
+
+
+def split_problems(problems: list[Problem], split: str, test_size: int, what: str) -> list[Problem]:
+    """The train part (all but the last ``test_size``) or the test part (the last ``test_size``)."""
+    if split not in SPLITS:
+        raise ValueError(f"task.split={split!r}: choose one of {list(SPLITS)}")
+    if not 0 <= test_size < len(problems):
+        raise ValueError(f"task.test_size={test_size}: must be >= 0 and below the {len(problems)} problems of {what}")
+    if split == "test":
+        return problems[len(problems) - test_size:] if test_size else []
+    return problems[:len(problems) - test_size]
+
+
+class SolveTask(Task):
+    """A task with one verifiable answer per problem; see the module docstring."""
+
+    answer_instruction: ClassVar[str]  # how a final answer must be written (appended to answering prompts)
+    max_reward: ClassVar[float] = 1.0
+
+    def question(self, problem: Problem) -> str:
+        """The problem as every role may be shown it."""
+        raise NotImplementedError
+
+    def extract(self, text: str) -> str | None:
+        """The answer in ``text`` (None: no readable answer)."""
+        raise NotImplementedError
+
+    def correct_many(self, problem: Problem, answers: Sequence[str | None]) -> list[bool]:
+        """Whether each extracted answer solves ``problem`` (None is wrong)."""
+        raise NotImplementedError
+
+    def prompt(self, problem: Problem) -> list[dict[str, str]]:
+        return [{"role": "user", "content": f"{self.question(problem)}\n\n{self.answer_instruction}"}]
+
+    def reward(self, problem: Problem, text: str) -> float:
+        return 1.0 if self.correct_many(problem, [self.extract(text)])[0] else 0.0
+
+    def rewards(self, problems: Sequence[Problem], texts: Sequence[str]) -> list[float]:
+        by_problem: dict[str, list[int]] = {}
+        for i, p in enumerate(problems):
+            by_problem.setdefault(p.id, []).append(i)
+        out = [0.0] * len(texts)
+        for idx in by_problem.values():
+            ok = self.correct_many(problems[idx[0]], [self.extract(texts[i]) for i in idx])
+            for i, c in zip(idx, ok):
+                out[i] = 1.0 if c else 0.0
+        return out
+
+
+@dataclass
+class MathSolveOptions:
+    """The ``math`` environment's data options, plus the held-out split."""
+
+    name: str = "math.solve"
+    # the data fields of MathOptions, reused so that their docs and checks stay in one place
+    source: str = MathOptions.__dataclass_fields__["source"]
+    path: str = MathOptions.__dataclass_fields__["path"]
+    num_problems: int = MathOptions.__dataclass_fields__["num_problems"]
+    seed: int = MathOptions.__dataclass_fields__["seed"]
+    split: str = option("train", choices=SPLITS, doc="train: all but the last test_size problems; test: those")
+    test_size: int = option(16, ge=0, doc="problems held out for evaluation")
+
+
+class MathSolve(SolveTask):
+    """A math problem answered with ``Answer: <value>``; correct when it equals the truth."""
+
+    name: ClassVar[str] = "math.solve"
+    Options = MathSolveOptions
+    answer_instruction: ClassVar[str] = "Reason step by step, then end with one line `Answer: <value>`."
+
+    def __init__(self, opts: MathSolveOptions | None = None) -> None:
+        self.opts = opts or MathSolveOptions()
+        data = MathOptions(source=self.opts.source, path=self.opts.path, num_problems=self.opts.num_problems, seed=self.opts.seed)
+        self._problems = split_problems(load_math_problems(data), self.opts.split, self.opts.test_size, "math.solve")
+
+    def problems(self) -> list[Problem]:
+        return list(self._problems)
+
+    def question(self, problem: Problem) -> str:
+        return f"Problem:\n{problem.data['question']}"
+
+    def extract(self, text: str) -> str | None:
+        return extract_answer(text)
+
+    def correct_many(self, problem: Problem, answers: Sequence[str | None]) -> list[bool]:
+        truth = str(problem.data["answer"])
+        return [a is not None and answers_equal(a, truth) for a in answers]
+
+
+@dataclass
+class CodeSolveOptions:
+    name: str = "code.solve"
+    source: str = option("humaneval", choices=tuple(sorted(CODE_SOURCES)), doc="coding data set")
+    path: str = option("", doc="its file, for every source but humaneval (see ../shared/data/README.md)")
+    num_problems: int = option(0, ge=0, doc="first N problems; 0 = all")
+    wall_seconds: float = option(5.0, gt=0, doc="sandbox wall-clock limit per program")
+    workers: int = option(0, ge=0, doc="parallel sandbox runs; 0 = one per CPU")
+    split: str = option("train", choices=SPLITS, doc="train: all but the last test_size problems; test: those")
+    test_size: int = option(16, ge=0, doc="problems held out for evaluation")
+
+
+class CodeSolve(CodeProblems, SolveTask):
+    """A function written in a ```python block; correct when it passes every test in the sandbox."""
+
+    name: ClassVar[str] = "code.solve"
+    Options = CodeSolveOptions
+    answer_instruction: ClassVar[str] = "Reply with the complete function in one ```python code block."
+
+    def __init__(self, opts: CodeSolveOptions | None = None) -> None:
+        super().__init__(opts or CodeSolveOptions())
+        self._problems = split_problems(self._problems, self.opts.split, self.opts.test_size, "code.solve")
+
+    def question(self, problem: Problem) -> str:
+        c: CodeProblem = problem.data["code"]
+        return f"Problem:\n{c.prompt}\n\nThe function to write is `{c.entry_point}`."
+
+    def extract(self, text: str) -> str | None:
+        code = extract_code(text)
+        return code or None
+
+    def correct_many(self, problem: Problem, answers: Sequence[str | None]) -> list[bool]:
+        """Distinct programs run once each, in parallel, in the sandbox."""
+        c: CodeProblem = problem.data["code"]
+        programs = {a: prompt_imports(c.prompt) + a + "\n" for a in answers if a}
+        futures = {a: self.pool.submit(prog, c.tests) for a, prog in programs.items()}
+        passed = {a: (r := f.result()).tests_total > 0 and r.tests_passed == r.tests_total for a, f in futures.items()}
+        return [bool(a) and passed[a] for a in answers]

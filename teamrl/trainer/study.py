@@ -1,0 +1,248 @@
+"""``teamrl study CONFIG``: the workflow study's grid, run cell by cell, summarised as one table.
+
+A study config names a base training config, the grid (workflows x policy sharing x tasks x
+models x seeds) and the baselines::
+
+    name: study_cpu
+    base: configs/study_base.yaml      # a training config (its workflow/policy/task/model/seed are set per cell)
+    overrides: [train.steps=4]         # applied to every cell
+    workflows: [voting, eval_opt]      # eval_opt, voting, orch_workers
+    policies: [sp, ip]                 # sp: one LoRA adapter for every role; ip: one per role type
+    tasks: [{name: math.solve, num_problems: 40, test_size: 8}]
+    models: [smollm2-135m]
+    seeds: [0]
+    single_agent: true                 # also train the single-agent RL baseline per task x model x seed
+
+Every cell is a normal run directory ``<run.dir>/<study name>/<cell>`` trained with evaluation
+during training (``train.eval_every``); its step-0 evaluation is the untrained workflow's
+accuracy. A finished cell writes ``summary.json`` and is skipped when the study runs again; an
+unfinished one resumes from its last checkpoint. The study writes ``study.md``: per workflow and
+policy, untrained, peak and final held-out accuracy (means over seeds), multi-agent RL minus
+single-agent RL in points, and cliffs; plus ``accuracy.png`` and ``role_capture.png``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from teamrl.core.config import ConfigError, build_dataclass, load_config, option
+from teamrl.core.metrics import read_metrics
+
+POLICY_MODES = {"sp": "shared", "ip": "lora_per_role"}
+
+
+@dataclass
+class StudyConfig:
+    name: str = option("study", doc="study name; cells go to <run.dir>/<name>/")
+    base: str = option("", doc="the training config every cell starts from (a YAML path); empty: the defaults")
+    overrides: list[str] = option(factory=list, doc="key.sub=value overrides applied to every cell")
+    workflows: list[str] = option(factory=lambda: ["eval_opt", "voting", "orch_workers"], doc="multi-agent workflows")
+    policies: list[str] = option(factory=lambda: ["sp", "ip"], doc="sp (shared policy) and/or ip (one adapter per role type)")
+    tasks: list[dict[str, Any]] = option(factory=lambda: [{"name": "math.solve"}], doc="task mappings (math.solve, code.solve)")
+    models: list[str] = option(factory=lambda: ["smollm2-135m"], doc="model names")
+    seeds: list[int] = option(factory=lambda: [0], doc="seeds")
+    single_agent: bool = option(True, doc="also train the single-agent RL baseline (workflow single)")
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One run of the grid."""
+
+    task_json: str  # the task mapping, as sorted JSON (a cell is hashable)
+    model: str
+    workflow: str
+    policy: str  # sp | ip (the single-agent baseline: sp)
+    seed: int
+
+    @property
+    def task(self) -> dict[str, Any]:
+        return json.loads(self.task_json)
+
+    @property
+    def name(self) -> str:
+        model = Path(self.model).name.replace("/", "_")
+        return f"{self.task['name']}-{model}-{self.workflow}-{self.policy}-s{self.seed}"
+
+    def overrides(self) -> list[str]:
+        task = yaml.safe_dump(self.task, default_flow_style=True, width=10_000).strip()
+        return [f"task={task}", f"model={self.model}", f"workflow.name={self.workflow}",
+                f"policy.mode={POLICY_MODES[self.policy]}", f"seed={self.seed}"]
+
+
+def load_study(path: str | Path) -> StudyConfig:
+    """Read and validate a study config."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"study config {str(p)!r} does not exist")
+    data = yaml.safe_load(p.read_text()) or {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"study config {str(p)!r}: expected a mapping at the top level")
+    study = build_dataclass(StudyConfig, data)
+    if study.base and not Path(study.base).is_file() and (p.parent / study.base).is_file():
+        study.base = str(p.parent / study.base)  # relative to the study file rather than the current directory
+    if study.base and not Path(study.base).is_file():
+        raise ConfigError(f"base: {study.base!r} does not exist (a path relative to the current directory or to {p.parent})")
+    for w in study.workflows:
+        if w not in ("eval_opt", "voting", "orch_workers"):
+            raise ConfigError(f"workflows: {w!r} is not a multi-agent workflow; choose from eval_opt, voting, orch_workers")
+    for pol in study.policies:
+        if pol not in POLICY_MODES:
+            raise ConfigError(f"policies: {pol!r} is not known; choose from {sorted(POLICY_MODES)}")
+    for t in study.tasks:
+        if "name" not in t:
+            raise ConfigError(f"tasks: {t!r} has no name (math.solve or code.solve)")
+    if not (study.workflows and study.policies and study.tasks and study.models and study.seeds):
+        raise ConfigError("workflows, policies, tasks, models and seeds must each list at least one value")
+    return study
+
+
+def cells(study: StudyConfig) -> list[Cell]:
+    """Every run of the grid, the single-agent baselines first (per task x model x seed)."""
+    out = []
+    for t in study.tasks:
+        task = json.dumps(t, sort_keys=True)
+        for model in study.models:
+            for seed in study.seeds:
+                if study.single_agent:
+                    out.append(Cell(task, model, "single", "sp", seed))
+                out += [Cell(task, model, w, p, seed) for w in study.workflows for p in study.policies]
+    return out
+
+
+def cell_config(study: StudyConfig, cell: Cell):
+    """The validated training config of one cell (evaluation during training is switched on if off)."""
+    cfg = load_config(study.base or None, [*study.overrides, *cell.overrides(), f"name={cell.name}"])
+    if not cfg.train.eval_every:
+        cfg.train.eval_every = max(1, cfg.train.steps // 4)
+    cfg.run.dir = str(Path(cfg.run.dir) / study.name)
+    return cfg
+
+
+def summarise_run(run_dir: Path) -> dict[str, Any]:
+    """Untrained, peak and final held-out accuracy, cliffs and the mean role capture of a run."""
+    recs = read_metrics(run_dir / "metrics.jsonl")
+    evals = [r for r in recs if "eval/accuracy" in r]
+    if not evals:
+        raise ValueError(f"{run_dir}: no evaluation records (train.eval_every)")
+    best = max(evals, key=lambda r: r["eval/accuracy"])
+    train = [r for r in recs if "reward_mean" in r]
+    capture = {}
+    for r in train:
+        for k, v in r.items():
+            if k.startswith("role_capture/"):
+                capture.setdefault(k.split("/", 1)[1], []).append(v)
+    return {"untrained": evals[0]["eval/accuracy"], "peak": best["eval/accuracy"], "peak_step": best["step"],
+            "final": evals[-1]["eval/accuracy"], "final_step": evals[-1]["step"],
+            "cliffs": [r["step"] for r in evals if r.get("eval/cliff")], "steps": len(train),
+            "seconds": sum(r.get("rollout_s", 0) + r.get("update_s", 0) for r in train),
+            "role_capture": {k: sum(v) / len(v) for k, v in capture.items()}}
+
+
+def run_study(study: StudyConfig, only_table: bool = False) -> Path:
+    """Train every unfinished cell (resuming a killed one), then write the table; return its path."""
+    from teamrl.trainer.trainer import Trainer
+
+    grid = cells(study)
+    configs = {c: cell_config(study, c) for c in grid}  # every cell's config is checked before anything trains
+    root = Path(next(iter(configs.values())).run.dir)
+    root.mkdir(parents=True, exist_ok=True)
+    summaries: dict[Cell, dict[str, Any]] = {}
+    for i, c in enumerate(grid, 1):
+        cfg = configs[c]
+        run_dir = root / c.name
+        done = run_dir / "summary.json"
+        if done.is_file():
+            summaries[c] = json.loads(done.read_text())
+            print(f"[{i}/{len(grid)}] {c.name}: done (skipped)", file=sys.stderr)
+            continue
+        if only_table:
+            continue
+        print(f"[{i}/{len(grid)}] {c.name}: training {cfg.train.steps} steps", file=sys.stderr)
+        Trainer(cfg, resume=True).train()
+        summaries[c] = summarise_run(run_dir)
+        done.write_text(json.dumps(summaries[c], indent=1))
+    return write_study_table(study, root, summaries)
+
+
+def _mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs)
+
+
+def write_study_table(study: StudyConfig, root: Path, summaries: dict[Cell, dict[str, Any]]) -> Path:
+    """``study.md`` (Table 1 style) and the dynamics plots; returns the page's path."""
+    rows = [f"# Study {study.name}", "",
+            "Held-out greedy accuracy (%), mean over seeds. Untrained = the workflow before training (step 0); "
+            "Δ = multi-agent RL minus single-agent RL, in points. Cliffs: evaluations more than "
+            "train.cliff_points under the running peak.", "",
+            "| task | model | workflow | policy | seeds | untrained | peak | final | Δ peak vs SA-RL | Δ final vs SA-RL | cliffs | role capture | s/step |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    keys = list(dict.fromkeys((c.task_json, c.model, c.workflow, c.policy) for c in summaries))
+    for task_key, model, workflow, policy in keys:
+        mine = [s for c, s in summaries.items() if (c.task_json, c.model, c.workflow, c.policy) == (task_key, model, workflow, policy)]
+        base = [s for c, s in summaries.items() if (c.task_json, c.model, c.workflow) == (task_key, model, "single")]
+        peak, final = 100 * _mean([s["peak"] for s in mine]), 100 * _mean([s["final"] for s in mine])
+        if workflow == "single" or not base:
+            d_peak = d_final = "—"
+        else:
+            d_peak = f"{peak - 100 * _mean([s['peak'] for s in base]):+.1f}"
+            d_final = f"{final - 100 * _mean([s['final'] for s in base]):+.1f}"
+        capture = {}
+        for s in mine:
+            for r, v in s["role_capture"].items():
+                capture.setdefault(r, []).append(v)
+        cap = ", ".join(f"{r} {_mean(v):.2f}" for r, v in capture.items()) or "—"
+        cliffs = sum(len(s["cliffs"]) for s in mine)
+        secs = _mean([s["seconds"] / max(1, s["steps"]) for s in mine])
+        rows.append(f"| {json.loads(task_key)['name']} | {Path(model).name} | {workflow} | {policy.upper()} | {len(mine)} | "
+                    f"{100 * _mean([s['untrained'] for s in mine]):.1f} | {peak:.1f} | {final:.1f} | {d_peak} | {d_final} | "
+                    f"{cliffs} | {cap} | {secs:.1f} |")
+    rows += ["", "Per-cell reports (per-role gradient norms, capture, entropy, workflow diagnostics): "
+             "`teamrl report` on each cell directory, linked below.", ""]
+    rows += [f"- [{c.name}]({c.name}/report/report.md)" for c in summaries]
+    _plots(root, summaries, rows)
+    path = root / "study.md"
+    path.write_text("\n".join(rows) + "\n")
+    return path
+
+
+def _plots(root: Path, summaries: dict[Cell, dict[str, Any]], rows: list[str]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from teamrl.trainer.report import write_report
+
+    fig_a, ax_a = plt.subplots(figsize=(7, 3.6), dpi=100)
+    fig_c, ax_c = plt.subplots(figsize=(7, 3.6), dpi=100)
+    drawn_c = False
+    for c in summaries:
+        recs = read_metrics(root / c.name / "metrics.jsonl")
+        ev = [(r["step"], 100 * r["eval/accuracy"]) for r in recs if "eval/accuracy" in r]
+        ax_a.plot([e[0] for e in ev], [e[1] for e in ev], marker=".", label=f"{c.workflow}-{c.policy}-s{c.seed}")
+        roles = sorted({k.split("/", 1)[1] for r in recs for k in r if k.startswith("role_capture/")})
+        for role in roles:
+            pts = [(r["step"], r[f"role_capture/{role}"]) for r in recs if f"role_capture/{role}" in r]
+            ax_c.plot([p[0] for p in pts], [p[1] for p in pts], label=f"{c.workflow}-{c.policy}: {role}")
+            drawn_c = True
+        write_report(root / c.name)
+    for fig, ax, stem, title, ylabel in ((fig_a, ax_a, "accuracy", "held-out accuracy", "%"),
+                                         (fig_c, ax_c, "role_capture", "role capture (share of summed grad norm)", "share")):
+        if stem == "role_capture" and not drawn_c:
+            plt.close(fig)
+            continue
+        ax.set_xlabel("step")
+        ax.set_ylabel(ylabel)
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6)
+        fig.tight_layout()
+        fig.savefig(root / f"{stem}.png")
+        plt.close(fig)
+        rows += ["", f"![{title}]({stem}.png)"]

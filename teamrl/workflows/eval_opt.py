@@ -1,0 +1,105 @@
+"""Eval-Opt: a generator answers, an evaluator judges, the generator revises until judged correct.
+
+Turn structure (iteration ``i`` = turn ``i``):
+
+1. ``generator`` answers the problem (from iteration 2 on: its previous answer, the critique,
+   and the instruction to solve it again with a different method);
+2. unless this was the last allowed attempt, ``evaluator`` sees the problem and the answer and
+   replies ``Verdict: Correct`` or ``Verdict: Incorrect`` with a short critique;
+3. a ``Correct`` verdict ends the episode; anything else (``Incorrect``, or no readable
+   verdict) sends the critique back to the generator.
+
+The final answer is the last generation. The last attempt is not evaluated: no verdict could
+change the outcome. The critique must not reveal an answer: lines that state one (``Answer:``,
+``\\boxed{}``) and code blocks are removed before the generator sees it.
+
+Per-role reward (``workflow.reward: per_role``): an evaluator sample gets 1 when its verdict
+matches the truth of the answer it judged (an unreadable verdict counts as ``Incorrect``);
+generator samples get the final outcome.
+"""
+
+from __future__ import annotations
+
+import re
+
+from teamrl.tasks.solve import SolveTask
+from teamrl.tasks.task import Problem
+from teamrl.workflows.context import EpisodeContext
+from teamrl.workflows.outcome import EpisodeOutcome, WorkflowSettings
+
+ROLES = ("generator", "evaluator")
+CRITIQUE_CHARS = 400
+_VERDICT = re.compile(r"verdict\s*[:=\-]?\s*\**\s*(correct|incorrect|wrong|right)\b", re.I)
+_ANSWER_LINE = re.compile(r"(?im)^.*\b(?:final\s+)?answer\s*(?:is\b|[:=]).*$")
+_BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{[^{}]*\}")
+_CODE_BLOCK = re.compile(r"```.*?(?:```|\Z)", re.S)
+
+
+def parse_verdict(text: str) -> bool | None:
+    """True for ``Verdict: Correct``, False for ``Incorrect``, None when there is no verdict.
+
+    The last ``Verdict:`` label wins; without one, a reply whose first word is ``Correct`` or
+    ``Incorrect`` counts.
+    """
+    found = _VERDICT.findall(text)
+    if found:
+        return found[-1].lower() in ("correct", "right")
+    first = re.match(r"\W*(correct|incorrect)\b", text, re.I)
+    if first:
+        return first.group(1).lower() == "correct"
+    return None
+
+
+def redact_critique(text: str) -> str:
+    """The critique without answer lines, ``\\boxed{}`` values, code blocks or the verdict label."""
+    text = _CODE_BLOCK.sub("", text)
+    text = _BOXED.sub("", text)
+    text = _ANSWER_LINE.sub("", text)
+    text = _VERDICT.sub("", text)
+    text = "\n".join(line for line in text.splitlines() if line.strip()).strip()
+    return text[:CRITIQUE_CHARS] or "(no critique)"
+
+
+def generator_prompt(task: SolveTask, problem: Problem, previous: str | None, critique: str | None) -> list[dict[str, str]]:
+    parts = [task.question(problem)]
+    if previous is not None:
+        parts += [f"Your previous answer:\n{previous}", f"A reviewer judged it not correct. Critique:\n{critique}",
+                  "Solve the problem again with a different method."]
+    parts.append(task.answer_instruction)
+    return [{"role": "user", "content": "\n\n".join(parts)}]
+
+
+def evaluator_prompt(task: SolveTask, problem: Problem, candidate: str) -> list[dict[str, str]]:
+    return [{"role": "user", "content": (
+        f"{task.question(problem)}\n\nA proposed solution:\n{candidate}\n\n"
+        "Check the solution. Reply with one line `Verdict: Correct` or `Verdict: Incorrect`, then a short critique "
+        "of at most two sentences. Do not state the answer.")}]
+
+
+async def eval_opt(ctx: EpisodeContext, task: SolveTask, problem: Problem, settings: WorkflowSettings) -> EpisodeOutcome:
+    """Run one Eval-Opt episode; see the module docstring."""
+    iterations = settings.iterations_for(task.name)
+    attempts: list[str] = []
+    verdicts: list[bool | None] = []
+    evaluator_samples = []
+    previous = critique = None
+    for i in range(iterations):
+        text = await ctx.generate("generator", generator_prompt(task, problem, previous, critique), turn=i)
+        attempts.append(text)
+        if i == iterations - 1:
+            break
+        (sample,) = await ctx.generate_group("evaluator", evaluator_prompt(task, problem, text), n=1, turn=i)
+        verdict = parse_verdict(sample.text)
+        verdicts.append(verdict)
+        evaluator_samples.append(sample)
+        if verdict:
+            break
+        previous, critique = text, redact_critique(sample.text)
+    answers = [task.extract(t) for t in attempts]
+    correct = task.correct_many(problem, answers)
+    for sample, verdict, truth in zip(evaluator_samples, verdicts, correct):
+        sample.tags["role_reward"] = 1.0 if bool(verdict) == truth else 0.0
+    return EpisodeOutcome(attempts[-1], answers[-1], correct[-1], stats={
+        "iterations": len(attempts), "first_correct": correct[0],
+        "verdicts": [(v, c) for v, c in zip(verdicts, correct)],  # (verdict or None, truth) per evaluation
+    })
