@@ -276,6 +276,12 @@ def validate(cfg: Config) -> None:
     dev = cfg.policy.device
     if dev not in ("auto", "cpu", "cuda") and not (dev.startswith("cuda:") and dev[5:].isdigit()):
         raise ConfigError(f"policy.device: {dev!r} is not allowed; choose one of ['auto', 'cpu', 'cuda', 'cuda:N']")
+    if dev.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ConfigError(f"policy.device: {dev!r}, but torch sees no CUDA GPU (torch {torch.__version__}, "
+                              f"CUDA build {torch.version.cuda}); use auto or cpu")
     if cfg.rollout.engine == "http":
         if not cfg.rollout.server_url.startswith(("http://", "https://")):
             raise ConfigError(f"rollout.server_url: {cfg.rollout.server_url!r} must start with http:// or https://")
