@@ -123,7 +123,7 @@ class RunConfig:
 class Config:
     name: str = option("run", doc="run name; the run directory is run.dir/name")
     seed: int = option(0, doc="seed for data order, sampling and initialisation")
-    model: str = option("smollm2-135m", doc="alias (smollm2-135m, tiny-random), local folder, or hub id")
+    model: str = option("smollm2-135m", doc="alias (smollm2-135m, tiny-random, random:smollm2-135m, random:qwen3-1.7b), local folder, or hub id")
     threads: int = option(0, ge=0, doc="torch CPU threads; 0 keeps torch's default")
     algorithm: str = option("grpo", choices=("grpo", "magrpo", "at_grpo"), doc="training algorithm")
     task: dict[str, Any] = option(factory=lambda: {"name": "word_count"}, doc="task name and its own options")
