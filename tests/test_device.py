@@ -57,3 +57,35 @@ def test_random_shapes_match_the_real_models():
     q, _ = load_model("random:qwen3-1.7b", dtype=torch.bfloat16, device="meta")
     assert type(q).__name__ == "Qwen3ForCausalLM" and q.config.head_dim == 128 and q.config.tie_word_embeddings
     assert 1.6e9 < sum(p.numel() for p in q.parameters()) < 1.8e9 and q.dtype == torch.bfloat16
+
+
+def test_qwen3_architecture_samples_and_scores_like_the_trainer():
+    # gpu_check's second shape is a Qwen3 model: a tiny one runs the same engine and log-prob code here.
+    import contextlib
+
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from teamrl.policies.chat import encode_chat
+    from teamrl.policies.logprobs import build_token_batch, completion_logprobs
+    from teamrl.policies.models import byte_tokenizer
+    from teamrl.rollout.engine import GenerationRequest, SamplingParams
+    from teamrl.rollout.hf_engine import HFEngine
+
+    tok = byte_tokenizer()
+    torch.manual_seed(0)
+    model = Qwen3ForCausalLM(Qwen3Config(vocab_size=512, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                         num_key_value_heads=2, head_dim=32, intermediate_size=128, tie_word_embeddings=True,
+                                         eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)).eval()
+    engine = HFEngine(lambda _: contextlib.nullcontext(model), tok)
+    prompts = [encode_chat(tok, "word " * (i + 1)) for i in range(3)]  # different lengths: left padding
+    greedy = engine.generate("q", [GenerationRequest(p, SamplingParams(max_new_tokens=8, temperature=0, ignore_eos=True)) for p in prompts])
+    for p, (c,) in zip(prompts, greedy):
+        ref = model.generate(torch.tensor([p]), max_new_tokens=8, min_new_tokens=8, do_sample=False, pad_token_id=tok.pad_token_id)
+        assert c.token_ids == ref[0, len(p):].tolist()
+    out = engine.generate("q", [GenerationRequest(p, SamplingParams(max_new_tokens=8, temperature=0.7), n=2) for p in prompts], seed=1)
+    flat = [(p, c) for p, r in zip(prompts, out) for c in r]
+    batch = build_token_batch([p for p, _ in flat], [c.token_ids for _, c in flat], tok.pad_token_id)
+    with torch.no_grad():
+        lp, _ = completion_logprobs(model, batch, 0.7)
+    for i, (_, c) in enumerate(flat):
+        assert torch.allclose(lp[i, :len(c.logprobs)], torch.tensor(c.logprobs), atol=1e-4)
