@@ -42,7 +42,7 @@ def _papers(path: Path, n: int) -> None:
 
 
 def run_shape(model: str, device: str, iterations: int, tokens: int, group_size: int, batch_size: int, lora: bool,
-              workdir: Path) -> dict:
+              workdir: Path, threads: int = 0) -> dict:
     """Build a trainer for ``model`` and time ``iterations`` MAGRPO iterations; return the numbers."""
     import torch
 
@@ -58,11 +58,12 @@ def run_shape(model: str, device: str, iterations: int, tokens: int, group_size:
         "algorithm=magrpo", "task.name=writing.tldr", f"task.source={data}", "task.max_source_words=40",
         f"rollout.group_size={group_size}", f"rollout.batch_size={batch_size}", f"rollout.max_new_tokens={tokens}",
         "rollout.ignore_eos=true", "train.steps=1000", "run.save_every=1000", "run.progress=false",
-        "run.tensorboard=false", "run.log_episodes=false", f"train.micro_batch_size={group_size * batch_size}", *mode])
+        "run.tensorboard=false", "run.log_episodes=false", f"threads={threads}", f"train.micro_batch_size={group_size * batch_size}", *mode])
     t0 = time.perf_counter()
     trainer = Trainer(cfg)
     build_s = time.perf_counter() - t0
-    params = sum(p.numel() for pol in {id(p.model): p.model for p in trainer.router.policies.values()}.values() for p in pol.parameters())
+    models = {id(p.model): p.model for p in trainer.router.policies.values()}.values()
+    params = sum(p.numel() for m in models for n, p in m.named_parameters() if "lora_" not in n)  # base weights only
     rows = []
     for _ in range(iterations):
         t = time.perf_counter()
@@ -85,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokens", type=int, default=None, help="fixed completion length (default 128; 16 with --tiny)")
     ap.add_argument("--group-size", type=int, default=None, help="G (default 8; 2 with --tiny)")
     ap.add_argument("--batch-size", type=int, default=None, help="problems per iteration (default 4; 2 with --tiny)")
+    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's; 1 with --tiny)")
     args = ap.parse_args(argv)
 
     import torch
@@ -112,7 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     t_all = time.perf_counter()
     with tempfile.TemporaryDirectory() as d:
         for model in models:
-            r = run_shape(model, args.device, args.iterations, tokens, G, B, lora, Path(d))
+            threads = args.threads if args.threads is not None else (1 if args.tiny else 0)
+            r = run_shape(model, args.device, args.iterations, tokens, G, B, lora, Path(d), threads)
             results.append(r)
             for i, it in enumerate(r["iterations"], 1):
                 print(f"  {model} iteration {i}: {it['s']:.2f} s (rollout {it['rollout_s']:.2f} s at {it['tok_s']:.0f} tokens/s, "
@@ -121,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
             mean_s = sum(x["s"] for x in rest) / len(rest)
             mean_tok = sum(x["tok_s"] for x in rest) / len(rest)
             mem = f", peak GPU memory {r['max_mem_gib']:.1f} GiB" if r["max_mem_gib"] is not None else ""
-            print(f"{model}: {r['params'] / 1e6:.1f}M parameters on {r['device']} ({r['dtype']}), built in {r['build_s']:.1f} s; "
+            print(f"{model}: {r['params'] / 1e6:.1f}M base parameters on {r['device']} ({r['dtype']}), built in {r['build_s']:.1f} s; "
                   f"{mean_s:.2f} s/iteration, rollout {mean_tok:.0f} tokens/s (mean of iterations {2 if len(r['iterations']) > 1 else 1}-"
                   f"{len(r['iterations'])}){mem}")
             if r["device"].startswith("cuda"):
