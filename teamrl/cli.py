@@ -5,6 +5,7 @@
   teamrl eval [CONFIG.yaml] [--checkpoint RUN_DIR] [--method team,single,...] [--limit N] [key.sub=value ...]
   teamrl report RUN_DIR                              # PNG plots + report.md in RUN_DIR/report
   teamrl study STUDY.yaml [--table]                  # a workflow x policy x task x model x seed grid -> study.md
+  teamrl serve --model NAME [--port 8000] [--lora NAME=PATH ...]   # OpenAI-compatible completions server
 """
 
 from __future__ import annotations
@@ -46,7 +47,21 @@ def main(argv: list[str] | None = None) -> int:
     p_study = sub.add_parser("study", help="run a workflow-study grid cell by cell (resumable) and write its table")
     p_study.add_argument("study_config")
     p_study.add_argument("--table", action="store_true", help="only rewrite the table from the finished cells")
+    p_serve = sub.add_parser("serve", help="serve the engine behind an OpenAI-compatible completions endpoint (vLLM protocol)")
+    p_serve.add_argument("--model", default="smollm2-135m", help="base model: alias, local folder or hub id (default smollm2-135m)")
+    p_serve.add_argument("--served-model-name", default=None, help="the base model's name in requests (default: --model)")
+    p_serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p_serve.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one)")
+    p_serve.add_argument("--lora", action="append", default=[], metavar="NAME=PATH", help="load a PEFT adapter folder at start (repeatable)")
+    p_serve.add_argument("--device", default="auto", help="auto (cuda when present), cpu, cuda or cuda:N")
+    p_serve.add_argument("--dtype", default="auto", help="auto (bf16 on cuda, fp32 on cpu), float32, bfloat16, float16")
+    p_serve.add_argument("--seed", type=int, default=0, help="initialisation seed of random models (tiny-random); match training's seed")
+    p_serve.add_argument("--threads", type=int, default=0, help="torch CPU threads; 0 keeps torch's default")
+    p_serve.add_argument("--ready-file", default=None, help="write the server's URL to this file once it listens")
+    p_serve.add_argument("--verbose", action="store_true", help="log every request")
     ns = parser.parse_args(argv)
+    if ns.command == "serve":
+        return _serve(ns)
     if ns.command == "study":
         from teamrl.core.config import ConfigError
         from teamrl.trainer.study import load_study, run_study
@@ -111,6 +126,34 @@ def main(argv: list[str] | None = None) -> int:
         print(f"held-out accuracy: first {evals[0]['eval/accuracy']:.3f}, peak {best['eval/accuracy']:.3f} "
               f"(step {best['step']}), final {evals[-1]['eval/accuracy']:.3f}")
     print(f"run directory: {trainer.run_dir}")
+    return 0
+
+
+def _serve(ns) -> int:
+    from teamrl.rollout.server import ModelServer, RequestError, serve
+
+    loras = []
+    for item in ns.lora:
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path:
+            print(f"teamrl: --lora {item!r}: expected NAME=PATH (a PEFT adapter folder)", file=sys.stderr)
+            return 2
+        loras.append((name, path))
+    if ns.threads:
+        import torch
+
+        torch.set_num_threads(ns.threads)
+    try:
+        ms = ModelServer(ns.model, served_name=ns.served_model_name, device=ns.device, dtype=ns.dtype, seed=ns.seed)
+        for name, path in loras:
+            ms.load_adapter(name, path)
+    except (ValueError, RuntimeError) as e:  # ModelNotFound, bad device/dtype, no GPU
+        print(f"teamrl: {e}", file=sys.stderr)
+        return 2
+    except RequestError as e:
+        print(f"teamrl: --lora: {e.message}", file=sys.stderr)
+        return 2
+    serve(ms, ns.host, ns.port, ready_file=ns.ready_file, verbose=ns.verbose)
     return 0
 
 

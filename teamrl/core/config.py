@@ -46,6 +46,9 @@ class PolicyConfig:
     lora: LoraConfig | None = option(factory=LoraConfig, doc="LoRA settings; null trains full weights (not allowed with lora_per_role)")
     equalize_steps: bool = option(True, doc="one optimizer step per policy per iteration; false: one per role instance "
                                             "(generator0..2 then step the shared generator adapter three times)")
+    device: str = option("auto", doc="where the models live: auto (cuda when a GPU is visible, else cpu), cpu, cuda or cuda:N")
+    dtype: str = option("auto", choices=("auto", "float32", "bfloat16", "float16"),
+                        doc="model weights dtype; auto is bfloat16 on CUDA and float32 on CPU")
 
 
 @dataclass
@@ -57,6 +60,11 @@ class RolloutConfig:
     top_p: float = option(1.0, gt=0, le=1, doc="nucleus sampling mass")
     top_k: int = option(0, ge=0, doc="keep the k most likely tokens; 0 keeps all")
     stop: list[str] = option(factory=list, doc="stop strings (the completion is cut after the first one)")
+    ignore_eos: bool = option(False, doc="generate exactly max_new_tokens, ignoring EOS (benchmarks)")
+    engine: str = option("hf", choices=("hf", "http"),
+                         doc="hf: generate in this process; http: send rollouts to an OpenAI-compatible server (teamrl serve, vLLM, SGLang)")
+    server_url: str = option("http://127.0.0.1:8000", doc="base URL of the server used by engine http")
+    adapter_dir: str = option("", doc="engine http: folder the server can read where adapters are saved after each update; empty: RUN_DIR/served_adapters")
 
 
 @dataclass
@@ -135,7 +143,7 @@ class RunConfig:
 class Config:
     name: str = option("run", doc="run name; the run directory is run.dir/name")
     seed: int = option(0, doc="seed for data order, sampling and initialisation")
-    model: str = option("smollm2-135m", doc="alias (smollm2-135m, tiny-random), local folder, or hub id")
+    model: str = option("smollm2-135m", doc="alias (smollm2-135m, tiny-random, random:smollm2-135m, random:qwen3-1.7b), local folder, or hub id")
     threads: int = option(0, ge=0, doc="torch CPU threads; 0 keeps torch's default")
     algorithm: str = option("grpo", choices=("grpo", "magrpo", "at_grpo"), doc="training algorithm")
     task: dict[str, Any] = option(factory=lambda: {"name": "word_count"}, doc="task name and its own options")
@@ -286,6 +294,21 @@ def validate(cfg: Config) -> None:
 
         if importlib.util.find_spec("wandb") is None:
             raise ConfigError("run.wandb: true needs the wandb package: pip install wandb (then wandb login)")
+    dev = cfg.policy.device
+    if dev not in ("auto", "cpu", "cuda") and not (dev.startswith("cuda:") and dev[5:].isdigit()):
+        raise ConfigError(f"policy.device: {dev!r} is not allowed; choose one of ['auto', 'cpu', 'cuda', 'cuda:N']")
+    if dev.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ConfigError(f"policy.device: {dev!r}, but torch sees no CUDA GPU (torch {torch.__version__}, "
+                              f"CUDA build {torch.version.cuda}); use auto or cpu")
+    if cfg.rollout.engine == "http":
+        if not cfg.rollout.server_url.startswith(("http://", "https://")):
+            raise ConfigError(f"rollout.server_url: {cfg.rollout.server_url!r} must start with http:// or https://")
+        if cfg.policy.lora is None:
+            raise ConfigError("rollout.engine: http sends LoRA adapters to the server after each update; "
+                              "policy.lora is null (full weights). Use engine hf, or train LoRA adapters")
     if "name" not in cfg.task:
         raise ConfigError("task.name: missing; name a task, e.g. word_count")
     if cfg.workflow.name and cfg.algorithm != "grpo":

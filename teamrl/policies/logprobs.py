@@ -129,7 +129,7 @@ def shared_prefix_logprobs(model: nn.Module, batch: SharedPrefixBatch, temperatu
     first_logits = out.logits[:, -1:, :].index_select(0, idx)
     plen = batch.prompt_mask.sum(-1).index_select(0, idx)
     T = batch.completion_len
-    cpos = plen.unsqueeze(1) + torch.arange(T).unsqueeze(0)
+    cpos = plen.unsqueeze(1) + torch.arange(T, device=plen.device).unsqueeze(0)
     attn = torch.cat([batch.prompt_mask.index_select(0, idx), batch.completion_pad_mask.long()], dim=1)
     if T > 1:
         rest = model(input_ids=batch.completion_ids[:, :-1], attention_mask=attn[:, :-1], position_ids=cpos[:, :-1],

@@ -5,6 +5,13 @@ Aliases:
   once to fp32 safetensors under the user cache dir; later loads read the cache.
 - ``tiny-random`` / ``tiny-random-wide``: random-init Llama-style models with a byte-level
   tokenizer and a ChatML template, built in memory (no files, no network) for tests.
+- ``random:smollm2-135m`` / ``random:qwen3-1.7b``: random-init models of those real shapes with
+  the same byte-level tokenizer (their vocabularies are larger than the tokenizer's; ids past it
+  decode to nothing). For speed checks on machines without model files: speed does not depend
+  on the weights.
+
+:func:`resolve_device` turns the ``policy.device`` / ``policy.dtype`` settings (``auto`` = CUDA
+with bf16 when a GPU is present, else CPU with fp32) into a torch device and dtype.
 """
 
 from __future__ import annotations
@@ -27,7 +34,18 @@ TINY_RANDOM = {
     "tiny-random": (64, 2, 4, 2, 128),
     "tiny-random-wide": (128, 2, 4, 2, 256),
 }
-MODEL_ALIASES = ("smollm2-135m", *TINY_RANDOM)
+# name -> the transformers config class and its shape; what a real checkpoint of that name would hold
+RANDOM_SHAPES: dict[str, tuple[str, dict]] = {
+    "random:smollm2-135m": ("LlamaConfig", dict(hidden_size=576, num_hidden_layers=30, num_attention_heads=9,
+                                                 num_key_value_heads=3, intermediate_size=1536, vocab_size=49152,
+                                                 max_position_embeddings=8192, tie_word_embeddings=True)),
+    "random:qwen3-1.7b": ("Qwen3Config", dict(hidden_size=2048, num_hidden_layers=28, num_attention_heads=16,
+                                              num_key_value_heads=8, head_dim=128, intermediate_size=6144,
+                                              vocab_size=151936, max_position_embeddings=40960, tie_word_embeddings=True)),
+}
+MODEL_ALIASES = ("smollm2-135m", *TINY_RANDOM, *RANDOM_SHAPES)
+DEVICES = ("auto", "cpu", "cuda")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 class ModelNotFound(ValueError):
@@ -44,16 +62,40 @@ def cache_dir() -> Path:
     return Path(user_cache_dir("teamrl"))
 
 
+def resolve_device(device: str = "auto", dtype: str = "auto") -> tuple[torch.device, torch.dtype]:
+    """``policy.device`` / ``policy.dtype`` settings -> (torch device, torch dtype).
+
+    ``auto`` device is ``cuda`` when a GPU is visible, else ``cpu``; ``auto`` dtype is bf16 on
+    CUDA and fp32 on CPU (bf16 matmuls are ~24x slower than fp32 on a typical CPU).
+    """
+    if device not in DEVICES and not str(device).startswith("cuda:"):
+        raise ValueError(f"device {device!r}: choose one of {list(DEVICES)} (or cuda:N)")
+    if dtype != "auto" and dtype not in DTYPES:
+        raise ValueError(f"dtype {dtype!r}: choose one of {['auto', *DTYPES]}")
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    elif str(device).startswith("cuda") and not torch.cuda.is_available():
+        raise RuntimeError(f"device {device!r} was asked for, but torch sees no CUDA GPU (torch {torch.__version__}, "
+                           f"built with CUDA {torch.version.cuda}); use device auto or cpu")
+    dev = torch.device(device)
+    if dtype == "auto":
+        return dev, (torch.bfloat16 if dev.type == "cuda" else torch.float32)
+    return dev, DTYPES[dtype]
+
+
 def load_model(name: str, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
                seed: int = 0) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load ``(model, tokenizer)`` from an alias, a local Hugging Face folder or a hub id.
 
     The tokenizer always has a pad token and a chat template. ``seed`` sets the random
-    initialisation of ``tiny-random`` models.
+    initialisation of ``tiny-random`` and ``random:*`` models. The model is returned on
+    ``device`` in ``dtype``.
     """
     tried: list[str] = []
     if name in TINY_RANDOM:
         model, tok = _tiny_random(name, seed)
+    elif name in RANDOM_SHAPES:
+        model, tok = _random_shape(name, seed, dtype, device)
     elif name == "smollm2-135m":
         model, tok = _smollm2(dtype)
     elif Path(name).expanduser().is_dir():
@@ -77,7 +119,7 @@ def load_model(name: str, dtype: torch.dtype = torch.float32, device: str | torc
     if not tok.chat_template:
         tok.chat_template = CHATML_TEMPLATE
     model.generation_config.pad_token_id = tok.pad_token_id
-    return model.to(device), tok
+    return model.to(device=device, dtype=dtype), tok
 
 
 def _smollm2(dtype: torch.dtype) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
@@ -141,4 +183,23 @@ def _tiny_random(name: str, seed: int) -> tuple[PreTrainedModel, PreTrainedToken
     torch.manual_seed(seed)
     model = LlamaForCausalLM(cfg)
     torch.random.set_rng_state(state)
+    return model, tok
+
+
+def _random_shape(name: str, seed: int, dtype: torch.dtype, device: str | torch.device) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    import transformers
+
+    cls_name, shape = RANDOM_SHAPES[name]
+    tok = byte_tokenizer()
+    cfg = getattr(transformers, cls_name)(**shape, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                                          pad_token_id=tok.pad_token_id)
+    state = torch.random.get_rng_state()
+    torch.manual_seed(seed)
+    # Built directly on the target device and dtype: a 1.7B model in fp32 on the CPU first would cost
+    # 7 GB and tens of seconds of initialisation for weights that are random anyway.
+    try:
+        with torch.device(device):
+            model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
+    finally:
+        torch.random.set_rng_state(state)
     return model, tok

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+from pathlib import Path
 from typing import Iterator
 
 import torch
@@ -64,6 +65,25 @@ class Policy:
             for n, p in own.items():
                 p.copy_(state[n])
         self.version += 1
+
+    def save_adapter(self, folder: str | Path) -> Path:
+        """Write this policy's LoRA adapter as a PEFT adapter folder at ``folder`` and return it.
+
+        The folder (``adapter_config.json`` + ``adapter_model.safetensors``) is what
+        ``PeftModel.from_pretrained``, vLLM's and SGLang's ``load_lora_adapter`` and
+        ``teamrl serve`` read. Full-weight policies have no adapter to save.
+        """
+        if self.adapter is None:
+            raise ValueError(f"policy {self.name!r} trains full weights, not a LoRA adapter; there is no adapter to save")
+        from peft import get_peft_model_state_dict
+        from safetensors.torch import save_file
+
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        state = get_peft_model_state_dict(self.model, adapter_name=self.adapter)
+        save_file({k: v.detach().to("cpu").contiguous() for k, v in state.items()}, str(folder / "adapter_model.safetensors"))
+        self.model.peft_config[self.adapter].save_pretrained(str(folder))
+        return folder
 
     @contextlib.contextmanager
     def generation_model(self) -> Iterator[nn.Module]:

@@ -9,7 +9,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from teamrl.core.config import LoraConfig
-from teamrl.policies.models import load_model
+from teamrl.policies.models import load_model, resolve_device
 from teamrl.policies.policy import Policy
 
 POLICY_MODES = ("shared", "lora_per_role", "separate")
@@ -42,7 +42,8 @@ class PolicyRouter:
     """
 
     def __init__(self, mode: str, roles: list[str], model_name: str, lora: LoraConfig | None,
-                 lr: float, weight_decay: float = 0.0, seed: int = 0, need_reference: bool = False) -> None:
+                 lr: float, weight_decay: float = 0.0, seed: int = 0, need_reference: bool = False,
+                 device: str = "cpu", dtype: str = "float32") -> None:
         if mode not in POLICY_MODES:
             raise ValueError(f"policy mode {mode!r}: choose one of {list(POLICY_MODES)}")
         if not roles:
@@ -50,12 +51,14 @@ class PolicyRouter:
         if mode == "lora_per_role" and lora is None:
             raise ValueError("policy mode 'lora_per_role' needs a LoRA config")
         self.mode = mode
+        # "auto" picks CUDA + bf16 when a GPU is present; an explicit "cuda" without one fails here, naming it.
+        self.device, self.dtype = resolve_device(device, dtype)
         types = list(dict.fromkeys(role_type(r) for r in roles))
         self.policies: dict[str, Policy] = {}
         self.tokenizer: PreTrainedTokenizerBase
 
         def build(names: list[str]) -> list[Policy]:
-            base, tok = load_model(model_name, seed=seed)
+            base, tok = load_model(model_name, dtype=self.dtype, device=self.device, seed=seed)
             self.tokenizer = tok
             if lora is None:
                 (name,) = names

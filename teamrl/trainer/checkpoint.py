@@ -51,8 +51,8 @@ def load_checkpoint(path: Path, router: PolicyRouter) -> dict[str, Any]:
         f = path / f"policy_{name}.pt"
         if not f.is_file():
             raise FileNotFoundError(f"checkpoint {path} has no weights for policy {name!r} ({f.name}); was the policy mode changed?")
-        pol.load_named_state(torch.load(f, weights_only=True))
-        pol.optimizer.load_state_dict(torch.load(path / f"optimizer_{name}.pt", weights_only=True))
+        pol.load_named_state(torch.load(f, weights_only=True, map_location="cpu"))  # a GPU run resumes on a CPU too
+        pol.optimizer.load_state_dict(torch.load(path / f"optimizer_{name}.pt", weights_only=True, map_location="cpu"))
     state = torch.load(path / "trainer_state.pt", weights_only=False)
     set_rng_state(state["rng"])
     return state

@@ -64,7 +64,7 @@ def evaluate(cfg: Config, methods: list[str], checkpoint: Path | None = None, li
     seed_everything(cfg.seed)
     roles = list(task.roles)
     router = PolicyRouter(cfg.policy.mode, roles, cfg.model, cfg.policy.lora, lr=cfg.train.lr, seed=cfg.seed,
-                          need_reference=cfg.policy.lora is None)
+                          need_reference=cfg.policy.lora is None, device=cfg.policy.device, dtype=cfg.policy.dtype)
     if checkpoint is not None:
         ckpts = list_checkpoints(Path(checkpoint) / "checkpoints")
         if not ckpts:
@@ -76,7 +76,7 @@ def evaluate(cfg: Config, methods: list[str], checkpoint: Path | None = None, li
             return next(iter(router.policies.values())).reference()
         return router.policies[name].generation_model()
 
-    engine = HFEngine(models, router.tokenizer)
+    engine = HFEngine(models, router.tokenizer, device=router.device)
     params = SamplingParams(max_new_tokens=cfg.rollout.max_new_tokens, temperature=temperature, top_p=cfg.rollout.top_p,
                             top_k=cfg.rollout.top_k, stop=tuple(cfg.rollout.stop))
     problems = task.problems()[:limit]

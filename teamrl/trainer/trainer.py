@@ -20,7 +20,7 @@ from teamrl.core.sample import Sample
 from teamrl.core.seeding import derive_seed, seed_everything
 from teamrl.losses import LossConfig, group_advantages, group_ids_from_keys
 from teamrl.policies.router import PolicyRouter, role_type
-from teamrl.rollout.engine import SamplingParams
+from teamrl.rollout.engine import Engine, SamplingParams
 from teamrl.rollout.hf_engine import HFEngine
 from teamrl.rollout.scheduler import GenerationScheduler
 from teamrl.tasks import Problem, make_task
@@ -53,12 +53,11 @@ class Trainer:
         self.roles = list(getattr(self.algorithm, "roles", None) or self.task.roles)
         self.router = PolicyRouter(cfg.policy.mode, self.roles, cfg.model, cfg.policy.lora,
                                    lr=cfg.train.lr, weight_decay=cfg.train.weight_decay, seed=cfg.seed,
-                                   need_reference=cfg.train.loss.kl_coef > 0)
+                                   need_reference=cfg.train.loss.kl_coef > 0, device=cfg.policy.device, dtype=cfg.policy.dtype)
         self.tokenizer = self.router.tokenizer
-        self.engine = HFEngine(lambda name: self.router.policies[name].generation_model(), self.tokenizer)
         r = cfg.rollout
         self.params = SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
-                                     top_k=r.top_k, stop=tuple(r.stop))
+                                     top_k=r.top_k, stop=tuple(r.stop), ignore_eos=r.ignore_eos)
         self.update_settings = UpdateSettings(
             loss=LossConfig(eps_low=cfg.train.loss.eps_low, eps_high=cfg.train.loss.eps_high, dual_clip=cfg.train.loss.dual_clip,
                             kl_coef=cfg.train.loss.kl_coef, aggregation=cfg.train.loss.aggregation,
@@ -81,6 +80,7 @@ class Trainer:
             for rec in read_metrics(self.run_dir / "metrics.jsonl"):  # replay the evaluations for the running peak
                 if "eval/accuracy" in rec and rec["step"] <= self.step:
                     self.cliffs.update(rec["step"], rec["eval/accuracy"])
+        self.engine = self._make_engine()  # after a resume, so a server gets the restored adapters
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.yaml").write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
         self.metrics = MetricsSink(self.run_dir / "metrics.jsonl", start_step=self.step, tensorboard=cfg.run.tensorboard,
@@ -96,6 +96,20 @@ class Trainer:
         if not task.problems():
             raise ConfigError("train.eval_every: the task holds out no problems; set task.test_size > 0")
         return task
+
+    def _make_engine(self) -> Engine:
+        """The in-process engine, or (``rollout.engine=http``) a client of a ``teamrl serve`` / vLLM / SGLang server."""
+        if self.cfg.rollout.engine == "hf":
+            return HFEngine(lambda name: self.router.policies[name].generation_model(), self.tokenizer, device=self.router.device)
+        from teamrl.rollout.http_engine import HTTPEngine
+
+        adapter_dir = (Path(self.cfg.rollout.adapter_dir) if self.cfg.rollout.adapter_dir else self.run_dir / "served_adapters").resolve()
+        engine = HTTPEngine(self.cfg.rollout.server_url, self.tokenizer, adapter_dir=adapter_dir,
+                            save_adapter=lambda name, folder: self.router.policies[name].save_adapter(folder))
+        engine.check_base_model(self.cfg.model)
+        for name in self.router.policies:  # the server starts with the base only: send the initial adapters
+            engine.sync_weights(name)
+        return engine
 
     # ---- data -------------------------------------------------------------------------
     def _next_problems(self) -> list[Problem]:

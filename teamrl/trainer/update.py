@@ -41,6 +41,14 @@ def _pack(prompts: list[list[int]], completions: list[list[int]], pad_id: int):
     return build_token_batch(prompts, completions, pad_id)
 
 
+def _to_device(batch, dev: torch.device):
+    """The same batch dataclass with every tensor field on ``dev``."""
+    import dataclasses
+
+    return dataclasses.replace(batch, **{f.name: getattr(batch, f.name).to(dev) for f in dataclasses.fields(batch)
+                                         if isinstance(getattr(batch, f.name), torch.Tensor)})
+
+
 def _logprobs(model, batch, temperature: float, with_entropy: bool = False):
     if hasattr(batch, "prompt_index"):
         return shared_prefix_logprobs(model, batch, temperature, with_entropy)
@@ -82,6 +90,9 @@ def update_policy(policy: Policy, samples: Sequence[Sample], settings: UpdateSet
     parts = _micro_batches(segments, settings.micro_batch_size)
     batches = [_pack([s.prompt_ids for s in samples[sl]], [s.completion_ids for s in samples[sl]], pad_id) for sl in parts]
     masks = [completion_mask(b.completion_ids, list(eos_ids), b.completion_pad_mask) for b in batches]
+    dev = next(iter(policy.parameters())).device
+    if dev.type != "cpu":  # batches are packed on the CPU; move them to the model's device once
+        batches, masks, adv = [_to_device(b, dev) for b in batches], [m.to(dev) for m in masks], adv.to(dev)
     total_tokens = max(1, int(sum(int(m.sum()) for m in masks)))
     if cfg.aggregation == "dr_grpo" and cfg.max_completion_length is None:
         cfg = LossConfig(**{**cfg.__dict__, "max_completion_length": max(b.completion_len for b in batches)})

@@ -1,0 +1,389 @@
+"""``teamrl serve``: the in-process engine behind an OpenAI-compatible completions endpoint.
+
+The wire format follows vLLM's OpenAI-compatible server (which SGLang's mirrors), so one client,
+:class:`teamrl.rollout.http_engine.HTTPEngine`, talks to all three. Endpoints:
+
+- ``POST /v1/completions``: token ids (or text) in; token ids and per-token log-probs out.
+- ``GET /v1/models``: the base model and every loaded LoRA adapter.
+- ``POST /v1/load_lora_adapter`` ``{"lora_name", "lora_path", "load_inplace"?}``: load a PEFT
+  adapter folder under a name; ``load_inplace: true`` replaces an adapter of that name (a new
+  version after an update). ``POST /v1/unload_lora_adapter`` ``{"lora_name"}``. SGLang's
+  spellings ``/load_lora_adapter`` and ``/unload_lora_adapter`` are accepted too.
+- ``GET /health``: 200 once the model is loaded.
+
+The request's ``model`` picks the weights: the served base-model name, or a loaded adapter's
+name (in teamrl: a policy, i.e. a role's adapter). Log-probs are teamrl's definition: the
+log-prob of each sampled token under ``softmax(logits / temperature)`` before top-k/top-p (under
+temperature 1 for greedy requests), the distribution the trainer recomputes. (vLLM and SGLang
+return their own definitions; see the README.)
+
+Requests are served one at a time by one :class:`HFEngine` (a lock): a request's prompts, each
+with ``n`` samples, form one batch. The HTTP engine sends all pending requests of one policy in
+one call, so rollouts batch as they do in process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+
+from teamrl.policies.models import load_model, resolve_device
+from teamrl.rollout.engine import GenerationRequest, SamplingParams
+from teamrl.rollout.hf_engine import HFEngine
+
+# Fields of POST /v1/completions that teamrl serve understands (vLLM's names); anything else is a 400.
+COMPLETION_FIELDS = ("model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "n", "stop", "seed",
+                     "logprobs", "return_tokens_as_token_ids", "return_token_ids", "ignore_eos",
+                     "include_stop_str_in_output", "skip_special_tokens", "stream", "echo", "user")
+MAX_BODY_BYTES = 64 * 2**20
+
+
+class RequestError(Exception):
+    """A client error: becomes an OpenAI-style JSON error response with ``status``."""
+
+    def __init__(self, status: int, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param = status, message, param
+
+    def body(self) -> dict[str, Any]:
+        kind = {400: "BadRequestError", 404: "NotFoundError", 405: "MethodNotAllowed", 413: "RequestTooLarge"}.get(self.status, "Error")
+        return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.status}}
+
+
+@dataclass
+class _Adapter:
+    path: str
+    version: int
+    model: torch.nn.Module
+
+
+class ModelServer:
+    """The state behind the endpoints: one base model, named LoRA adapters, one engine.
+
+    Each adapter is held as a copy of the base with the adapter merged in, the same form the
+    in-process engine samples from (:meth:`teamrl.policies.policy.Policy.generation_model`), so a
+    served adapter gives the in-process engine's tokens and log-probs for the same weights and seed.
+    """
+
+    def __init__(self, model: str, served_name: str | None = None, device: str = "auto", dtype: str = "auto",
+                 seed: int = 0) -> None:
+        self.device, self.dtype = resolve_device(device, dtype)
+        self.base, self.tokenizer = load_model(model, dtype=self.dtype, device=self.device, seed=seed)
+        self.base.eval().requires_grad_(False)
+        self.base_name = served_name or model
+        self.adapters: dict[str, _Adapter] = {}
+        self.engine = HFEngine(self._model_for, self.tokenizer, device=self.device)
+        self.created = int(time.time())
+        self._lock = threading.Lock()  # one model: requests run one after another
+        self._loads = 0
+
+    # ---- adapters ---------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _model_for(self, name: str) -> Iterator[torch.nn.Module]:
+        yield self.base if name == self.base_name else self.adapters[name].model
+
+    def load_adapter(self, name: str, path: str, load_inplace: bool = False) -> int:
+        """Load the PEFT adapter folder ``path`` as ``name``; return its version (1, 2, ... per name)."""
+        if not isinstance(name, str) or not name:
+            raise RequestError(400, "lora_name: expected a non-empty string", "lora_name")
+        if not isinstance(path, str) or not path:
+            raise RequestError(400, "lora_path: expected a non-empty string (a PEFT adapter folder)", "lora_path")
+        if name == self.base_name:
+            raise RequestError(400, f"lora_name: {name!r} is the base model's name; choose another name", "lora_name")
+        if name in self.adapters and not load_inplace:
+            raise RequestError(400, f"The lora adapter {name!r} has already been loaded; unload it first or pass load_inplace: true",
+                               "lora_name")
+        folder = Path(path)
+        if not (folder / "adapter_config.json").is_file():
+            raise RequestError(400, f"lora_path: {path!r} is not a PEFT adapter folder (no adapter_config.json in it)", "lora_path")
+        from peft import PeftModel
+
+        try:
+            peft_model = PeftModel.from_pretrained(copy.deepcopy(self.base), str(folder), adapter_name=name)
+            merged = peft_model.merge_and_unload().eval().requires_grad_(False)
+        except Exception as e:  # a folder for another base model, a corrupt file, ...
+            raise RequestError(400, f"lora_path: {path!r} did not load onto base model {self.base_name!r}: {type(e).__name__}: {e}",
+                               "lora_path") from e
+        version = self.adapters[name].version + 1 if name in self.adapters else 1
+        self.adapters[name] = _Adapter(str(folder), version, merged)
+        return version
+
+    def unload_adapter(self, name: str) -> None:
+        """Forget the adapter ``name``."""
+        if name not in self.adapters:
+            raise RequestError(404, f"The lora adapter {name!r} is not loaded; loaded adapters: {sorted(self.adapters)}", "lora_name")
+        del self.adapters[name]
+
+    def list_models(self) -> dict[str, Any]:
+        """The ``GET /v1/models`` body: the base model, then each adapter (``parent`` = the base)."""
+        data = [{"id": self.base_name, "object": "model", "created": self.created, "owned_by": "teamrl",
+                 "root": self.base_name, "parent": None}]
+        for name, a in self.adapters.items():
+            data.append({"id": name, "object": "model", "created": self.created, "owned_by": "teamrl",
+                         "root": a.path, "parent": self.base_name, "version": a.version})
+        return {"object": "list", "data": data}
+
+    # ---- completions ------------------------------------------------------------------
+    def complete(self, body: Any) -> dict[str, Any]:
+        """Serve one ``POST /v1/completions`` body; raise :class:`RequestError` for a bad one."""
+        if not isinstance(body, dict):
+            raise RequestError(400, "the request body must be a JSON object")
+        unknown = [k for k in body if k not in COMPLETION_FIELDS]
+        if unknown:
+            raise RequestError(400, f"{unknown[0]}: unsupported field; teamrl serve accepts {list(COMPLETION_FIELDS)}", unknown[0])
+        model = body.get("model")
+        if not isinstance(model, str):
+            raise RequestError(400, "model: required, a string (the base model's name or a loaded adapter's)", "model")
+        if model != self.base_name and model not in self.adapters:
+            raise RequestError(404, f"The model {model!r} does not exist; served: {[self.base_name, *self.adapters]}", "model")
+        prompts = self._prompts(body.get("prompt"))
+        for flag, allowed in (("stream", False), ("echo", False), ("skip_special_tokens", True)):
+            if flag in body and body[flag] is not None and body[flag] != allowed:
+                raise RequestError(400, f"{flag}: only {json.dumps(allowed)} is supported", flag)
+        logprobs = body.get("logprobs")
+        if logprobs not in (None, 0, 1) or isinstance(logprobs, bool):
+            raise RequestError(400, f"logprobs: {logprobs!r} is not supported; use 0 or 1 (the sampled token's log-prob) or null "
+                               "(top alternatives are not returned)", "logprobs")
+        n = _int(body, "n", 1, lo=1)
+        seed = body.get("seed")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+            raise RequestError(400, f"seed: expected an integer or null, got {seed!r}", "seed")
+        stop = body.get("stop")
+        if stop is None:
+            stop = ()
+        elif isinstance(stop, str):
+            stop = (stop,)
+        elif isinstance(stop, list) and all(isinstance(s, str) and s for s in stop):
+            stop = tuple(stop)
+        else:
+            raise RequestError(400, f"stop: expected a string, a list of non-empty strings or null, got {stop!r}", "stop")
+        top_k = _int(body, "top_k", 0, lo=-1)
+        try:
+            params = SamplingParams(max_new_tokens=_int(body, "max_tokens", 16, lo=1), temperature=_num(body, "temperature", 1.0),
+                                    top_p=_num(body, "top_p", 1.0), top_k=max(top_k, 0),  # vLLM's -1 = disabled = teamrl's 0
+                                    stop=stop, ignore_eos=_bool(body, "ignore_eos", False))
+        except ValueError as e:  # SamplingParams names the setting; map it back to the request field
+            field = {"max_new_tokens": "max_tokens"}.get(str(e).split("=")[0], str(e).split("=")[0])
+            raise RequestError(400, str(e).replace("max_new_tokens", "max_tokens"), field) from e
+        as_ids = _bool(body, "return_tokens_as_token_ids", False)
+        keep_stop = _bool(body, "include_stop_str_in_output", False)
+        with self._lock:
+            # The adapter may have been unloaded between the check and here: check again under the lock.
+            if model != self.base_name and model not in self.adapters:
+                raise RequestError(404, f"The model {model!r} does not exist (unloaded)", "model")
+            outs = self.engine.generate(model, [GenerationRequest(p, params, n) for p in prompts], seed)
+        choices = []
+        for i, (prompt, out) in enumerate(zip(prompts, outs)):
+            for j, c in enumerate(out):
+                text = c.text
+                stop_reason = None
+                if c.finish_reason == "stop":
+                    stop_reason = next((s for s in stop if text.endswith(s)), None) or next((s for s in stop if s in text), None)
+                    if not keep_stop and stop_reason is not None and text.endswith(stop_reason):
+                        text = text[:-len(stop_reason)]
+                choice: dict[str, Any] = {
+                    "index": i * n + j, "text": text,
+                    "finish_reason": "length" if c.finish_reason == "length" else "stop",
+                    # vLLM: None when the model emitted EOS, else the stop string that matched
+                    "stop_reason": stop_reason,
+                }
+                if logprobs is not None:
+                    pieces = [self.tokenizer.decode([t]) for t in c.token_ids]
+                    offsets, pos = [], 0
+                    for piece in pieces:
+                        offsets.append(pos)
+                        pos += len(piece)
+                    choice["logprobs"] = {"tokens": [f"token_id:{t}" for t in c.token_ids] if as_ids else pieces,
+                                          "token_logprobs": c.logprobs, "top_logprobs": None, "text_offset": offsets}
+                else:
+                    choice["logprobs"] = None
+                if _bool(body, "return_token_ids", False):
+                    choice["token_ids"] = c.token_ids
+                    choice["prompt_token_ids"] = prompt if j == 0 else None
+                choices.append(choice)
+        completion_tokens = sum(len(c.token_ids) for out in outs for c in out)
+        prompt_tokens = sum(len(p) for p in prompts)
+        return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()), "model": model,
+                "choices": choices,
+                "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                          "total_tokens": prompt_tokens + completion_tokens}}
+
+    def _prompts(self, prompt: Any) -> list[list[int]]:
+        """``prompt`` as a list of token-id lists: token ids, a list of them, a string, or a list of strings."""
+        vocab = self.base.get_input_embeddings().num_embeddings
+        if isinstance(prompt, str):
+            prompt = [prompt]
+        if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            prompt = [prompt]
+        ok = isinstance(prompt, list) and len(prompt) > 0
+        out: list[list[int]] = []
+        for p in prompt if ok else []:
+            if isinstance(p, str) and p:
+                out.append(self.tokenizer.encode(p, add_special_tokens=False))
+            elif isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p):
+                bad = [t for t in p if not 0 <= t < vocab]
+                if bad:
+                    raise RequestError(400, f"prompt: token id {bad[0]} is outside the vocabulary [0, {vocab})", "prompt")
+                out.append(list(p))
+            else:
+                ok = False
+                break
+        if not ok:
+            raise RequestError(400, "prompt: expected token ids (a non-empty list of ints), a list of such lists, "
+                               f"a non-empty string or a list of strings; got {json.dumps(prompt)[:80]}", "prompt")
+        return out
+
+
+def _int(body: dict, key: str, default: int, lo: int) -> int:
+    v = body.get(key, default)
+    if v is None:
+        v = default
+    if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+        raise RequestError(400, f"{key}: expected an integer >= {lo}, got {v!r}", key)
+    return v
+
+
+def _num(body: dict, key: str, default: float) -> float:
+    v = body.get(key, default)
+    if v is None:
+        v = default
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise RequestError(400, f"{key}: expected a number, got {v!r}", key)
+    return float(v)
+
+
+def _bool(body: dict, key: str, default: bool) -> bool:
+    v = body.get(key, default)
+    if v is None:
+        return default
+    if not isinstance(v, bool):
+        raise RequestError(400, f"{key}: expected true or false, got {v!r}", key)
+    return v
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: "TeamrlHTTPServer"
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
+        if self.server.verbose:
+            super().log_message(format, *args)
+
+    def _send(self, status: int, payload: Any) -> None:
+        data = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _body(self) -> Any:
+        length = int(self.headers.get("Content-Length") or 0)
+        if length > MAX_BODY_BYTES:
+            raise RequestError(413, f"request body of {length} bytes is over the limit of {MAX_BODY_BYTES}")
+        raw = self.rfile.read(length) if length else b""
+        try:
+            return json.loads(raw or b"null")
+        except json.JSONDecodeError as e:
+            raise RequestError(400, f"the request body is not valid JSON: {e}") from None
+
+    def _route(self, method: str) -> None:
+        ms = self.server.model_server
+        path = self.path.split("?", 1)[0].rstrip("/")
+        routes = {("GET", "/health"): None, ("GET", "/v1/models"): None, ("POST", "/v1/completions"): None,
+                  ("POST", "/v1/load_lora_adapter"): None, ("POST", "/load_lora_adapter"): None,
+                  ("POST", "/v1/unload_lora_adapter"): None, ("POST", "/unload_lora_adapter"): None}
+        try:
+            if (method, path) not in routes:
+                if any(p == path for _, p in routes):
+                    raise RequestError(405, f"{method} {path}: method not allowed")
+                raise RequestError(404, f"{method} {path}: no such endpoint; endpoints: "
+                                   f"{sorted({f'{m} {p}' for m, p in routes})}")
+            if path == "/health":
+                self._send(200, {"status": "ok"})
+            elif path == "/v1/models":
+                self._send(200, ms.list_models())
+            elif path == "/v1/completions":
+                self._send(200, ms.complete(self._body()))
+            elif path.endswith("/load_lora_adapter"):
+                body = self._body()
+                if not isinstance(body, dict):
+                    raise RequestError(400, "expected a JSON object {\"lora_name\": ..., \"lora_path\": ...}")
+                unknown = [k for k in body if k not in ("lora_name", "lora_path", "load_inplace")]
+                if unknown:
+                    raise RequestError(400, f"{unknown[0]}: unsupported field; accepted: lora_name, lora_path, load_inplace", unknown[0])
+                with ms._lock:
+                    version = ms.load_adapter(body.get("lora_name"), body.get("lora_path"), _bool(body, "load_inplace", False))
+                self._send(200, {"status": "ok", "message": f"Success: LoRA adapter {body['lora_name']!r} added successfully.",
+                                 "lora_name": body["lora_name"], "version": version})
+            else:
+                body = self._body()
+                if not isinstance(body, dict) or not isinstance(body.get("lora_name"), str):
+                    raise RequestError(400, "lora_name: required, a string", "lora_name")
+                with ms._lock:
+                    ms.unload_adapter(body["lora_name"])
+                self._send(200, {"status": "ok", "message": f"Success: LoRA adapter {body['lora_name']!r} removed successfully."})
+        except RequestError as e:
+            self._send(e.status, e.body())
+        except Exception as e:  # a server bug: say so instead of dropping the connection
+            self._send(500, {"error": {"message": f"{type(e).__name__}: {e}", "type": "InternalServerError", "param": None, "code": 500}})
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+        self._route("GET")
+
+    def do_POST(self) -> None:  # noqa: N802
+        self._route("POST")
+
+
+class TeamrlHTTPServer(ThreadingHTTPServer):
+    """A threading HTTP server bound to a :class:`ModelServer`."""
+
+    daemon_threads = True
+
+    def __init__(self, model_server: ModelServer, host: str = "127.0.0.1", port: int = 8000, verbose: bool = False) -> None:
+        self.model_server = model_server
+        self.verbose = verbose
+        super().__init__((host, port), _Handler)
+
+    @property
+    def url(self) -> str:
+        """``http://host:port`` of the bound socket (the real port when 0 was asked for)."""
+        host, port = self.server_address[:2]
+        return f"http://{host}:{port}"
+
+
+def serve(model_server: ModelServer, host: str = "127.0.0.1", port: int = 8000, ready_file: str | None = None,
+          verbose: bool = False) -> None:
+    """Serve until SIGINT or SIGTERM, then close the socket and return."""
+    import signal
+    import sys
+
+    httpd = TeamrlHTTPServer(model_server, host, port, verbose)
+
+    def stop(signum: int, frame: Any) -> None:
+        # shutdown() waits for serve_forever() to return, which runs in this thread: ask from another one.
+        threading.Thread(target=httpd.shutdown, daemon=True).start()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    print(f"teamrl serve: {model_server.base_name} on {model_server.device} ({str(model_server.dtype).removeprefix('torch.')}), "
+          f"listening on {httpd.url}", flush=True)
+    if ready_file:
+        tmp = Path(ready_file).with_suffix(".tmp")
+        tmp.write_text(httpd.url)
+        tmp.replace(ready_file)  # atomic: a reader never sees a half-written URL
+    try:
+        httpd.serve_forever(poll_interval=0.2)
+    finally:
+        httpd.server_close()
+        print("teamrl serve: stopped", file=sys.stderr, flush=True)

@@ -1,0 +1,277 @@
+"""``teamrl serve`` and the HTTP engine: same tokens and log-probs as the in-process engine, over 127.0.0.1."""
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+import torch
+
+from teamrl.core.config import LoraConfig, load_config
+from teamrl.policies.chat import encode_chat
+from teamrl.policies.router import PolicyRouter
+from teamrl.rollout.engine import GenerationRequest, SamplingParams
+from teamrl.rollout.hf_engine import HFEngine
+from teamrl.rollout.http_engine import HTTPEngine, ServerError, _completion
+from teamrl.rollout.server import ModelServer, TeamrlHTTPServer
+
+REPO = Path(__file__).resolve().parents[1]
+LORA = LoraConfig(r=4, alpha=8, target_modules=["q_proj", "v_proj"])
+
+
+@pytest.fixture(scope="module")
+def server():
+    """``teamrl serve`` for tiny-random (seed 0) in a thread on a free port of 127.0.0.1."""
+    httpd = TeamrlHTTPServer(ModelServer("tiny-random", seed=0), "127.0.0.1", 0)
+    t = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    t.start()
+    yield httpd
+    httpd.shutdown()
+    httpd.server_close()
+    t.join(timeout=10)
+    assert not t.is_alive()
+
+
+def _post(url, body, raw=None):
+    """(status, decoded JSON) of a POST, error statuses included."""
+    data = raw if raw is not None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method="POST", headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def _prompts(tok, n=3):
+    return [encode_chat(tok, "word " * (i + 1)) for i in range(n)]
+
+
+def _flat(out):
+    return [(c.token_ids, c.logprobs, c.text, c.finish_reason) for r in out for c in r]
+
+
+def _assert_same(a, b):
+    assert [x[0] for x in _flat(a)] == [x[0] for x in _flat(b)]
+    assert [x[2:] for x in _flat(a)] == [x[2:] for x in _flat(b)]
+    for (_, la, _, _), (_, lb, _, _) in zip(_flat(a), _flat(b)):
+        assert torch.allclose(torch.tensor(la), torch.tensor(lb), atol=1e-5)
+
+
+def test_http_engine_matches_in_process_engine(server, tiny, tiny_engine):
+    _, tok = tiny
+    http = HTTPEngine(server.url, tok)
+    prompts = _prompts(tok)
+    for params, n, seed in ((SamplingParams(max_new_tokens=10, temperature=0, ignore_eos=True), 1, 0),
+                            (SamplingParams(max_new_tokens=10, temperature=0.7, top_k=20, ignore_eos=True), 3, 11),
+                            (SamplingParams(max_new_tokens=8, temperature=1.0, top_p=0.9), 2, 5)):
+        reqs = [GenerationRequest(p, params, n=n) for p in prompts]
+        remote = http.generate("tiny-random", reqs, seed=seed)
+        local = tiny_engine.generate("tiny-random", reqs, seed=seed)
+        assert [len(r) for r in remote] == [n] * len(prompts)
+        _assert_same(remote, local)
+    # sampling really depends on the seed over HTTP too
+    reqs = [GenerationRequest(prompts[0], SamplingParams(max_new_tokens=10, ignore_eos=True), n=4)]
+    assert _flat(http.generate("tiny-random", reqs, seed=1)) != _flat(http.generate("tiny-random", reqs, seed=2))
+
+
+def test_stop_string_finish_and_text(server, tiny, tiny_engine):
+    _, tok = tiny
+    http = HTTPEngine(server.url, tok)
+    p = _prompts(tok, 1)[0]
+    free = tiny_engine.generate("x", [GenerationRequest(p, SamplingParams(max_new_tokens=30, temperature=0, ignore_eos=True))])[0][0]
+    stop = free.text[5:7]
+    req = GenerationRequest(p, SamplingParams(max_new_tokens=30, temperature=0, stop=(stop,), ignore_eos=True))
+    (c,) = http.generate("tiny-random", [req], seed=0)[0]
+    assert c.finish_reason == "stop" and c.text.endswith(stop) and len(c.token_ids) < 30
+    _assert_same([[c]], tiny_engine.generate("x", [req], seed=0))
+    # vLLM's default (include_stop_str_in_output false) drops the stop string and says which one matched
+    status, body = _post(server.url + "/v1/completions", {"model": "tiny-random", "prompt": p, "max_tokens": 30, "temperature": 0,
+                                                          "stop": [stop], "ignore_eos": True, "logprobs": 0})
+    assert status == 200
+    (ch,) = body["choices"]
+    assert ch["finish_reason"] == "stop" and ch["stop_reason"] == stop and ch["text"] == c.text[:-len(stop)]
+    assert ch["logprobs"]["token_logprobs"] == pytest.approx(c.logprobs, abs=1e-6)
+
+
+def test_completion_choice_mapping_follows_vllm():
+    base = {"index": 0, "text": "ab", "logprobs": {"tokens": ["token_id:5", "token_id:9"], "token_logprobs": [-0.5, -1.0]}}
+    eos = _completion({**base, "finish_reason": "stop", "stop_reason": None})
+    assert (eos.token_ids, eos.logprobs, eos.finish_reason) == ([5, 9], [-0.5, -1.0], "eos")
+    assert _completion({**base, "finish_reason": "stop", "stop_reason": "b"}).finish_reason == "stop"
+    assert _completion({**base, "finish_reason": "stop", "stop_reason": 2}).finish_reason == "eos"  # a stop token id
+    assert _completion({**base, "finish_reason": "length", "stop_reason": None}).finish_reason == "length"
+    assert _completion({**base, "token_ids": [7, 8], "finish_reason": "length"}).token_ids == [7, 8]  # newer vLLM field wins
+    with pytest.raises(ServerError, match="token_id:N"):
+        _completion({**base, "logprobs": {"tokens": ["a", "b"], "token_logprobs": [-1, -1]}, "finish_reason": "length"})
+    with pytest.raises(ServerError, match="finish_reason"):
+        _completion({**base, "finish_reason": "abort"})
+
+
+def _perturb(policy, seed):
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in policy.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.5)
+    policy.version += 1
+
+
+def test_adapters_load_per_role_and_new_versions_change_outputs(server, tmp_path):
+    router = PolicyRouter("lora_per_role", ["planner", "coder"], "tiny-random", LORA, lr=1e-2, seed=0)
+    tok = router.tokenizer
+    local = HFEngine(lambda name: router.policies[name].generation_model(), tok)
+    http = HTTPEngine(server.url, tok, adapter_dir=tmp_path / "adapters",
+                      save_adapter=lambda name, folder: router.policies[name].save_adapter(folder))
+    _perturb(router.policies["planner"], 1)
+    _perturb(router.policies["coder"], 2)
+    for name in ("planner", "coder"):
+        http.sync_weights(name)
+    models = {m["id"]: m for m in json.loads(urllib.request.urlopen(server.url + "/v1/models", timeout=30).read())["data"]}
+    assert models["planner"]["parent"] == "tiny-random" and models["planner"]["version"] == 1
+    reqs = [GenerationRequest(p, SamplingParams(max_new_tokens=8, temperature=0.8, ignore_eos=True), n=2) for p in _prompts(tok, 2)]
+    outs = {}
+    for name in ("planner", "coder", "tiny-random"):
+        outs[name] = http.generate(name, reqs, seed=3)
+        if name != "tiny-random":
+            _assert_same(outs[name], local.generate(name, reqs, seed=3))
+    # each role's adapter is its own model, and neither is the base
+    assert len({json.dumps(_flat(o)) for o in outs.values()}) == 3
+    # an update: a new version is saved and loaded; outputs change and match the in-process engine again
+    _perturb(router.policies["planner"], 3)
+    http.sync_weights("planner")
+    after = http.generate("planner", reqs, seed=3)
+    assert _flat(after) != _flat(outs["planner"])
+    _assert_same(after, local.generate("planner", reqs, seed=3))
+    assert [p.name for p in (tmp_path / "adapters" / "planner").iterdir()] == ["v000002"]  # old versions are removed
+    models = {m["id"]: m for m in json.loads(urllib.request.urlopen(server.url + "/v1/models", timeout=30).read())["data"]}
+    assert models["planner"]["version"] == 1  # unload + load (vLLM's way) starts the name afresh
+    # load_inplace replaces an adapter under its name and bumps its version
+    status, body = _post(server.url + "/v1/load_lora_adapter", {"lora_name": "coder", "lora_path": models["planner"]["root"],
+                                                                 "load_inplace": True})
+    assert status == 200 and body["version"] == 2
+    _assert_same(http.generate("coder", reqs, seed=3), after)
+    # unload: the name is gone
+    assert _post(server.url + "/v1/unload_lora_adapter", {"lora_name": "coder"})[0] == 200
+    with pytest.raises(ServerError, match="HTTP 404.*'coder' does not exist"):
+        http.generate("coder", reqs, seed=3)
+    assert _post(server.url + "/unload_lora_adapter", {"lora_name": "planner"})[0] == 200  # SGLang's spelling
+
+
+def test_bad_requests_get_clear_json_errors(server, tmp_path):
+    url = server.url
+    cases = [
+        ({"model": "nope", "prompt": [1, 2]}, 404, "model", "'nope' does not exist"),
+        ({"model": "tiny-random", "prompt": [1, 2], "best_of": 2}, 400, "best_of", "unsupported field"),
+        ({"model": "tiny-random", "prompt": [1, 2], "temperature": -1}, 400, "temperature", "temperature"),
+        ({"model": "tiny-random", "prompt": [1, 2], "max_tokens": 0}, 400, "max_tokens", "max_tokens"),
+        ({"model": "tiny-random", "prompt": []}, 400, "prompt", "token ids"),
+        ({"model": "tiny-random", "prompt": [[1, 2], "x", 3]}, 400, "prompt", "token ids"),
+        ({"model": "tiny-random", "prompt": [10 ** 9]}, 400, "prompt", "outside the vocabulary"),
+        ({"model": "tiny-random", "prompt": [1], "logprobs": 5}, 400, "logprobs", "not supported"),
+        ({"model": "tiny-random", "prompt": [1], "stream": True}, 400, "stream", "only false"),
+        ({"prompt": [1]}, 400, "model", "required"),
+    ]
+    for body, status, param, words in cases:
+        got, err = _post(url + "/v1/completions", body)
+        assert got == status, body
+        assert err["error"]["code"] == status and err["error"]["param"] == param and words in err["error"]["message"], err
+    assert _post(url + "/v1/completions", None, raw=b"{not json")[0] == 400
+    status, err = _post(url + "/v1/load_lora_adapter", {"lora_name": "x", "lora_path": str(tmp_path)})
+    assert status == 400 and "no adapter_config.json" in err["error"]["message"]
+    status, err = _post(url + "/v1/unload_lora_adapter", {"lora_name": "never-loaded"})
+    assert status == 404 and "not loaded" in err["error"]["message"]
+    status, err = _post(url + "/v1/chat/completions", {})
+    assert status == 404 and "/v1/completions" in err["error"]["message"]
+    # the client turns these into ServerError naming the status and the server's message
+    with pytest.raises(ServerError, match="HTTP 404"):
+        HTTPEngine(url).generate("nope", [GenerationRequest([1, 2])])
+    with pytest.raises(ServerError, match="does not serve base model 'smollm2-135m'"):
+        HTTPEngine(url).check_base_model("smollm2-135m")
+
+
+def test_unreachable_server_is_named():
+    with socket.socket() as s:  # a port that nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(ServerError, match=f"could not reach the server.*127.0.0.1:{port}"):
+        HTTPEngine(f"http://127.0.0.1:{port}", timeout=10).models()
+
+
+def test_training_through_the_server_equals_training_in_process(server, tmp_path):
+    from teamrl.trainer.trainer import Trainer
+
+    common = ["model=tiny-random", "threads=1", "rollout.max_new_tokens=12", "rollout.batch_size=2", "rollout.group_size=4",
+              "run.progress=false", "run.tensorboard=false", "train.lr=5e-2", "policy.lora.r=4", "train.steps=2",
+              f"run.dir={tmp_path}", "policy.mode=shared"]
+    local = Trainer(load_config(None, [*common, "name=local"]))
+    remote = Trainer(load_config(None, [*common, "name=remote", "rollout.engine=http", f"rollout.server_url={server.url}"]))
+    assert type(remote.engine).__name__ == "HTTPEngine"
+    for _ in range(2):
+        a, b = local.train_step(), remote.train_step()
+        assert a["reward_mean"] == pytest.approx(b["reward_mean"], abs=1e-9)
+        assert a["engine_calls"] == b["engine_calls"]
+        assert a["grad_norm/shared"] > 0  # the adapter really changes, so step 2 tests the sync
+
+    def episodes(name):
+        return [(e["role"], e["completion"], e["completion_tokens"], e["finish_reason"]) for e in map(json.loads, (tmp_path / name / "episodes" / "step_000002.jsonl").read_text().splitlines())]
+
+    assert episodes("local") == episodes("remote")  # step 2 sampled from the updated, synced adapters
+    served = {m["id"] for m in json.loads(urllib.request.urlopen(server.url + "/v1/models", timeout=30).read())["data"]}
+    assert "shared" in served
+    assert [p.name for p in (tmp_path / "remote" / "served_adapters" / "shared").iterdir()] == ["v000003"]  # initial + 2 updates
+
+
+def test_http_engine_needs_lora_and_a_url():
+    from teamrl.core.config import ConfigError
+
+    with pytest.raises(ConfigError, match="policy.lora is null"):
+        load_config(None, ["rollout.engine=http", "policy.lora=null"])
+    with pytest.raises(ConfigError, match="rollout.server_url"):
+        load_config(None, ["rollout.engine=http", "rollout.server_url=localhost:8000"])
+
+
+def test_cli_serve_subprocess_answers_and_stops_cleanly(tmp_path):
+    ready = tmp_path / "url"
+    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    proc = subprocess.Popen([sys.executable, "-m", "teamrl.cli", "serve", "--model", "tiny-random", "--port", "0",
+                             "--threads", "1", "--ready-file", str(ready)], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 180  # only a bound on a broken start; the loop ends as soon as the file appears
+        while not ready.exists():
+            assert proc.poll() is None, proc.communicate()[1]
+            assert time.monotonic() < deadline, "teamrl serve did not start"
+            time.sleep(0.1)
+        url = ready.read_text()
+        status, body = _post(url + "/v1/completions", {"model": "tiny-random", "prompt": [[5, 6, 7], [8]], "max_tokens": 3,
+                                                       "temperature": 0, "logprobs": 0, "return_tokens_as_token_ids": True})
+        assert status == 200 and [c["index"] for c in body["choices"]] == [0, 1]
+        assert all(len(c["logprobs"]["tokens"]) == 3 and c["logprobs"]["tokens"][0].startswith("token_id:") for c in body["choices"])
+        assert body["usage"] == {"prompt_tokens": 4, "completion_tokens": 6, "total_tokens": 10}
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert "listening on " + url in out and "stopped" in err
+    with pytest.raises(ServerError, match="could not reach"):
+        HTTPEngine(url, timeout=10).models()
+
+
+def test_cli_serve_rejects_bad_arguments():
+    from teamrl.cli import main
+
+    assert main(["serve", "--model", "tiny-random", "--lora", "no-equals-sign"]) == 2
+    if not torch.cuda.is_available():
+        assert main(["serve", "--model", "tiny-random", "--device", "cuda"]) == 2
