@@ -294,3 +294,16 @@ def test_workflow_config_is_checked():
         make_algorithm(cfg, make_task(cfg.task))
     cfg = load_config(None, ["workflow.name=orch_workers", "task.name=math.solve", "task.num_problems=8", "task.test_size=2"])
     assert make_algorithm(cfg, make_task(cfg.task)).roles == WORKFLOWS["orch_workers"].role_types
+
+
+def test_math_solve_reads_the_last_number_unless_told_not_to():
+    from teamrl.tasks.solve import last_number
+
+    assert last_number("7 + 5 = 12") == "12" and last_number("It costs 1,200.") == "1200" and last_number("none") is None
+    easy = MathSolve(MathSolveOptions(source="generated_easy", num_problems=6, test_size=2))
+    p = easy.problems()[0]
+    assert p.id.startswith("math/generated_easy/") and int(p.data["answer"]) <= 400
+    assert easy.reward(p, f"so it is {p.data['answer']}") == 1.0
+    strict = MathSolve(MathSolveOptions(source="generated_easy", num_problems=6, test_size=2, last_number=False))
+    assert strict.reward(p, f"so it is {p.data['answer']}") == 0.0
+    assert strict.reward(p, f"Answer: {p.data['answer']}") == 1.0

@@ -68,13 +68,14 @@ MAX_EXPONENT = 1000  # a power with a larger (or non-numeric) exponent is not ev
 MAX_DIGITS = 100  # an integer literal with more digits is not evaluated
 REASONING_SHOWN = 600  # characters of the reasoner's answer shown to the tool
 GENERATED_DEFAULT = 64  # problems made by a generator when num_problems is 0
-SOURCES = ("generated", "gsm8k", "math", "reasoning_gym:<dataset>")
+SOURCES = ("generated", "generated_easy", "gsm8k", "math", "reasoning_gym:<dataset>")
 
 
 @dataclass
 class MathOptions:
     name: str = "math"
-    source: str = option("generated", doc="generated (seeded arithmetic word problems), gsm8k, math "
+    source: str = option("generated", doc="generated (seeded arithmetic word problems), generated_easy (one "
+                                          "operation on numbers up to 20, for small models), gsm8k, math "
                                           "(MATH-500 / AIME / AMC JSONL) or reasoning_gym:<dataset>")
     path: str = option("", doc="the JSONL file, for gsm8k and math (e.g. ../shared/data/math/math500.jsonl)")
     num_problems: int = option(0, ge=0, doc="first N problems of a file (0 = all); generators make N (0 = 64)")
@@ -434,14 +435,30 @@ def _eval_int(expression: str) -> int:
     return ev(ast.parse(expression, mode="eval"))
 
 
-def generate_arithmetic(n: int, seed: int = 0) -> list[Problem]:
-    """``n`` seeded arithmetic word problems (problem i depends only on ``seed`` and i)."""
+def _easy_template(rng: random.Random) -> tuple[str, str]:
+    """(question, expression): one addition, subtraction or multiplication of numbers up to 20."""
+    name, item = rng.choice(_NAMES), rng.choice(_ITEMS)
+    a, b = rng.randint(2, 20), rng.randint(2, 20)
+    kind = rng.randrange(3)
+    if kind == 0:
+        return f"{name} has {a} {item} and gets {b} more. How many {item} does {name} have now?", f"{a} + {b}"
+    if kind == 1:
+        a, b = max(a, b), min(a, b)
+        return f"{name} has {a} {item} and gives away {b}. How many {item} are left?", f"{a} - {b}"
+    a, b = min(a, 9), min(b, 9)
+    return f"There are {a} bags with {b} {item} in each. How many {item} are there?", f"{a} * {b}"
+
+
+def generate_arithmetic(n: int, seed: int = 0, easy: bool = False) -> list[Problem]:
+    """``n`` seeded arithmetic word problems (problem i depends only on ``seed`` and i); ``easy``:
+    one operation on numbers up to 20 (source ``generated_easy``)."""
+    source = "generated_easy" if easy else "generated"
     problems = []
     for i in range(n):
-        rng = random.Random(f"math:generated:{seed}:{i}")
-        question, expression = _template(rng)
-        problems.append(Problem(f"math/generated/{seed}/{i}", {"question": question, "answer": str(_eval_int(expression)),
-                                                              "expression": expression, "source": "generated"}))
+        rng = random.Random(f"math:{source}:{seed}:{i}")
+        question, expression = (_easy_template if easy else _template)(rng)
+        problems.append(Problem(f"math/{source}/{seed}/{i}", {"question": question, "answer": str(_eval_int(expression)),
+                                                             "expression": expression, "source": source}))
     return problems
 
 
@@ -461,8 +478,8 @@ def load_reasoning_gym(dataset: str, n: int, seed: int = 0) -> list[Problem]:
 def load_math_problems(opts: MathOptions) -> list[Problem]:
     """The problems ``opts`` names (see :class:`MathOptions`)."""
     src, n = opts.source, opts.num_problems
-    if src == "generated":
-        return generate_arithmetic(n or GENERATED_DEFAULT, opts.seed)
+    if src in ("generated", "generated_easy"):
+        return generate_arithmetic(n or GENERATED_DEFAULT, opts.seed, easy=src == "generated_easy")
     if src.startswith("reasoning_gym:") and src.split(":", 1)[1]:
         return load_reasoning_gym(src.split(":", 1)[1], n or GENERATED_DEFAULT, opts.seed)
     if src in ("gsm8k", "math"):

@@ -11,13 +11,16 @@ Both tasks hold out their last ``test_size`` problems: ``split: train`` (the def
 the rest, ``split: test`` gives the held-out ones (evaluation during training, ``teamrl eval``).
 
 - ``math.solve``: the problems of the ``math`` environment (a seeded arithmetic generator by
-  default; GSM8K, MATH-500 or reasoning-gym), answers compared by :func:`answers_equal`.
+  default, an easy one-operation generator, GSM8K, MATH-500 or reasoning-gym), answers compared
+  by :func:`answers_equal`; the answer is the last ``Answer:`` line or ``\\boxed{}``, else (with
+  ``last_number``, the default, as GSM8K evaluations do) the last number in the text.
 - ``code.solve``: HumanEval (from the package) or MBPP / HumanEval+ / CoopHumanEval by path;
   an answer is correct when the program passes every test, run in the sandbox (never here).
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import ClassVar, Sequence
 
@@ -89,6 +92,16 @@ class MathSolveOptions:
     seed: int = MathOptions.__dataclass_fields__["seed"]
     split: str = option("train", choices=SPLITS, doc="train: all but the last test_size problems; test: those")
     test_size: int = option(16, ge=0, doc="problems held out for evaluation")
+    last_number: bool = option(True, doc="without an `Answer:` line or \\boxed{}, read the last number in the text")
+
+
+_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+
+
+def last_number(text: str) -> str | None:
+    """The last number written in ``text`` (thousands separators dropped), None if none."""
+    found = _NUMBER.findall(text)
+    return found[-1].replace(",", "").rstrip(".") if found else None
 
 
 class MathSolve(SolveTask):
@@ -110,7 +123,10 @@ class MathSolve(SolveTask):
         return f"Problem:\n{problem.data['question']}"
 
     def extract(self, text: str) -> str | None:
-        return extract_answer(text)
+        answer = extract_answer(text)
+        if answer is None and self.opts.last_number:
+            answer = last_number(text)
+        return answer
 
     def correct_many(self, problem: Problem, answers: Sequence[str | None]) -> list[bool]:
         truth = str(problem.data["answer"])
