@@ -71,14 +71,19 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if ns.command == "eval":
         return _eval(cfg, ns)
-    from teamrl.trainer.trainer import RunExists, Trainer
+    from teamrl.trainer.decoupled import WorkerFailed
+    from teamrl.trainer.trainer import RunExists, make_trainer
 
     try:
-        trainer = Trainer(cfg, resume=ns.resume)
-    except (RunExists, ConfigError) as e:
+        trainer = make_trainer(cfg, resume=ns.resume)
+    except (RunExists, ConfigError, WorkerFailed) as e:
         print(f"teamrl: {e}", file=sys.stderr)
         return 2
-    metrics = trainer.train()
+    try:
+        metrics = trainer.train()
+    except WorkerFailed as e:
+        print(f"teamrl: {e}", file=sys.stderr)
+        return 1
     key = "normalised_return" if "normalised_return" in metrics[-1] else "reward_mean"
     label = "normalised return" if key == "normalised_return" else "reward"
     values = [m[key] for m in metrics]

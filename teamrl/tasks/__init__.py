@@ -11,6 +11,7 @@ from teamrl.tasks.code_tester import CoderTester
 from teamrl.tasks.environment import Environment
 from teamrl.tasks.math_env import MathEnv
 from teamrl.tasks.plan_path import PlanPath
+from teamrl.tasks.research import ResearchEnv
 from teamrl.tasks.sokoban import Sokoban
 from teamrl.tasks.sudoku import Sudoku
 from teamrl.tasks.task import Problem, Task, TeamTask
@@ -28,6 +29,7 @@ TASKS: dict[str, type[Task] | type[TeamTask] | type[Environment]] = {
     Sudoku.name: Sudoku,
     MathEnv.name: MathEnv,
     CodeEnv.name: CodeEnv,
+    ResearchEnv.name: ResearchEnv,
 }
 
 
@@ -40,4 +42,4 @@ def make_task(options: dict[str, Any]) -> Task | TeamTask | Environment:
     return cls(build_dataclass(cls.Options, options, "task."))
 
 
-__all__ = ["TASKS", "Environment", "Problem", "Task", "TeamTask", "make_task"]
+__all__ = ["TASKS", "Environment", "Problem", "ResearchEnv", "Task", "TeamTask", "make_task"]

@@ -17,20 +17,29 @@ from teamrl.core.config import Config, config_to_dict
 from teamrl.core.metrics import MetricsSink, read_metrics
 from teamrl.core.sample import Sample
 from teamrl.core.seeding import derive_seed, seed_everything
-from teamrl.losses import LossConfig, group_advantages, group_ids_from_keys
+from teamrl.losses import group_advantages, group_ids_from_keys
 from teamrl.policies.router import PolicyRouter
 from teamrl.rollout.engine import SamplingParams
 from teamrl.rollout.hf_engine import HFEngine
 from teamrl.rollout.scheduler import GenerationScheduler
 from teamrl.tasks import Problem, make_task
 from teamrl.trainer.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
-from teamrl.trainer.update import UpdateSettings, update_policy
+from teamrl.trainer.update import make_update_settings, update_policy
 from teamrl.tasks.task import TeamTask
 from teamrl.workflows.context import EpisodeContext
 
 
 class RunExists(RuntimeError):
     """The run directory already holds checkpoints and ``resume`` was not asked for."""
+
+
+def make_trainer(cfg: Config, resume: bool = False) -> "Trainer":
+    """The trainer a config asks for: decoupled M-GRPO workers (``m_grpo.decoupled``), else :class:`Trainer`."""
+    if cfg.algorithm == "m_grpo" and cfg.m_grpo.decoupled != "none":
+        from teamrl.trainer.decoupled import DecoupledTrainer  # imports Ray only when the mode is ray
+
+        return DecoupledTrainer(cfg, resume=resume)
+    return Trainer(cfg, resume=resume)
 
 
 class Trainer:
@@ -47,20 +56,13 @@ class Trainer:
         seed_everything(cfg.seed)
         self.task = make_task(cfg.task)
         self.algorithm = make_algorithm(cfg, self.task)  # checks the task kind before any model loads
-        self.roles = list(self.task.roles)
-        self.router = PolicyRouter(cfg.policy.mode, self.roles, cfg.model, cfg.policy.lora,
-                                   lr=cfg.train.lr, weight_decay=cfg.train.weight_decay, seed=cfg.seed,
-                                   need_reference=cfg.train.loss.kl_coef > 0)
-        self.tokenizer = self.router.tokenizer
-        self.engine = HFEngine(lambda name: self.router.policies[name].generation_model(), self.tokenizer)
+        # the roles that act (M-GRPO's single-agent baseline drops the sub-agent)
+        self.roles = list(getattr(self.algorithm, "roles", None) or self.task.roles)
+        self._build_policies()
         r = cfg.rollout
         self.params = SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
                                      top_k=r.top_k, stop=tuple(r.stop))
-        self.update_settings = UpdateSettings(
-            loss=LossConfig(eps_low=cfg.train.loss.eps_low, eps_high=cfg.train.loss.eps_high, dual_clip=cfg.train.loss.dual_clip,
-                            kl_coef=cfg.train.loss.kl_coef, aggregation=cfg.train.loss.aggregation,
-                            max_completion_length=r.max_new_tokens if cfg.train.loss.aggregation == "dr_grpo" else None),
-            ppo_epochs=cfg.train.ppo_epochs, micro_batch_size=cfg.train.micro_batch_size, max_grad_norm=cfg.train.max_grad_norm)
+        self.update_settings = make_update_settings(cfg)
         self.eos_ids = [self.tokenizer.eos_token_id]
         self.problems = self.task.problems()
         self.step = 0
@@ -74,6 +76,16 @@ class Trainer:
         self.metrics = MetricsSink(self.run_dir / "metrics.jsonl", start_step=self.step, tensorboard=cfg.run.tensorboard,
                                    wandb=cfg.run.wandb, wandb_project=cfg.run.wandb_project, run_name=cfg.name,
                                    config=config_to_dict(cfg))
+
+    def _build_policies(self) -> None:
+        """The policies, the tokenizer, the engine and the role -> policy route (one process, one router)."""
+        cfg = self.cfg
+        self.router = PolicyRouter(cfg.policy.mode, self.roles, cfg.model, cfg.policy.lora,
+                                   lr=cfg.train.lr, weight_decay=cfg.train.weight_decay, seed=cfg.seed,
+                                   need_reference=cfg.train.loss.kl_coef > 0)
+        self.tokenizer = self.router.tokenizer
+        self.engine = HFEngine(lambda name: self.router.policies[name].generation_model(), self.tokenizer)
+        self.route = self.router.policy_name
 
     # ---- data -------------------------------------------------------------------------
     def _next_problems(self) -> list[Problem]:
@@ -97,18 +109,13 @@ class Trainer:
 
         def make_ctx(problem: Problem, episode: int, tags: dict) -> EpisodeContext:
             params = SamplingParams(**{**self.params.__dict__, "temperature": 0.0}) if tags.get("greedy") else self.params
-            return EpisodeContext(scheduler, self.router.policy_name, self.tokenizer, params, problem.id, episode, tags)
+            return EpisodeContext(scheduler, self.route, self.tokenizer, params, problem.id, episode, tags)
 
-        samples = self.algorithm.rollout(problems, self.task, make_ctx, scheduler.run)
+        samples = self._rollout(problems, make_ctx, scheduler)
         t_rollout = time.perf_counter() - t0
-        train_samples = self._assign_advantages(samples)
         t1 = time.perf_counter()
         record: dict[str, Any] = {"step": step}
-        for name, policy in self.router.policies.items():
-            own = [s for s in train_samples if s.policy == name]
-            for k, v in update_policy(policy, own, self.update_settings, self.tokenizer.pad_token_id, self.eos_ids).items():
-                record[f"{k}/{name}"] = v
-            self.engine.sync_weights(name)
+        samples, train_samples = self._train(samples, record)
         t_update = time.perf_counter() - t1
         rewards = torch.tensor([s.reward for s in train_samples])
         lengths = torch.tensor([len(s.completion_ids) for s in train_samples], dtype=torch.float32)
@@ -123,6 +130,8 @@ class Trainer:
         if len(self.roles) > 1:
             for role in self.roles:
                 own = [s for s in train_samples if s.role == role]
+                if not own:  # a frozen role has no training samples
+                    continue
                 record[f"reward/{role}"] = sum(s.reward for s in own) / len(own)
                 record[f"completion_len/{role}"] = sum(len(s.completion_ids) for s in own) / len(own)
         if isinstance(self.task, TeamTask):
@@ -148,9 +157,26 @@ class Trainer:
             save_checkpoint(self.ckpt_dir, step, self.router, {"data_position": self.data_position}, keep=self.cfg.run.keep_checkpoints)
         return record
 
+    def _rollout(self, problems: list[Problem], make_ctx, scheduler: GenerationScheduler) -> list[Sample]:
+        """Every sample of this step's rollouts, with rewards and groups."""
+        return self.algorithm.rollout(problems, self.task, make_ctx, scheduler.run)
+
+    def _train(self, samples: list[Sample], record: dict[str, Any]) -> tuple[list[Sample], list[Sample]]:
+        """Advantages and one update per policy (stats into ``record``); returns (samples to log, trained samples)."""
+        train_samples = self._assign_advantages(samples)
+        for name, policy in self.router.policies.items():
+            own = [s for s in train_samples if s.policy == name]
+            for k, v in update_policy(policy, own, self.update_settings, self.tokenizer.pad_token_id, self.eos_ids).items():
+                record[f"{k}/{name}"] = v
+            self.engine.sync_weights(name)
+        return samples, train_samples
+
     def _assign_advantages(self, samples: list[Sample]) -> list[Sample]:
-        """Group-relative advantages over the trainable samples; returns them."""
-        train = [s for s in samples if not s.tags.get("baseline")]
+        """Group-relative advantages over the trainable samples; returns them.
+
+        Left out: greedy baselines and samples tagged ``no_update`` (a frozen agent's, or
+        sub-trajectories dropped by M-GRPO's alignment)."""
+        train = [s for s in samples if not s.tags.get("baseline") and not s.tags.get("no_update")]
         rewards = torch.tensor([s.reward for s in train], dtype=torch.float32)
         ids = group_ids_from_keys([s.group for s in train])
         baselines = None
