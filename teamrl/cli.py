@@ -109,8 +109,12 @@ def _eval(cfg, ns) -> int:
         else:
             from teamrl.tasks.environment import Environment
 
+            from teamrl.tasks.research import ResearchEnv
+
             task = make_task(cfg.task)
-            if isinstance(task, Environment):
+            if isinstance(task, ResearchEnv):
+                methods = ["untrained", "single"] + (["team"] if ns.checkpoint else [])
+            elif isinstance(task, Environment):
                 methods = ["untrained", "single"] + (["team", "swapped"] if ns.checkpoint else [])
             else:
                 methods = ["single"] if isinstance(task, Task) else ["single", "concat", "sequential", "discussion"]

@@ -308,6 +308,7 @@ class ResearchEnv:
             "You are the main agent. Answer the question using a helper agent that can search and read an encyclopedia. "
             f"Each reply holds one tag: <subtask>what the helper should find</subtask> (at most {self.opts.max_sub_calls} times) "
             "or <answer>the final answer</answer>.\n"
+            "Example reply: <subtask>Find who founded Acme Works and where that person was born.</subtask>\n"
             f"Question: {problem.data['question']}")}]
 
     def sub_prompt(self, problem: Problem, subtask: str) -> list[dict[str, str]]:
@@ -315,14 +316,15 @@ class ResearchEnv:
         return [{"role": "user", "content": (
             "You are a research helper with an encyclopedia. Each reply holds one tag: <search>words</search>, "
             "<open>page id</open>, <python>code that prints</python>, or <result>what you found</result> to finish "
-            f"(within {self.opts.max_sub_turns} replies).\nTask: {subtask}")}]
+            f"(within {self.opts.max_sub_turns} replies).\nExample reply: <search>Acme Works</search>\nTask: {subtask}")}]
 
     def single_prompt(self, problem: Problem) -> list[dict[str, str]]:
         """The single agent's first message (the baseline: one agent with the tools)."""
         return [{"role": "user", "content": (
             "Answer the question with an encyclopedia. Each reply holds one tag: <search>words</search>, "
             "<open>page id</open>, <python>code that prints</python>, or <answer>the final answer</answer> "
-            f"(within {self.opts.max_sub_turns} replies).\nQuestion: {problem.data['question']}")}]
+            f"(within {self.opts.max_sub_turns} replies).\nExample reply: <search>Acme Works</search>\n"
+            f"Question: {problem.data['question']}")}]
 
     # -- actions --------------------------------------------------------------------------
     def parse_main(self, text: str) -> Action:
