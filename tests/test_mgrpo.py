@@ -161,6 +161,8 @@ def test_sub_rewards_follow_the_parent_outcome_as_configured(mode):
     assert dups and all(d is not o for d in dups for o in sub)  # duplicates are copies, full samples in the loss
     frozen = prepare_sub_samples([_sub("q", 0, 0, 0, True)], {("q", 0): 1.0}, d_max=2, mode=mode, seed=5, frozen=True)
     assert len(frozen) == 2 and all(s.tags["no_update"] for s in frozen)
+    with pytest.raises(ValueError, match=r"rollout\(s\) \[\('q', 7\)\] have no main outcome"):
+        prepare_sub_samples([_sub("q", 7, 0, 0, True)], {("q", 0): 1.0}, d_max=2, mode=mode, seed=5)
 
 
 # --- end to end on a tiny model ----------------------------------------------------------------
@@ -245,6 +247,13 @@ def test_m_grpo_needs_the_research_env_and_configs_load(tmp_path):
         make_algorithm(load_config(None, ["algorithm=grpo"]), make_task({"name": "research"}))
     with pytest.raises(ConfigError, match="m_grpo.decoupled: 'rays' is not allowed"):
         load_config(None, ["m_grpo.decoupled=rays"])
+    import importlib.util
+
+    real = importlib.util.find_spec
+    with pytest.MonkeyPatch.context() as mp:  # without the ray package, the ray mode fails at config time
+        mp.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ray" else real(name, *a))
+        with pytest.raises(ConfigError, match=r"m_grpo.decoupled: ray needs the ray package"):
+            load_config(None, ["algorithm=m_grpo", "task.name=research", "m_grpo.decoupled=ray"])
     names = [f for f in os.listdir(CONFIGS) if f.startswith("m_grpo_")]
     assert len(names) >= 3
     for f in names:

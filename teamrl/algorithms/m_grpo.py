@@ -103,17 +103,25 @@ def prepare_sub_samples(sub: Sequence[Sample], outcomes: dict[tuple[Hashable, in
     trajs: dict[tuple[Hashable, int, int], list[Sample]] = defaultdict(list)
     for s in sub:
         trajs[(s.problem_id, s.tags["parent_episode"], s.tags["call"])].append(s)
+    orphans = sorted({k[:2] for k in trajs} - set(outcomes), key=repr)
+    if orphans:
+        raise ValueError(f"sub-agent samples of rollout(s) {orphans[:3]} have no main outcome; outcomes has {len(outcomes)} rollouts")
     episodes: dict[Hashable, list[int]] = defaultdict(list)
     for pid, ep in outcomes:
         episodes[pid].append(ep)
+    calls: dict[tuple[Hashable, int], list[int]] = defaultdict(list)  # (problem, episode) -> its call ids, in order
+    for pid, ep, c in trajs:
+        calls[(pid, ep)].append(c)
+    for ids in calls.values():
+        ids.sort()
     out: list[Sample] = []
     used: set[tuple[Hashable, int, int]] = set()
     for pid in sorted(episodes, key=repr):  # a fixed order: the RNG draws do not depend on dict order
         eps = sorted(episodes[pid])
-        counts = [len({c for (p, e, c) in trajs if p == pid and e == ep}) for ep in eps]
+        counts = [len(calls[(pid, ep)]) for ep in eps]
         for row in align_subtrajectories(counts, d_max, rng):
-            for i, c in row:
-                key = (pid, eps[i], c)
+            for i, j in row:
+                key = (pid, eps[i], calls[(pid, eps[i])][j])
                 samples = sorted(trajs[key], key=lambda s: s.turn)
                 valid = bool(samples[-1].tags.get("format_valid", False))
                 r = sub_reward(outcomes[(pid, eps[i])], valid, mode)
@@ -128,7 +136,7 @@ def prepare_sub_samples(sub: Sequence[Sample], outcomes: dict[tuple[Hashable, in
                     out.append(t)
     for key, samples in trajs.items():
         if key not in used:
-            r = sub_reward(outcomes.get(key[:2], 0.0), bool(samples[-1].tags.get("format_valid", False)), mode)
+            r = sub_reward(outcomes[key[:2]], bool(samples[-1].tags.get("format_valid", False)), mode)
             for s in samples:
                 s.reward, s.group = r, group_key(s)
                 s.tags.update(dropped=True, no_update=True)

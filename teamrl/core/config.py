@@ -279,6 +279,11 @@ def validate(cfg: Config) -> None:
 
         if importlib.util.find_spec("wandb") is None:
             raise ConfigError("run.wandb: true needs the wandb package: pip install wandb (then wandb login)")
+    if cfg.algorithm == "m_grpo" and cfg.m_grpo.decoupled == "ray":
+        import importlib.util
+
+        if importlib.util.find_spec("ray") is None:
+            raise ConfigError("m_grpo.decoupled: ray needs the ray package: pip install -e \".[ray]\" (or use inprocess)")
     if "name" not in cfg.task:
         raise ConfigError("task.name: missing; name a task, e.g. word_count")
     if cfg.train.advantage in ("group", "rloo", "batch", "mean", "none") and cfg.rollout.group_size < 2:

@@ -18,7 +18,7 @@ from teamrl.tasks.task import Problem, Task, TeamTask
 from teamrl.tasks.word_count import WordCountTask
 from teamrl.tasks.writing import WritingExpand, WritingTLDR
 
-TASKS: dict[str, type[Task] | type[TeamTask] | type[Environment]] = {
+TASKS: dict[str, type[Task] | type[TeamTask] | type[Environment] | type[ResearchEnv]] = {
     WordCountTask.name: WordCountTask,
     WritingTLDR.name: WritingTLDR,
     WritingExpand.name: WritingExpand,
@@ -33,7 +33,7 @@ TASKS: dict[str, type[Task] | type[TeamTask] | type[Environment]] = {
 }
 
 
-def make_task(options: dict[str, Any]) -> Task | TeamTask | Environment:
+def make_task(options: dict[str, Any]) -> Task | TeamTask | Environment | ResearchEnv:
     """Build the task named ``options["name"]``, validating its options like the rest of the config."""
     name = options.get("name")
     if name not in TASKS:

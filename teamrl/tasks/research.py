@@ -21,8 +21,8 @@ main (single agent, the baseline)
     the sub-agent's three tools plus ``<answer>``, ``max_sub_turns`` replies at most.
 
 Rewards (options): main ``reward_correct`` (1.0) for a correct answer, ``reward_wrong`` (0.1)
-for a well-formed wrong one, ``reward_invalid`` (0.0) when a reply has no action tag or no
-answer came. A sub-trajectory is *format-valid* when every reply had exactly one known action
+for a well-formed wrong one, ``reward_invalid`` (0.0) when a reply has no action tag, the main
+agent asks for one sub-agent call more than allowed, or no answer came within the turns. A sub-trajectory is *format-valid* when every reply had exactly one known action
 tag and it ended with ``<result>``; how that gates the main outcome is M-GRPO's
 ``m_grpo.sub_reward`` (see :func:`sub_reward`).
 """

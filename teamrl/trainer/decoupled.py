@@ -175,15 +175,19 @@ class PolicyWorker:
         return {k: v.clone() for k, v in self.policy.named_state().items()}
 
     def load_named_state(self, state: dict[str, torch.Tensor]) -> None:
+        """Restore this agent's trainable weights (from a checkpoint)."""
         self.policy.load_named_state(state)
 
     def optimizer_state(self) -> dict[str, Any]:
+        """The optimizer's state (for a checkpoint)."""
         return self.policy.optimizer.state_dict()
 
     def load_optimizer_state(self, state: dict[str, Any]) -> None:
+        """Restore the optimizer's state (from a checkpoint)."""
         self.policy.optimizer.load_state_dict(state)
 
     def ping(self) -> str:
+        """The agent's name: proves the worker is up."""
         return self.agent
 
 
