@@ -187,6 +187,10 @@ class ScriptedResearch(ResearchEnv):
     def sub_well_formed(self, text):
         return _h(text) % 5 != 0
 
+    def parse_single(self, text):
+        h = _h(text) % 4
+        return Action("answer", "yes" if h == 0 else "no") if h < 2 else Action("search", "founded")
+
     def correct(self, problem, answer):
         return answer == "yes"
 
@@ -206,7 +210,7 @@ def _cfg(tmp_path, *extra):
 def test_team_rollout_rewards_reach_sub_samples_through_parent_ids(tmp_path, scripted):
     tr = Trainer(_cfg(tmp_path, "policy.mode=lora_per_role"))
     before = {n: {k: v.clone() for k, v in p.named_state().items()} for n, p in tr.router.policies.items()}
-    rec = tr.train_step()
+    tr.train_step()
     rec = tr.train_step()
     scheduler = GenerationScheduler(tr.engine, seed=11)
     samples = tr.algorithm.rollout(tr.problems[:2], tr.task, lambda p, e, t: EpisodeContext(
@@ -234,10 +238,14 @@ def test_frozen_sub_agent_gets_no_update_and_single_agent_has_no_sub(tmp_path, s
     assert all(torch.equal(before["sub"][k], sub_after[k]) for k in sub_after)
     assert any(not torch.equal(before["main"][k], main_after[k]) for k in main_after)
 
-    single = Trainer(_cfg(tmp_path, "name=single", "m_grpo.agents=single"))
+    single = Trainer(_cfg(tmp_path, "name=single", "m_grpo.agents=single", "run.log_episodes=true"))
     assert single.roles == ["main"]
     rec = single.train_step()
     assert rec["sub_calls_per_rollout"] == 0 and "loss/shared" in rec
+    logged = [json.loads(line) for line in (tmp_path / "single" / "episodes" / "step_000001.jsonl").read_text().splitlines()]
+    assert {r["role"] for r in logged} == {"main"}
+    later = [r for r in logged if r["turn"] > 0]  # the single agent used the tools itself
+    assert later and all("Tool output:" in r["prompt"] and "p0" in r["prompt"] for r in later)
 
 
 def test_m_grpo_needs_the_research_env_and_configs_load(tmp_path):
