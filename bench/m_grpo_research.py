@@ -4,13 +4,15 @@ Same model, seed, questions, steps and K for every variant:
 
 - M-GRPO: main + sub-agent, both trained (one LoRA adapter each), sub-trajectories aligned to d_max;
 - frozen sub-agent: the same team, only the main agent learns;
-- single-agent GRPO: one agent with the tools (search / open / python) answers alone.
+- single-agent GRPO: one agent with the tools (search / open / python) answers alone;
+- with ``--decoupled``: M-GRPO again with one worker per agent, in-process and on Ray (a local
+  Ray is started), to compare seconds per step.
 
 Prints a Markdown table: success rate, main reward, sub-agent format validity and calls per
 rollout (means over the training rollouts of the first step and of the last two steps), and
 seconds per step. Optionally appends it to a results file.
 
-Usage: python bench/m_grpo_research.py [--model smollm2-135m] [--steps 2] [--tokens 48] [--out bench/RESULTS.md]
+Usage: python bench/m_grpo_research.py [--model smollm2-135m] [--steps 2] [--tokens 48] [--decoupled] [--out bench/RESULTS.md]
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--group-size", type=int, default=4, help="K rollouts per question")
     ap.add_argument("--batch-size", type=int, default=2, help="questions per step")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    ap.add_argument("--decoupled", action="store_true", help="also run M-GRPO with decoupled workers, in-process and on Ray")
     ap.add_argument("--out", default=None, help="append the table to this Markdown file")
     args = ap.parse_args(argv)
 
@@ -48,14 +51,18 @@ def main(argv: list[str] | None = None) -> int:
         ("main trained, sub-agent frozen", ["policy.mode=lora_per_role", "m_grpo.sub_agent=frozen"]),
         ("single-agent GRPO (one agent with the tools)", ["policy.mode=shared", "m_grpo.agents=single"]),
     ]
+    if args.decoupled:
+        variants += [("M-GRPO, decoupled workers in-process", ["m_grpo.decoupled=inprocess"]),
+                     ("M-GRPO, decoupled workers on Ray", ["m_grpo.decoupled=ray"])]
     head = ("| variant | steps | success, step 1 | success, last 2 | main reward, step 1 | main reward, last 2 "
             "| sub format valid (all steps) | sub calls / rollout | s / step |")
     lines = [head, "|---" * (head.count("|") - 1) + "|"]
     with tempfile.TemporaryDirectory() as d:
         for i, (label, extra) in enumerate(variants):
             cfg = load_config(None, common + extra + [f"run.dir={d}", f"name=v{i}"])
+            trainer = make_trainer(cfg)  # model loading and Ray start-up are not counted in s / step
             t = time.perf_counter()
-            metrics = make_trainer(cfg).train()
+            metrics = trainer.train()
             per_step = (time.perf_counter() - t) / len(metrics)
             last = metrics[-2:]
             sub_valid = [m["sub_format_valid"] for m in metrics if "sub_format_valid" in m]
@@ -64,6 +71,10 @@ def main(argv: list[str] | None = None) -> int:
                          f"| {metrics[0]['main_reward']:.3f} | {_mean([m['main_reward'] for m in last]):.3f} | {sub_valid_s} "
                          f"| {_mean([m['sub_calls_per_rollout'] for m in metrics]):.2f} | {per_step:.1f} |")
             print(lines[-1], file=sys.stderr, flush=True)
+    if args.decoupled:
+        import ray
+
+        ray.shutdown()
     title = (f"### M-GRPO on the research env ({args.model}, K={args.group_size}, {args.batch_size} questions/step, "
              f"{args.tokens} new tokens, max 2 sub calls x 2 turns, d_max=2, seed 0)")
     table = "\n".join([title, "", *lines])
