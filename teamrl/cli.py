@@ -102,14 +102,19 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if ns.command == "eval":
         return _eval(cfg, ns)
-    from teamrl.trainer.trainer import RunExists, Trainer
+    from teamrl.trainer.decoupled import WorkerFailed
+    from teamrl.trainer.trainer import RunExists, make_trainer
 
     try:
-        trainer = Trainer(cfg, resume=ns.resume)
-    except (RunExists, ConfigError) as e:
+        trainer = make_trainer(cfg, resume=ns.resume)
+    except (RunExists, ConfigError, WorkerFailed) as e:
         print(f"teamrl: {e}", file=sys.stderr)
         return 2
-    everything = trainer.train()
+    try:
+        everything = trainer.train()
+    except WorkerFailed as e:
+        print(f"teamrl: {e}", file=sys.stderr)
+        return 1
     metrics = [m for m in everything if "reward_mean" in m]  # training steps (evaluation-only records aside)
     key = "normalised_return" if "normalised_return" in metrics[-1] else "reward_mean"
     label = "normalised return" if key == "normalised_return" else "reward"
@@ -169,8 +174,12 @@ def _eval(cfg, ns) -> int:
         else:
             from teamrl.tasks.environment import Environment
 
+            from teamrl.tasks.research import ResearchEnv
+
             task = make_task(cfg.task)
-            if isinstance(task, Environment):
+            if isinstance(task, ResearchEnv):
+                methods = ["untrained", "single"] + (["team"] if ns.checkpoint else [])
+            elif isinstance(task, Environment):
                 methods = ["untrained", "single"] + (["team", "swapped"] if ns.checkpoint else [])
             else:
                 methods = ["single"] if isinstance(task, Task) else ["single", "concat", "sequential", "discussion"]

@@ -4,19 +4,28 @@ from __future__ import annotations
 
 from teamrl.algorithms.at_grpo import ATGRPO, ATGRPOSettings
 from teamrl.algorithms.grpo import GRPO
+from teamrl.algorithms.m_grpo import MGRPO, MGRPOSettings
 from teamrl.algorithms.magrpo import MAGRPO, MAGRPOSettings
 from teamrl.algorithms.workflow_grpo import WorkflowGRPO
 from teamrl.core.config import Config, ConfigError
 from teamrl.workflows import WorkflowSettings
 from teamrl.tasks.environment import Environment
 from teamrl.tasks.solve import SolveTask
+from teamrl.tasks.research import ResearchEnv
 from teamrl.tasks.task import Task, TeamTask
 
-ALGORITHMS = ("grpo", "magrpo", "at_grpo")
+ALGORITHMS = ("grpo", "magrpo", "at_grpo", "m_grpo")
 
 
-def make_algorithm(cfg: Config, task: Task | TeamTask | Environment) -> GRPO | MAGRPO | ATGRPO | WorkflowGRPO:
+def make_algorithm(cfg: Config, task: Task | TeamTask | Environment | ResearchEnv) -> GRPO | MAGRPO | ATGRPO | MGRPO | WorkflowGRPO:
     """The configured algorithm, checked against the kind of task it needs."""
+    if (cfg.algorithm == "m_grpo") != isinstance(task, ResearchEnv):
+        raise ConfigError(f"algorithm: m_grpo runs on the research environment (task.name=research); got algorithm "
+                          f"{cfg.algorithm!r} with task {task.name!r}")
+    if cfg.algorithm == "m_grpo":
+        m = cfg.m_grpo
+        return MGRPO(MGRPOSettings(k=cfg.rollout.group_size, d_max=m.d_max, sub_agent=m.sub_agent, agents=m.agents,
+                                   sub_reward=m.sub_reward, seed=cfg.seed))
     if cfg.workflow.name:
         if not isinstance(task, SolveTask):
             raise ConfigError(f"workflow.name: {cfg.workflow.name!r} runs on a task with one verifiable answer "
@@ -44,4 +53,5 @@ def make_algorithm(cfg: Config, task: Task | TeamTask | Environment) -> GRPO | M
     raise ConfigError(f"algorithm: {cfg.algorithm!r} is not known; choose one of {list(ALGORITHMS)}")
 
 
-__all__ = ["ALGORITHMS", "ATGRPO", "ATGRPOSettings", "GRPO", "MAGRPO", "MAGRPOSettings", "WorkflowGRPO", "make_algorithm"]
+__all__ = ["ALGORITHMS", "ATGRPO", "ATGRPOSettings", "GRPO", "MAGRPO", "MAGRPOSettings", "MGRPO", "MGRPOSettings",
+           "WorkflowGRPO", "make_algorithm"]

@@ -128,6 +128,19 @@ class WorkflowConfig:
 
 
 @dataclass
+class MGRPOConfig:
+    d_max: int = option(2, ge=1, doc="sub-trajectories per rollout after alignment (random duplicates when fewer calls, random drops when more)")
+    sub_agent: str = option("trained", choices=("trained", "frozen"), doc="frozen: the sub-agent acts but gets no update (baseline)")
+    agents: str = option("team", choices=("team", "single"), doc="team: main + sub-agent; single: one agent with the tools (single-agent GRPO baseline)")
+    sub_reward: str = option("gated", choices=("gated", "outcome", "format"),
+                             doc="a sub-trajectory's reward: gated = main reward if its format is valid else 0; outcome = main reward; format = 1 if valid else 0")
+    decoupled: str = option("none", choices=("none", "inprocess", "ray"),
+                            doc="none: one process, one router; inprocess / ray: one worker per agent with its own model and optimizer, trajectories through a store")
+    ray_timeout_s: float = option(600.0, gt=0, doc="seconds to wait for a Ray worker before failing with an error naming it")
+    ray_address: str = option("", doc="ray: address of a running cluster; empty starts a local one (ray.init)")
+
+
+@dataclass
 class RunConfig:
     dir: str = option("runs", doc="parent folder of run directories")
     save_every: int = option(10, ge=1, doc="checkpoint every N steps (and at the end)")
@@ -145,7 +158,7 @@ class Config:
     seed: int = option(0, doc="seed for data order, sampling and initialisation")
     model: str = option("smollm2-135m", doc="alias (smollm2-135m, tiny-random, random:smollm2-135m, random:qwen3-1.7b), local folder, or hub id")
     threads: int = option(0, ge=0, doc="torch CPU threads; 0 keeps torch's default")
-    algorithm: str = option("grpo", choices=("grpo", "magrpo", "at_grpo"), doc="training algorithm")
+    algorithm: str = option("grpo", choices=("grpo", "magrpo", "at_grpo", "m_grpo"), doc="training algorithm")
     task: dict[str, Any] = option(factory=lambda: {"name": "word_count"}, doc="task name and its own options")
     policy: PolicyConfig = option(factory=PolicyConfig)
     rollout: RolloutConfig = option(factory=RolloutConfig)
@@ -153,6 +166,7 @@ class Config:
     magrpo: MAGRPOConfig = option(factory=MAGRPOConfig)
     at_grpo: ATGRPOConfig = option(factory=ATGRPOConfig)
     workflow: WorkflowConfig = option(factory=WorkflowConfig)
+    m_grpo: MGRPOConfig = option(factory=MGRPOConfig)
     run: RunConfig = option(factory=RunConfig)
 
 
@@ -309,6 +323,11 @@ def validate(cfg: Config) -> None:
         if cfg.policy.lora is None:
             raise ConfigError("rollout.engine: http sends LoRA adapters to the server after each update; "
                               "policy.lora is null (full weights). Use engine hf, or train LoRA adapters")
+    if cfg.algorithm == "m_grpo" and cfg.m_grpo.decoupled == "ray":
+        import importlib.util
+
+        if importlib.util.find_spec("ray") is None:
+            raise ConfigError("m_grpo.decoupled: ray needs the ray package: pip install -e \".[ray]\" (or use inprocess)")
     if "name" not in cfg.task:
         raise ConfigError("task.name: missing; name a task, e.g. word_count")
     if cfg.workflow.name and cfg.algorithm != "grpo":

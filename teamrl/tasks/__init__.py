@@ -11,6 +11,7 @@ from teamrl.tasks.code_tester import CoderTester
 from teamrl.tasks.environment import Environment
 from teamrl.tasks.math_env import MathEnv
 from teamrl.tasks.plan_path import PlanPath
+from teamrl.tasks.research import ResearchEnv
 from teamrl.tasks.sokoban import Sokoban
 from teamrl.tasks.solve import CodeSolve, MathSolve
 from teamrl.tasks.sudoku import Sudoku
@@ -18,7 +19,7 @@ from teamrl.tasks.task import Problem, Task, TeamTask
 from teamrl.tasks.word_count import WordCountTask
 from teamrl.tasks.writing import WritingExpand, WritingTLDR
 
-TASKS: dict[str, type[Task] | type[TeamTask] | type[Environment]] = {
+TASKS: dict[str, type[Task] | type[TeamTask] | type[Environment] | type[ResearchEnv]] = {
     WordCountTask.name: WordCountTask,
     WritingTLDR.name: WritingTLDR,
     WritingExpand.name: WritingExpand,
@@ -31,10 +32,11 @@ TASKS: dict[str, type[Task] | type[TeamTask] | type[Environment]] = {
     CodeEnv.name: CodeEnv,
     MathSolve.name: MathSolve,
     CodeSolve.name: CodeSolve,
+    ResearchEnv.name: ResearchEnv,
 }
 
 
-def make_task(options: dict[str, Any]) -> Task | TeamTask | Environment:
+def make_task(options: dict[str, Any]) -> Task | TeamTask | Environment | ResearchEnv:
     """Build the task named ``options["name"]``, validating its options like the rest of the config."""
     name = options.get("name")
     if name not in TASKS:
@@ -43,4 +45,4 @@ def make_task(options: dict[str, Any]) -> Task | TeamTask | Environment:
     return cls(build_dataclass(cls.Options, options, "task."))
 
 
-__all__ = ["TASKS", "Environment", "Problem", "Task", "TeamTask", "make_task"]
+__all__ = ["TASKS", "Environment", "Problem", "ResearchEnv", "Task", "TeamTask", "make_task"]

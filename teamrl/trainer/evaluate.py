@@ -20,14 +20,17 @@ from teamrl.rollout.hf_engine import HFEngine
 from teamrl.rollout.scheduler import GenerationScheduler
 from teamrl.tasks import make_task
 from teamrl.tasks.environment import Environment
+from teamrl.tasks.research import ResearchEnv
 from teamrl.tasks.task import Task, TeamTask
 from teamrl.trainer.checkpoint import list_checkpoints, load_checkpoint
 from teamrl.workflows.context import EpisodeContext
 from teamrl.workflows.env_episode import play
+from teamrl.workflows.research_team import research_single, research_team
 from teamrl.workflows.team_baselines import BASELINES, parallel, single
 
 EVAL_METHODS = ("team", "single", "concat", "sequential", "discussion", "untrained", "swapped")
 ENV_METHODS = ("team", "untrained", "single", "swapped")
+RESEARCH_METHODS = ("team", "untrained", "single")
 BASE = "__base__"  # the policy name that routes to the base model (adapters off)
 
 
@@ -55,6 +58,8 @@ def evaluate(cfg: Config, methods: list[str], checkpoint: Path | None = None, li
     task = make_task(cfg.task)
     if isinstance(task, Task) and {"concat", "sequential", "discussion", "untrained", "swapped"} & set(methods):
         raise ConfigError(f"--method: task {task.name!r} has one agent; use team and single")
+    if isinstance(task, ResearchEnv) and set(methods) - set(RESEARCH_METHODS):
+        raise ConfigError(f"--method: the research environment takes {list(RESEARCH_METHODS)}")
     if isinstance(task, Environment) and set(methods) - set(ENV_METHODS):
         raise ConfigError(f"--method: environment {task.name!r} takes {list(ENV_METHODS)}")
     if isinstance(task, TeamTask) and {"untrained", "swapped"} & set(methods):
@@ -83,14 +88,20 @@ def evaluate(cfg: Config, methods: list[str], checkpoint: Path | None = None, li
     max_reward = getattr(task, "max_reward", 1.0)
     rows = []
     for method in methods:
-        if isinstance(task, Environment):
+        if isinstance(task, ResearchEnv):
+            # team: the trained agents (main + sub, or the single agent of an m_grpo.agents=single run);
+            # untrained: main + sub on the base model; single: one agent with the tools, base model
+            solo = method == "single" or (method == "team" and cfg.m_grpo.agents == "single")
+            workflow = research_single if solo else research_team
+            route = router.policy_name if method == "team" else (lambda role: BASE)
+        elif isinstance(task, Environment):
             workflow, route = _env_method(task, router, method)
         else:
             workflow = (single if isinstance(task, Task) else parallel) if method == "team" else BASELINES[method]
             route = router.policy_name if method == "team" else (lambda role: BASE)
         scheduler = GenerationScheduler(engine, seed=derive_seed(cfg.seed, 7))
         # One agent writing every part gets the whole team's token budget.
-        p_method = params if method != "single" else SamplingParams(**{**params.__dict__, "max_new_tokens": params.max_new_tokens * len(roles)})
+        p_method = params if method != "single" or isinstance(task, ResearchEnv) else SamplingParams(**{**params.__dict__, "max_new_tokens": params.max_new_tokens * len(roles)})
         ctxs = [EpisodeContext(scheduler, route, router.tokenizer, p_method, p.id, 0) for p in problems]
         t0 = time.perf_counter()
         if progress:
@@ -100,7 +111,9 @@ def evaluate(cfg: Config, methods: list[str], checkpoint: Path | None = None, li
         wall = time.perf_counter() - t0
         scores = []
         for p, out in zip(problems, outputs):
-            if isinstance(task, Environment):
+            if isinstance(task, ResearchEnv):
+                r = out.reward
+            elif isinstance(task, Environment):
                 r = task.team_reward(out)
             else:
                 r = task.reward(p, out["agent"]) if isinstance(task, Task) else task.reward(p, out)
@@ -110,7 +123,9 @@ def evaluate(cfg: Config, methods: list[str], checkpoint: Path | None = None, li
         std = math.sqrt(sum((s - mean) ** 2 for s in scores) / (n - 1)) if n > 1 else 0.0
         tokens = sum(len(s.completion_ids) for c in ctxs for s in c.samples)
         passed = None
-        if isinstance(task, Environment):
+        if isinstance(task, ResearchEnv):
+            passed = sum(out.correct for out in outputs) / n
+        elif isinstance(task, Environment):
             passed = sum(bool(task.success(out)) for out in outputs) / n
         elif hasattr(task, "passed"):  # coding tasks: share of problems whose answer passes every test
             passed = sum(bool(task.passed(p, out)) for p, out in zip(problems, outputs)) / n

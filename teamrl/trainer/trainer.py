@@ -18,7 +18,7 @@ from teamrl.core.config import Config, ConfigError, config_to_dict
 from teamrl.core.metrics import MetricsSink, read_metrics
 from teamrl.core.sample import Sample
 from teamrl.core.seeding import derive_seed, seed_everything
-from teamrl.losses import LossConfig, group_advantages, group_ids_from_keys
+from teamrl.losses import group_advantages, group_ids_from_keys
 from teamrl.policies.router import PolicyRouter, role_type
 from teamrl.rollout.engine import Engine, SamplingParams
 from teamrl.rollout.hf_engine import HFEngine
@@ -27,13 +27,22 @@ from teamrl.tasks import Problem, make_task
 from teamrl.tasks.solve import SolveTask
 from teamrl.trainer.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
 from teamrl.trainer.diagnostics import CliffDetector, role_capture
-from teamrl.trainer.update import UpdateSettings, update_policy
+from teamrl.trainer.update import make_update_settings, update_policy
 from teamrl.tasks.task import TeamTask
 from teamrl.workflows.context import EpisodeContext
 
 
 class RunExists(RuntimeError):
     """The run directory already holds checkpoints and ``resume`` was not asked for."""
+
+
+def make_trainer(cfg: Config, resume: bool = False) -> "Trainer":
+    """The trainer a config asks for: decoupled M-GRPO workers (``m_grpo.decoupled``), else :class:`Trainer`."""
+    if cfg.algorithm == "m_grpo" and cfg.m_grpo.decoupled != "none":
+        from teamrl.trainer.decoupled import DecoupledTrainer  # imports Ray only when the mode is ray
+
+        return DecoupledTrainer(cfg, resume=resume)
+    return Trainer(cfg, resume=resume)
 
 
 class Trainer:
@@ -50,20 +59,14 @@ class Trainer:
         seed_everything(cfg.seed)
         self.task = make_task(cfg.task)
         self.algorithm = make_algorithm(cfg, self.task)  # checks the task kind before any model loads
+        # the roles that act (a study workflow's role types; M-GRPO's single-agent baseline drops the sub-agent)
         self.roles = list(getattr(self.algorithm, "roles", None) or self.task.roles)
-        self.router = PolicyRouter(cfg.policy.mode, self.roles, cfg.model, cfg.policy.lora,
-                                   lr=cfg.train.lr, weight_decay=cfg.train.weight_decay, seed=cfg.seed,
-                                   need_reference=cfg.train.loss.kl_coef > 0, device=cfg.policy.device, dtype=cfg.policy.dtype)
-        self.tokenizer = self.router.tokenizer
+        self._build_policies()
         r = cfg.rollout
         self.params = SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
                                      top_k=r.top_k, stop=tuple(r.stop), ignore_eos=r.ignore_eos)
-        self.update_settings = UpdateSettings(
-            loss=LossConfig(eps_low=cfg.train.loss.eps_low, eps_high=cfg.train.loss.eps_high, dual_clip=cfg.train.loss.dual_clip,
-                            kl_coef=cfg.train.loss.kl_coef, aggregation=cfg.train.loss.aggregation,
-                            max_completion_length=r.max_new_tokens if cfg.train.loss.aggregation == "dr_grpo" else None),
-            ppo_epochs=cfg.train.ppo_epochs, micro_batch_size=cfg.train.micro_batch_size, max_grad_norm=cfg.train.max_grad_norm,
-            role_stats=cfg.train.role_grad_norms)
+        self.update_settings = make_update_settings(cfg)
+        self.last_role_stats: dict[str, float] = {}
         self.eos_ids = [self.tokenizer.eos_token_id]
         self.problems = self.task.problems()
         if not self.problems:
@@ -111,6 +114,15 @@ class Trainer:
             engine.sync_weights(name)
         return engine
 
+    def _build_policies(self) -> None:
+        """The policies, the tokenizer and the role -> policy route (one process, one router)."""
+        cfg = self.cfg
+        self.router = PolicyRouter(cfg.policy.mode, self.roles, cfg.model, cfg.policy.lora,
+                                   lr=cfg.train.lr, weight_decay=cfg.train.weight_decay, seed=cfg.seed,
+                                   need_reference=cfg.train.loss.kl_coef > 0, device=cfg.policy.device, dtype=cfg.policy.dtype)
+        self.tokenizer = self.router.tokenizer
+        self.route = self.router.policy_name
+
     # ---- data -------------------------------------------------------------------------
     def _next_problems(self) -> list[Problem]:
         """The next batch in a per-epoch shuffled order that depends only on (seed, position)."""
@@ -133,26 +145,13 @@ class Trainer:
 
         def make_ctx(problem: Problem, episode: int, tags: dict) -> EpisodeContext:
             params = SamplingParams(**{**self.params.__dict__, "temperature": 0.0}) if tags.get("greedy") else self.params
-            return EpisodeContext(scheduler, self.router.policy_name, self.tokenizer, params, problem.id, episode, tags)
+            return EpisodeContext(scheduler, self.route, self.tokenizer, params, problem.id, episode, tags)
 
-        samples = self.algorithm.rollout(problems, self.task, make_ctx, scheduler.run)
+        samples = self._rollout(problems, make_ctx, scheduler)
         t_rollout = time.perf_counter() - t0
-        train_samples = self._assign_advantages(samples)
         t1 = time.perf_counter()
         record: dict[str, Any] = {"step": step}
-        role_stats: dict[str, list[float]] = {}
-        for name, policy in self.router.policies.items():
-            own = [s for s in train_samples if s.policy == name]
-            # One optimizer step per policy, or (equalize_steps false) one per role instance in turn.
-            parts = [own] if self.cfg.policy.equalize_steps else [[s for s in own if s.role == r] for r in dict.fromkeys(s.role for s in own)]
-            for part in parts:
-                for k, v in update_policy(policy, part, self.update_settings, self.tokenizer.pad_token_id, self.eos_ids).items():
-                    if "@" in k:
-                        role_stats.setdefault(k, []).append(v)
-                    else:
-                        record[f"{k}/{name}"] = v
-            record[f"optimizer_steps/{name}"] = len([p for p in parts if p])
-            self.engine.sync_weights(name)
+        samples, train_samples = self._train(samples, record)
         t_update = time.perf_counter() - t1
         rewards = torch.tensor([s.reward for s in train_samples])
         lengths = torch.tensor([len(s.completion_ids) for s in train_samples], dtype=torch.float32)
@@ -165,9 +164,7 @@ class Trainer:
             "rollout_tokens_per_s": gen_tokens / max(t_rollout, 1e-9), "data_position": self.data_position,
         })
         if len(self.roles) > 1:
-            # per-role statistics add up over the instances' steps (entropy: their mean)
-            combined = {k: (sum(v) / len(v) if k.startswith("entropy@") else sum(v)) for k, v in role_stats.items()}
-            record.update(self._role_metrics(train_samples, combined, record))
+            record.update(self._role_metrics(train_samples, self.last_role_stats, record))
         if isinstance(self.task, TeamTask):
             # mean normalised reward of the joint actions, at the first and the last turn sampled
             last = max(s.turn for s in train_samples)
@@ -209,8 +206,7 @@ class Trainer:
                 if f"{k}@{t}" in role_stats:
                     out[f"role_{k}/{t}"] = role_stats[f"{k}@{t}"]
         if not norms and self.cfg.policy.mode != "shared":  # one policy per role type: its norm is the role's
-            norms = {t: record[f"grad_norm/{self.router.policy_name(t)}"] for t in types
-                     if f"grad_norm/{self.router.policy_name(t)}" in record}
+            norms = {t: record[f"grad_norm/{self.route(t)}"] for t in types if f"grad_norm/{self.route(t)}" in record}
         for t, v in norms.items():
             out[f"role_grad_norm/{t}"] = v
         if len(norms) > 1:
@@ -225,7 +221,7 @@ class Trainer:
         greedy = SamplingParams(**{**self.params.__dict__, "temperature": 0.0})
 
         def make_ctx(problem: Problem, episode: int, tags: dict) -> EpisodeContext:
-            return EpisodeContext(scheduler, self.router.policy_name, self.tokenizer, greedy, problem.id, episode, tags)
+            return EpisodeContext(scheduler, self.route, self.tokenizer, greedy, problem.id, episode, tags)
 
         _, outcomes = self.algorithm.episodes(problems, self.eval_task, make_ctx, scheduler.run, 1)
         return {f"eval/{k}": v for k, v in outcome_metrics(self.algorithm.workflow, outcomes).items()}
@@ -249,9 +245,37 @@ class Trainer:
             self.stopped_at_cliff = self.cfg.train.cliff_stop
         return out
 
+    def _rollout(self, problems: list[Problem], make_ctx, scheduler: GenerationScheduler) -> list[Sample]:
+        """Every sample of this step's rollouts, with rewards and groups."""
+        return self.algorithm.rollout(problems, self.task, make_ctx, scheduler.run)
+
+    def _train(self, samples: list[Sample], record: dict[str, Any]) -> tuple[list[Sample], list[Sample]]:
+        """Advantages and the updates (stats into ``record``, per-role statistics into
+        ``last_role_stats``); returns (samples to log, trained samples)."""
+        train_samples = self._assign_advantages(samples)
+        role_stats: dict[str, list[float]] = {}
+        for name, policy in self.router.policies.items():
+            own = [s for s in train_samples if s.policy == name]
+            # One optimizer step per policy, or (equalize_steps false) one per role instance in turn.
+            parts = [own] if self.cfg.policy.equalize_steps else [[s for s in own if s.role == r] for r in dict.fromkeys(s.role for s in own)]
+            for part in parts:
+                for k, v in update_policy(policy, part, self.update_settings, self.tokenizer.pad_token_id, self.eos_ids).items():
+                    if "@" in k:
+                        role_stats.setdefault(k, []).append(v)
+                    else:
+                        record[f"{k}/{name}"] = v
+            record[f"optimizer_steps/{name}"] = len([p for p in parts if p])
+            self.engine.sync_weights(name)
+        # per-role statistics add up over the instances' steps (entropy: their mean)
+        self.last_role_stats = {k: (sum(v) / len(v) if k.startswith("entropy@") else sum(v)) for k, v in role_stats.items()}
+        return samples, train_samples
+
     def _assign_advantages(self, samples: list[Sample]) -> list[Sample]:
-        """Group-relative advantages over the trainable samples; returns them."""
-        train = [s for s in samples if not s.tags.get("baseline")]
+        """Group-relative advantages over the trainable samples; returns them.
+
+        Left out: greedy baselines and samples tagged ``no_update`` (a frozen agent's, or
+        sub-trajectories dropped by M-GRPO's alignment)."""
+        train = [s for s in samples if not s.tags.get("baseline") and not s.tags.get("no_update")]
         rewards = torch.tensor([s.reward for s in train], dtype=torch.float32)
         ids = group_ids_from_keys([s.group for s in train])
         baselines = None

@@ -7,6 +7,7 @@ from typing import Sequence
 
 import torch
 
+from teamrl.core.config import Config
 from teamrl.core.sample import Sample
 from teamrl.losses import LossConfig, completion_mask, policy_loss
 from teamrl.policies.logprobs import (build_shared_prefix_batch, build_token_batch, completion_logprobs,
@@ -23,6 +24,16 @@ class UpdateSettings:
     max_grad_norm: float = 1.0
     role_stats: bool = False  # per role type: loss share, entropy, tokens and gradient norm
 
+
+def make_update_settings(cfg: Config) -> UpdateSettings:
+    """The update settings a config asks for (the trainer's and every decoupled worker's)."""
+    t = cfg.train
+    return UpdateSettings(
+        loss=LossConfig(eps_low=t.loss.eps_low, eps_high=t.loss.eps_high, dual_clip=t.loss.dual_clip,
+                        kl_coef=t.loss.kl_coef, aggregation=t.loss.aggregation,
+                        max_completion_length=cfg.rollout.max_new_tokens if t.loss.aggregation == "dr_grpo" else None),
+        ppo_epochs=t.ppo_epochs, micro_batch_size=t.micro_batch_size, max_grad_norm=t.max_grad_norm,
+        role_stats=t.role_grad_norms)
 
 
 def _micro_batches(segments: list[tuple[int, int]], size: int) -> list[slice]:

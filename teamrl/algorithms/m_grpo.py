@@ -1,0 +1,229 @@
+"""M-GRPO (Hong et al., 2025): a main agent with a tool-using sub-agent, trained with group-relative advantages.
+
+The three places where algorithms differ:
+1. sampling: K (``rollout.group_size``) rollouts of :func:`~teamrl.workflows.research_team.research_team`
+   per question; each may call the sub-agent 0..``max_sub_calls`` times, and each call is a
+   multi-turn sub-trajectory (its samples are tagged with ``parent_episode`` and ``call``).
+2. group keys: main samples ``(question,)`` (GRPO over the K rollouts); sub samples
+   ``(question, "sub")``: pooled over the question's K rollouts *after trajectory alignment*.
+3. reward assignment: a main sample gets its rollout's main reward (correct / wrong / invalid,
+   see :mod:`teamrl.tasks.research`); a sub-trajectory gets
+   :func:`~teamrl.tasks.research.sub_reward` of its parent rollout's main reward and its own
+   format validity (``m_grpo.sub_reward``), so the outcome flows down through the parent ids.
+
+Trajectory alignment (:func:`align_subtrajectories`): the number of sub-agent calls varies per
+rollout, so every rollout is given exactly ``d_max`` sub-trajectory slots. A rollout with more
+calls keeps a random ``d_max`` of them (the rest are dropped: logged, not trained); one with
+fewer keeps all and fills the remaining slots with random duplicates of its own; one with no
+calls fills its slots with random duplicates of the question's other kept sub-trajectories. So
+every question gives exactly ``K * d_max`` sub-trajectories (none when no rollout of the
+question called the sub-agent at all: there is nothing to learn from).
+
+How duplicates count in the loss: **each duplicate is a full sample** (a copy of every turn of
+the sub-trajectory with the same reward), in the group statistics and in the token loss alike,
+so every rollout contributes exactly ``d_max`` sub-trajectories, the paper's fixed batch. A
+sub-trajectory duplicated once thus weighs twice. Copies carry ``tags["duplicate"] = True``.
+
+Baselines: ``m_grpo.sub_agent: frozen`` trains the main agent only (sub samples are tagged
+``no_update``); ``m_grpo.agents: single`` is single-agent GRPO where one agent has the tools.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Awaitable, Callable, Hashable, Sequence
+
+from teamrl.core.sample import Sample
+from teamrl.core.seeding import derive_seed
+from teamrl.tasks.research import SUB_REWARD_MODES, ResearchEnv, sub_reward
+from teamrl.tasks.task import Problem
+from teamrl.workflows.context import EpisodeContext
+from teamrl.workflows.research_team import ResearchOutcome, research_single, research_team
+
+SUB_AGENT_MODES = ("trained", "frozen")
+AGENT_MODES = ("team", "single")
+ContextFactory = Callable[[Problem, int, dict], EpisodeContext]
+Slot = tuple[int, int]  # (rollout index, call index) of the sub-trajectory a slot holds
+
+
+def group_key(sample: Sample) -> Hashable:
+    """Main: the question (GRPO over its K rollouts); sub: the question's pooled, aligned sub-trajectories."""
+    if sample.role == "sub":
+        return (sample.problem_id, "sub")
+    return (sample.problem_id,)
+
+
+def align_subtrajectories(counts: Sequence[int], d_max: int, rng: random.Random) -> list[list[Slot]]:
+    """Which sub-trajectory fills each of the ``d_max`` slots of each rollout of one question.
+
+    ``counts[i]`` is the number of sub-agent calls of rollout i. More than ``d_max``: a random
+    ``d_max`` of them, in call order; fewer: all, then random duplicates of its own; none: random
+    draws from the other rollouts' kept sub-trajectories. Returns ``len(counts)`` lists of exactly
+    ``d_max`` ``(rollout, call)`` slots, or empty lists when no rollout made a call. A slot that
+    repeats an earlier one is a duplicate; a ``(rollout, call)`` that appears nowhere was dropped.
+    """
+    if d_max < 1:
+        raise ValueError(f"d_max={d_max}: must be >= 1")
+    if any(c < 0 for c in counts):
+        raise ValueError(f"counts={list(counts)}: call counts must be >= 0")
+    if not any(counts):
+        return [[] for _ in counts]
+    slots: list[list[Slot]] = []
+    for i, n in enumerate(counts):
+        if n >= d_max:
+            keep = sorted(rng.sample(range(n), d_max))
+        elif n > 0:
+            keep = list(range(n)) + rng.choices(range(n), k=d_max - n)
+        else:
+            keep = []
+        slots.append([(i, c) for c in keep])
+    pool = sorted({s for row in slots for s in row})
+    for i, n in enumerate(counts):
+        if n == 0:
+            slots[i] = rng.choices(pool, k=d_max)
+    return slots
+
+
+def prepare_sub_samples(sub: Sequence[Sample], outcomes: dict[tuple[Hashable, int], float], d_max: int, mode: str,
+                        seed: int, frozen: bool = False) -> list[Sample]:
+    """Sub-agent rewards, alignment and groups: the sub-agent's half of M-GRPO's reward assignment.
+
+    ``outcomes`` maps every rollout ``(problem_id, episode)`` to its main reward (rollouts
+    without calls included: they get slots too). Returns the aligned samples (duplicates as
+    copies tagged ``duplicate``) followed by the dropped ones (tagged ``dropped`` and
+    ``no_update``); with ``frozen`` every returned sample is tagged ``no_update``. A pure
+    function of its inputs: the decoupled sub-agent worker calls it with what the store gave it.
+    """
+    if mode not in SUB_REWARD_MODES:
+        raise ValueError(f"m_grpo.sub_reward {mode!r}: choose one of {list(SUB_REWARD_MODES)}")
+    rng = random.Random(seed)
+    trajs: dict[tuple[Hashable, int, int], list[Sample]] = defaultdict(list)
+    for s in sub:
+        trajs[(s.problem_id, s.tags["parent_episode"], s.tags["call"])].append(s)
+    orphans = sorted({k[:2] for k in trajs} - set(outcomes), key=repr)
+    if orphans:
+        raise ValueError(f"sub-agent samples of rollout(s) {orphans[:3]} have no main outcome; outcomes has {len(outcomes)} rollouts")
+    episodes: dict[Hashable, list[int]] = defaultdict(list)
+    for pid, ep in outcomes:
+        episodes[pid].append(ep)
+    calls: dict[tuple[Hashable, int], list[int]] = defaultdict(list)  # (problem, episode) -> its call ids, in order
+    for pid, ep, c in trajs:
+        calls[(pid, ep)].append(c)
+    for ids in calls.values():
+        ids.sort()
+    out: list[Sample] = []
+    used: set[tuple[Hashable, int, int]] = set()
+    for pid in sorted(episodes, key=repr):  # a fixed order: the RNG draws do not depend on dict order
+        eps = sorted(episodes[pid])
+        counts = [len(calls[(pid, ep)]) for ep in eps]
+        for row in align_subtrajectories(counts, d_max, rng):
+            for i, j in row:
+                key = (pid, eps[i], calls[(pid, eps[i])][j])
+                samples = sorted(trajs[key], key=lambda s: s.turn)
+                valid = bool(samples[-1].tags.get("format_valid", False))
+                r = sub_reward(outcomes[(pid, eps[i])], valid, mode)
+                dup = key in used
+                used.add(key)
+                for s in samples:
+                    t = dataclasses.replace(s, tags={**s.tags, "duplicate": True}) if dup else s
+                    t.reward = r
+                    t.group = group_key(t)
+                    if frozen:
+                        t.tags["no_update"] = True
+                    out.append(t)
+    for key, samples in trajs.items():
+        if key not in used:
+            r = sub_reward(outcomes[key[:2]], bool(samples[-1].tags.get("format_valid", False)), mode)
+            for s in samples:
+                s.reward, s.group = r, group_key(s)
+                s.tags.update(dropped=True, no_update=True)
+                out.append(s)
+    return out
+
+
+@dataclass
+class MGRPOSettings:
+    k: int = 4
+    d_max: int = 2
+    sub_agent: str = "trained"
+    agents: str = "team"
+    sub_reward: str = "gated"
+    seed: int = 0
+
+
+@dataclass
+class RawRollout:
+    """A rollout before the sub-agent's reward assignment: what the decoupled store carries."""
+
+    main: list[Sample]
+    sub: list[Sample]
+    outcomes: dict[tuple[Hashable, int], float]
+    seed: int  # of the alignment RNG
+    metrics: dict[str, float]
+
+
+class MGRPO:
+    """Sampler + group keys + reward assignment for M-GRPO on the :class:`ResearchEnv`."""
+
+    name = "m_grpo"
+    group_key = staticmethod(group_key)
+
+    def __init__(self, settings: MGRPOSettings) -> None:
+        for key, value, allowed in (("sub_agent", settings.sub_agent, SUB_AGENT_MODES), ("agents", settings.agents, AGENT_MODES),
+                                    ("sub_reward", settings.sub_reward, SUB_REWARD_MODES)):
+            if value not in allowed:
+                raise ValueError(f"m_grpo.{key} {value!r}: choose one of {list(allowed)}")
+        if settings.d_max < 1:
+            raise ValueError(f"m_grpo.d_max={settings.d_max}: must be >= 1")
+        self.s = settings
+        self.calls = 0
+        self.last_metrics: dict[str, float] = {}
+
+    @property
+    def roles(self) -> tuple[str, ...]:
+        """The roles that act: main and sub, or main alone (single-agent baseline)."""
+        return ("main", "sub") if self.s.agents == "team" else ("main",)
+
+    def rollout(self, problems: Sequence[Problem], env: ResearchEnv, make_ctx: ContextFactory,
+                run: Callable[[list[Awaitable]], list]) -> list[Sample]:
+        """All rollouts of all questions together; main and aligned sub samples with rewards and groups set."""
+        raw = self.rollout_raw(problems, env, make_ctx, run)
+        return raw.main + prepare_sub_samples(raw.sub, raw.outcomes, self.s.d_max, self.s.sub_reward, raw.seed,
+                                              frozen=self.s.sub_agent == "frozen")
+
+    def rollout_raw(self, problems: Sequence[Problem], env: ResearchEnv, make_ctx: ContextFactory,
+                    run: Callable[[list[Awaitable]], list]) -> RawRollout:
+        """Run the K rollouts per question; main samples get rewards, sub samples their format validity only."""
+        self.calls += 1
+        workflow = research_team if self.s.agents == "team" else research_single
+        jobs = [(p, make_ctx(p, e, {})) for p in problems for e in range(self.s.k)]
+        results: list[ResearchOutcome] = run([workflow(ctx, env, p) for p, ctx in jobs])
+        main, sub, outcomes = [], [], {}
+        for (p, ctx), res in zip(jobs, results):
+            outcomes[(p.id, ctx.episode)] = res.reward
+            for s in ctx.samples:
+                s.tags["solved"] = res.correct
+                if s.role == "sub":
+                    s.tags["format_valid"] = res.calls[s.tags["call"]].format_valid
+                    sub.append(s)
+                else:
+                    s.reward, s.group = res.reward, group_key(s)
+                    main.append(s)
+        calls = [c for r in results for c in r.calls]
+        metrics = {
+            "success_rate": sum(r.correct for r in results) / len(results),
+            "main_reward": sum(r.reward for r in results) / len(results),
+            "main_valid": sum(r.valid for r in results) / len(results),
+            "sub_calls_per_rollout": len(calls) / len(results),
+        }
+        if calls:
+            metrics["sub_format_valid"] = sum(c.format_valid for c in calls) / len(calls)
+        self.last_metrics = metrics
+        return RawRollout(main, sub, outcomes, derive_seed(self.s.seed, self.calls, 17), metrics)
+
+    def metrics(self, samples: Sequence[Sample]) -> dict[str, float]:
+        """Success rate, main reward and validity, sub-agent calls and format validity of the last rollout."""
+        return dict(self.last_metrics)
