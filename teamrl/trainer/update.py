@@ -22,8 +22,39 @@ class UpdateSettings:
     max_grad_norm: float = 1.0
 
 
-def _micro_batches(n: int, size: int) -> list[slice]:
-    return [slice(i, min(n, i + size)) for i in range(0, n, size)]
+# A micro-batch in which prompt padding would be more than this share of its token positions is split instead.
+MAX_PADDING_SHARE = 0.05
+
+
+def _plan_micro_batches(prompts: list[tuple[int, ...]], completion_lens: list[int], size: int) -> list[slice]:
+    """Micro-batches of at most ``size`` consecutive samples that waste little compute on prompt padding.
+
+    ``prompts`` is per sample, the samples of one prompt consecutive. Each distinct prompt runs once
+    (shared prefix), left-padded to the micro-batch's longest; when adding a prompt would make its
+    padding more than ``MAX_PADDING_SHARE`` of the micro-batch's token positions (padded prompts
+    plus completions), a new micro-batch starts. Long prompts of different lengths (e.g. 480 and
+    570 tokens, with 32-token completions) then run separately instead of paying ~8% extra forward
+    and backward for padding; the weighting in :func:`update_policy` keeps the result equal to
+    the full batch's whatever the split.
+    """
+    parts: list[slice] = []
+    start, lens = 0, []  # lens: the distinct prompts' lengths in the current micro-batch
+    for i, p in enumerate(prompts):
+        new_prompt = i == 0 or p != prompts[i - 1]
+        full = i - start >= size
+        if not full and new_prompt and lens:
+            grown = lens + [len(p)]
+            padded = max(grown) * len(grown)
+            positions = padded + (i + 1 - start) * max(completion_lens[start:i + 1])
+            full = (padded - sum(grown)) / positions > MAX_PADDING_SHARE
+        if full:
+            parts.append(slice(start, i))
+            start, lens = i, []
+        if new_prompt or not lens:
+            lens.append(len(p))
+    if start < len(prompts):
+        parts.append(slice(start, len(prompts)))
+    return parts
 
 
 def _pack(prompts: list[list[int]], completions: list[list[int]], pad_id: int):
@@ -54,13 +85,19 @@ def update_policy(policy: Policy, samples: Sequence[Sample], settings: UpdateSet
     samples = [s for s in samples if s.completion_ids]
     if not samples:
         return {}
-    # Keep completions of one prompt together so that micro-batches can share the prompt's pass.
-    order = {}
+    # Keep completions of one prompt together so that micro-batches can share the prompt's pass, and
+    # prompts of similar length next to each other so that micro-batches pad little.
+    order: dict[tuple[int, ...], int] = {}
     samples = sorted(samples, key=lambda s: order.setdefault(tuple(s.prompt_ids), len(order)))
+    first = {}
+    for s in samples:
+        first.setdefault(tuple(s.prompt_ids), (len(s.prompt_ids), len(first)))
+    samples = sorted(samples, key=lambda s: first[tuple(s.prompt_ids)])
     temperature = samples[0].temperature or 1.0
     cfg = settings.loss
     adv = torch.tensor([s.advantage for s in samples], dtype=torch.float32)
-    parts = _micro_batches(len(samples), settings.micro_batch_size)
+    parts = _plan_micro_batches([tuple(s.prompt_ids) for s in samples], [len(s.completion_ids) for s in samples],
+                                settings.micro_batch_size)
     batches = [_pack([s.prompt_ids for s in samples[sl]], [s.completion_ids for s in samples[sl]], pad_id) for sl in parts]
     masks = [completion_mask(b.completion_ids, list(eos_ids), b.completion_pad_mask) for b in batches]
     total_tokens = max(1, int(sum(int(m.sum()) for m in masks)))
