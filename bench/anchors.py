@@ -187,12 +187,14 @@ def teamrl_iterations(spec_path: str, out_path: str, kind: str) -> None:
 
 
 # ---- the comparisons -------------------------------------------------------------------------
-def compare(kind: str, T: int, steps: int, rounds: int, threads: int) -> dict:
+def compare(kind: str, T: int, steps: int, rounds: int, threads: int, anchor_steps: int = 1,
+            anchor_warmup: bool = False) -> dict:
     """teamrl vs the anchor on one workload: ``rounds`` alternations of one process each."""
     anchor = "comlrl" if kind == "magrpo" else "trl"
     py = ensure_venv(anchor)
     driver = DRIVERS / ("comlrl_magrpo.py" if kind == "magrpo" else "trl_grpo.py")
     spec = (magrpo_spec if kind == "magrpo" else grpo_spec)(T, steps, threads)
+    spec["anchor_warmup"], spec["anchor_steps"] = anchor_warmup, anchor_steps  # read by the CoMLRL driver only
     ours, theirs = [], []
     with tempfile.TemporaryDirectory() as d:
         path = _write_spec(d, spec)
@@ -245,8 +247,9 @@ def render(results: dict, args) -> str:
              "", "Versions: " + ", ".join(f"{k} {v}" for k, v in sorted(vers.items())) + ".",
              f"Model: embedded SmolLM2-135M-Instruct; LoRA r={LORA['r']}, alpha={LORA['alpha']:g} on all linear layers; "
              f"temperature 1, no top-k/top-p; every generation forced to its full length on both sides. "
-             f"Each figure: median of {args.steps} timed iterations per process after one warm-up, x {args.rounds} "
-             "alternating process round(s).", "",
+             f"Each figure: median of {args.steps} timed iterations per process after one warm-up (CoMLRL: "
+             f"{min(args.comlrl_steps, args.steps)} timed iteration(s), {'after' if args.comlrl_warmup else 'without'} a warm-up, "
+             f"on the same problems as teamrl's first timed ones), x {args.rounds} alternating process round(s).", "",
              "| measure | teamrl | other | ratio (teamrl speed-up) | target |", "|---|---|---|---|---|"]
     for r in results.get("anchors", []):
         ratio = r["anchor_s"] / r["teamrl_s"]
@@ -307,6 +310,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=0, help="torch threads on both sides (0: all cores)")
     ap.add_argument("--magrpo-tokens", type=int, nargs="+", default=[32, 64])
     ap.add_argument("--grpo-tokens", type=int, nargs="+", default=[64])
+    ap.add_argument("--comlrl-steps", type=int, default=1, help="timed CoMLRL iterations per process (each takes minutes)")
+    ap.add_argument("--comlrl-warmup", action="store_true", help="warm CoMLRL up with one iteration first (default: no; "
+                    "its one-time costs are a few seconds of a minutes-long iteration)")
     ap.add_argument("--only", default="a,b,c,d", help="comma-separated subset of a,b,c,d (c and d run together; order run: c/d, b, a)")
     ap.add_argument("--_teamrl", nargs=3, metavar=("KIND", "SPEC", "OUT"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -337,7 +343,8 @@ def main(argv: list[str] | None = None) -> int:
             publish()
     if "a" in parts:
         for T in args.magrpo_tokens:
-            results["anchors"].append(compare("magrpo", T, args.steps, args.rounds, args.threads))
+            results["anchors"].append(compare("magrpo", T, args.steps, args.rounds, args.threads,
+                                              min(args.comlrl_steps, args.steps), args.comlrl_warmup))
             publish()
     print(publish())
     return 0

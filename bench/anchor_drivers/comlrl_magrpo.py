@@ -54,8 +54,12 @@ args = MAGRPOConfig(num_train_epochs=1, agent_learning_rate=spec["lr"], num_agen
 formatters = [(lambda item, i=i: item["prompts"][i]) for i in range(len(roles))]
 gen_kwargs = {"min_new_tokens": T} if spec["fixed_length"] else {}
 
-times, tokens = [], []
-for it, batch in enumerate(spec["iterations"]):  # the first is the warm-up
+# The first iteration of the spec is teamrl's warm-up. A CoMLRL iteration takes minutes, so by
+# default it skips the warm-up (its one-time costs are a few seconds) and times the next ones.
+warm = spec.get("anchor_warmup", True)
+iterations = spec["iterations"] if warm else spec["iterations"][1:1 + spec.get("anchor_steps", len(spec["iterations"]))]
+times = []
+for it, batch in enumerate(iterations):
     ds = Dataset.from_list([{"problem_id": b["problem_id"], "prompts": b["prompts"]} for b in batch])
     trainer = MAGRPOTrainer(agents=agents, num_agents=len(roles), tokenizer=tok, train_dataset=ds, reward_func=reward,
                             formatters=formatters, args=args) if it == 0 else trainer
@@ -63,7 +67,7 @@ for it, batch in enumerate(spec["iterations"]):  # the first is the warm-up
     t0 = time.perf_counter()
     trainer.train(**gen_kwargs)
     times.append(time.perf_counter() - t0)
-out = {"times": times[1:], "warmup_s": times[0], "threads": torch.get_num_threads(),
+out = {"times": times[1:] if warm else times, "warmup_s": times[0] if warm else None, "threads": torch.get_num_threads(),
        "versions": {"comlrl": getattr(comlrl, "__version__", "?"), "torch": torch.__version__,
                     "transformers": transformers.__version__, "peft": peft.__version__},
        "prompt_tokens": [[len(tok(p)["input_ids"]) for p in b["prompts"]] for b in spec["iterations"][0]]}
