@@ -1,7 +1,10 @@
 # make demo  - set up .venv if missing, then train a two-agent MAGRPO team (writing.tldr) on the embedded
 #              SmolLM2-135M, evaluate it against the prompt baselines and write the report (<= 15 min on 2 CPU cores)
 # make test  - set up .venv if missing, then run the test suite
-# make bench - engine vs model.generate, train step, MAGRPO vs reference style, sandbox runs/s -> bench/RESULTS.md
+# make bench - side by side, as ratios: MAGRPO iteration vs CoMLRL, GRPO step vs TRL, rollout vs model.generate,
+#              train-step FLOP/s vs the measured matmul peak -> bench/RESULTS.md (= teamrl bench; ~25 min on 2 idle cores,
+#              most of it in CoMLRL, ~5-6 min per iteration; ARGS="--only b,c,d" skips it;
+#              CoMLRL and TRL get their own venvs under ~/.cache/teamrl/bench-venvs on first use)
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.teamrl-installed
@@ -29,9 +32,7 @@ test: setup
 	$(PY) -m pytest $(ARGS)
 
 bench: setup
-	$(PY) bench/core_bench.py --out bench/RESULTS.md
-	$(PY) bench/magrpo_bench.py --out bench/RESULTS.md
-	$(PY) bench/sandbox_bench.py --out bench/RESULTS.md
+	$(VENV)/bin/teamrl bench --out bench/RESULTS.md $(ARGS)
 
 clean:
 	rm -rf $(VENV) runs

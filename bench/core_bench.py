@@ -4,9 +4,14 @@ Runs side by side in one process on the embedded SmolLM2-135M-Instruct:
 1. rollout at batch 32 x 64 new tokens, GRPO-shaped (4 prompts x 8 samples, temperature 1),
    (a) to EOS, counting the tokens each row really generated (generate keeps computing rows
    that finished; the engine drops them), and (b) fixed length (EOS ignored), pure decode speed;
-2. seconds of one LoRA train step (forward + backward + AdamW) on 16 sequences x 200 tokens.
+2. seconds of one LoRA train step (forward + backward + AdamW) on 16 sequences x 200 tokens,
+   its achieved FLOP/s, and this machine's fp32 matmul peak (torch.mm 2048^3) measured in the
+   same run with the same threads.
 
-Usage: python bench/core_bench.py [--repeats N] [--threads N] [--out FILE]
+The engine and ``model.generate`` alternate (A, B, A, B, ...) and each reports its median, so
+that load from other processes hits both sides alike.
+
+Usage: python bench/core_bench.py [--repeats N] [--threads N] [--out FILE] [--json FILE]
 """
 
 from __future__ import annotations
@@ -41,12 +46,58 @@ def _time(fn, repeats: int) -> tuple[float, object]:
     return statistics.median(times), out
 
 
+def _interleaved(fa, fb, repeats: int) -> tuple[tuple[float, object], tuple[float, object]]:
+    """Medians (and last outputs) of ``fa`` and ``fb`` run alternately ``repeats`` times each."""
+    ta, tb, oa, ob = [], [], None, None
+    for _ in range(repeats):
+        t = time.perf_counter()
+        oa = fa()
+        ta.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        ob = fb()
+        tb.append(time.perf_counter() - t)
+    return (statistics.median(ta), oa), (statistics.median(tb), ob)
+
+
+def matmul_peak(size: int = 2048, trials: int = 5, per_trial: int = 4) -> float:
+    """Best fp32 torch.mm FLOP/s over ``trials`` (each ``per_trial`` products of size x size x size)."""
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    c = torch.empty(size, size)
+    torch.mm(a, b, out=c)  # warm-up
+    best = 0.0
+    for _ in range(trials):
+        t = time.perf_counter()
+        for _ in range(per_trial):
+            torch.mm(a, b, out=c)
+        best = max(best, 2 * size ** 3 * per_trial / (time.perf_counter() - t))
+    return best
+
+
+def train_step_flops(model: torch.nn.Module, lora_r: int, sequences: int, seq_len: int, logit_positions: int) -> tuple[float, str]:
+    """Matmul FLOPs of one LoRA train step (forward + input-gradient backward; frozen base weights get no weight gradient)."""
+    cfg = model.config
+    L, d, V = cfg.num_hidden_layers, cfg.hidden_size, cfg.vocab_size
+    lin = [m for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and "lora_" not in n and not n.endswith("lm_head")]
+    n_lin = sum(m.in_features * m.out_features for m in lin)
+    n_lora = sum(lora_r * (m.in_features + m.out_features) for m in lin)
+    tokens = sequences * seq_len
+    base = 4 * n_lin * tokens                          # forward 2N + dX 2N per token
+    head = 4 * V * d * sequences * logit_positions     # lm_head only where logits are kept
+    lora = 6 * n_lora * tokens                         # forward, dX and dW of A and B
+    attn = 3 * 4 * L * d * (seq_len / 2) * tokens      # QK^T and AV, causal mean context, fwd + 2x bwd
+    formula = ("matmul FLOPs = 4 x (base linear params) x tokens + 4 x vocab x hidden x (logit positions) "
+               "+ 6 x (LoRA params) x tokens + 12 x layers x hidden x (mean causal context) x tokens "
+               "(forward 2 FLOPs per weight per token, input-gradient backward 2; the frozen base has no weight gradient)")
+    return float(base + head + lora + attn), formula
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--out", default=None, help="append the results table to this markdown file")
+    ap.add_argument("--json", default=None, help="write the figures to this JSON file")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -100,10 +151,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"teamrl core bench: {args.model}, torch {torch.__version__}, transformers {transformers.__version__}, "
           f"{torch.get_num_threads()} threads, {_cpu_name()}", flush=True)
     _ = plain(False), ours(False)  # warm-up
+    data: dict = {"rollout": {}, "threads": torch.get_num_threads()}
     for label, fixed in (("to EOS", False), ("fixed 64", True)):
-        t_plain, n_plain = _time(lambda: plain(fixed), args.repeats)
-        t_ours, n_ours = _time(lambda: ours(fixed), args.repeats)
+        (t_plain, n_plain), (t_ours, n_ours) = _interleaved(lambda: plain(fixed), lambda: ours(fixed), args.repeats)
         tps_plain, tps_ours = n_plain / t_plain, n_ours / t_ours
+        data["rollout"]["fixed" if fixed else "eos"] = {"generate_tps": tps_plain, "teamrl_tps": tps_ours,
+                                                        "generate_tokens": n_plain, "teamrl_tokens": n_ours}
         results.append((f"rollout tokens/s, batch 32 x 64, {label}", f"{tps_plain:.0f}", f"{tps_ours:.0f}", f"{tps_ours / tps_plain:.2f}x"))
         print(f"rollout {label:9s}  model.generate {tps_plain:7.0f} tok/s ({n_plain} tokens in {t_plain:.2f} s)   "
               f"HFEngine {tps_ours:7.0f} tok/s ({n_ours} tokens in {t_ours:.2f} s)   ratio {tps_ours / tps_plain:.2f}x", flush=True)
@@ -120,11 +173,19 @@ def main(argv: list[str] | None = None) -> int:
     step = lambda: update_policy(pol, samples, settings, tok.pad_token_id, [eos])
     step()  # warm-up
     t_step, _ = _time(step, args.repeats)
-    # forward+backward of a LoRA model: ~2 x forward matmuls (no base weight gradients) -> 4 * params * tokens
-    n_params = sum(p.numel() for n, p in pol.model.named_parameters() if "lora_" not in n)
-    flops = 4 * n_params * 16 * 200
-    results.append(("train step, 16 x 200 tokens, LoRA r=16 (s)", "", f"{t_step:.2f}", f"~{flops / t_step / 1e9:.0f} GFLOP/s"))
-    print(f"train step 16 x 200 tokens: {t_step:.2f} s (~{flops / t_step / 1e9:.0f} GFLOP/s at 4 x params x tokens)", flush=True)
+    flops, formula = train_step_flops(pol.model, LoraConfig().r, 16, 200, 160)
+    peak = matmul_peak()
+    results.append(("train step, 16 x 200 tokens, LoRA r=16 (s)", "", f"{t_step:.2f}",
+                    f"{flops / t_step / 1e9:.0f} GFLOP/s = {flops / t_step / peak:.0%} of the {peak / 1e9:.0f} GFLOP/s fp32 matmul peak"))
+    print(f"train step 16 x 200 tokens: {t_step:.2f} s ({flops / t_step / 1e9:.0f} GFLOP/s; fp32 matmul peak {peak / 1e9:.0f} GFLOP/s)", flush=True)
+    data["train"] = {"seconds": t_step, "gflops": flops / t_step / 1e9, "flops": flops, "sequences": 16, "tokens_per_sequence": 200,
+                     "formula": formula}
+    data["peak"] = {"gflops": peak / 1e9, "size": 2048}
+    if args.json:
+        import json
+
+        with open(args.json, "w") as f:
+            json.dump(data, f)
 
     table = ["| measure | model.generate | teamrl | ratio / note |", "|---|---|---|---|"] + [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in results]
     header = (f"\n## {datetime.date.today().isoformat()}: {args.model}, {_cpu_name()}, {torch.get_num_threads()} threads, "

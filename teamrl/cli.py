@@ -6,6 +6,7 @@
   teamrl report RUN_DIR                              # PNG plots + report.md in RUN_DIR/report
   teamrl study STUDY.yaml [--table]                  # a workflow x policy x task x model x seed grid -> study.md
   teamrl serve --model NAME [--port 8000] [--lora NAME=PATH ...]   # OpenAI-compatible completions server
+  teamrl bench [--only a,b,c,d] [--steps N] ...      # side-by-side benchmarks -> bench/RESULTS.md (= make bench)
 """
 
 from __future__ import annotations
@@ -28,7 +29,21 @@ def _split(args: list[str]) -> tuple[str | None, list[str]]:
     return config, overrides
 
 
+def _bench(argv: list[str]) -> int:
+    """Run ``bench/anchors.py`` of this source tree (the benchmarks are not part of the installed package)."""
+    import runpy
+
+    script = Path(__file__).resolve().parents[1] / "bench" / "anchors.py"
+    if not script.is_file():
+        print(f"teamrl: bench needs a source checkout; {script} does not exist", file=sys.stderr)
+        return 2
+    return int(runpy.run_path(str(script), run_name="teamrl_bench")["main"](argv) or 0)
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["bench"]:  # its options are the bench script's own
+        return _bench(argv[1:])
     parser = argparse.ArgumentParser(prog="teamrl", description="Train teams of LLM agents with multi-agent RL.")
     sub = parser.add_subparsers(dest="command", required=True)
     p_train = sub.add_parser("train", help="train a run (config file and/or key.sub=value overrides)")
@@ -59,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     p_serve.add_argument("--threads", type=int, default=0, help="torch CPU threads; 0 keeps torch's default")
     p_serve.add_argument("--ready-file", default=None, help="write the server's URL to this file once it listens")
     p_serve.add_argument("--verbose", action="store_true", help="log every request")
+    sub.add_parser("bench", help="benchmarks vs CoMLRL, TRL and model.generate -> bench/RESULTS.md (options: teamrl bench --help)")
     ns = parser.parse_args(argv)
     if ns.command == "serve":
         return _serve(ns)

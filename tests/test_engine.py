@@ -141,3 +141,32 @@ def test_scheduler_propagates_episode_errors(tiny_engine):
 
     with pytest.raises(RuntimeError, match="episode broke"):
         sched.run([bad()])
+
+
+def test_prefill_grouped_by_length_equals_one_padded_prefill(tiny, tiny_engine, monkeypatch):
+    import teamrl.rollout.hf_engine as hf
+
+    _, tok = tiny
+    prompts = [encode_chat(tok, "word " * k) for k in (1, 30, 2, 31)]  # two short, two long
+    assert len(hf._prefill_groups([len(p) for p in prompts])) > 1
+    reqs = [GenerationRequest(p, SamplingParams(max_new_tokens=8, ignore_eos=True), n=2) for p in prompts]
+    grouped = tiny_engine.generate("p", reqs, seed=3)
+    monkeypatch.setattr(hf, "MAX_PREFILL_PADDING", 1.0)  # one padded batch, as before grouping existed
+    assert len(hf._prefill_groups([len(p) for p in prompts])) == 1
+    padded = tiny_engine.generate("p", reqs, seed=3)
+    for rg, rp in zip(grouped, padded):
+        for a, b in zip(rg, rp):
+            assert a.token_ids == b.token_ids
+            assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5)
+
+
+def test_prefill_groups_cover_every_prompt_once_with_little_padding():
+    from teamrl.rollout.hf_engine import MAX_PREFILL_PADDING, _prefill_groups
+
+    lengths = [480, 566, 47, 48, 570, 45, 300]
+    groups = _prefill_groups(lengths)
+    assert sorted(i for g in groups for i in g) == list(range(len(lengths)))
+    for g in groups:
+        width = max(lengths[i] for i in g)
+        assert 1 - sum(lengths[i] for i in g) / (width * len(g)) <= MAX_PREFILL_PADDING
+    assert _prefill_groups([45, 47, 46, 48]) == [[3, 1, 2, 0]]  # similar lengths: one batch

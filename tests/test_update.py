@@ -106,3 +106,38 @@ def test_update_with_repeated_prompts_matches_distinct_micro_batches(tiny):
         steps.append(torch.cat([(b - p.detach()).flatten() for b, p in zip(before, pol.parameters())]))
     assert steps[0].abs().sum() > 0
     assert torch.allclose(steps[0], steps[1], atol=1e-6, rtol=1e-4)
+
+
+def test_micro_batch_plan_splits_prompts_whose_padding_would_cost_much():
+    from teamrl.trainer.update import _plan_micro_batches
+
+    a, b, c = (1,) * 480, (2,) * 570, (3,) * 575
+    prompts = [a] * 4 + [b] * 4 + [c] * 4
+    parts = _plan_micro_batches(prompts, [32] * 12, size=16)
+    # 480 vs 570: 90 of 1140 padded prompt positions, ~7% of all positions -> split; 570 vs 575 stay together
+    assert parts == [slice(0, 4), slice(4, 12)]
+    assert _plan_micro_batches(prompts, [32] * 12, size=3) == [slice(0, 3), slice(3, 4), slice(4, 7), slice(7, 10), slice(10, 12)]
+    # short prompts with long completions: the padding is cheap, so one micro-batch
+    assert _plan_micro_batches([(1,) * 40] * 4 + [(2,) * 45] * 4, [160] * 8, size=16) == [slice(0, 8)]
+
+
+def test_update_split_for_padding_equals_one_padded_micro_batch(tiny, monkeypatch):
+    import teamrl.trainer.update as upd
+
+    model, tok = tiny
+    eos = tok.eos_token_id
+    lens = [3, 12, 12, 25]  # very different prompt lengths: the plan splits them
+    samples = [Sample(role="agent", policy="p", problem_id=i // 2, prompt_ids=[256] + [40 + i // 2] * lens[i // 2],
+                      completion_ids=[70 + i] * (1 + i % 3) + [eos], sampling_logprobs=[], advantage=float(i % 2) - 0.5)
+               for i in range(8)]
+    assert len(upd._plan_micro_batches([tuple(s.prompt_ids) for s in samples], [len(s.completion_ids) for s in samples], 16)) > 1
+    steps = []
+    for share in (upd.MAX_PADDING_SHARE, 1.0):  # 1.0: never split for padding -> one micro-batch
+        monkeypatch.setattr(upd, "MAX_PADDING_SHARE", share)
+        pol = Policy("p", copy.deepcopy(model), None, lr=1.0, weight_decay=0.0)
+        pol.optimizer = torch.optim.SGD(pol.parameters(), lr=1.0)
+        before = [p.clone() for p in pol.parameters()]
+        update_policy(pol, samples, UpdateSettings(loss=LossConfig(), micro_batch_size=16, max_grad_norm=1e9), tok.pad_token_id, [eos])
+        steps.append(torch.cat([(b - p.detach()).flatten() for b, p in zip(before, pol.parameters())]))
+    assert steps[0].abs().sum() > 0
+    assert torch.allclose(steps[0], steps[1], atol=1e-6, rtol=1e-4)

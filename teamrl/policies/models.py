@@ -203,3 +203,20 @@ def _random_shape(name: str, seed: int, dtype: torch.dtype, device: str | torch.
     finally:
         torch.random.set_rng_state(state)
     return model, tok
+
+
+def local_model_path(name: str = "smollm2-135m") -> Path:
+    """A folder that ``from_pretrained`` loads without network: the converted cache for an alias, else ``name``.
+
+    Other frameworks (the benchmark anchors CoMLRL and TRL) take this path to load exactly the
+    weights teamrl trains; for ``smollm2-135m`` the GGUF is converted first if the cache is empty.
+    """
+    if name == "smollm2-135m":
+        cached = cache_dir() / "models" / "smollm2-135m"
+        if not (cached / "model.safetensors").is_file():
+            _smollm2(torch.float32)
+        return cached
+    path = Path(name).expanduser()
+    if not path.is_dir():
+        raise ModelNotFound(f"model {name!r}: not an alias with a local cache nor a local folder")
+    return path

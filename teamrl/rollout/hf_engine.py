@@ -49,6 +49,23 @@ class _PreallocatedLayer(DynamicLayer):
         self.keys, self.values = self.kbuf[:, :, :self.length], self.vbuf[:, :, :self.length]
         return self.keys, self.values
 
+    def write_rows(self, rows: torch.Tensor, key_states: torch.Tensor, value_states: torch.Tensor, batch: int, end: int) -> None:
+        """Put a separately prefilled group's keys/values into ``rows``, right-aligned to column ``end``.
+
+        The buffer starts zeroed: the columns left of a short prompt are padding that the attention
+        mask hides, and zeros (unlike uninitialised memory) cannot turn into NaN under the mask.
+        """
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+            _, H, _, D = key_states.shape
+            self.kbuf = key_states.new_zeros((batch, H, self.capacity, D))
+            self.vbuf = value_states.new_zeros((batch, value_states.shape[1], self.capacity, value_states.shape[-1]))
+        n = key_states.shape[-2]
+        self.kbuf[rows, :, end - n:end] = key_states
+        self.vbuf[rows, :, end - n:end] = value_states
+        self.length = end
+        self.keys, self.values = self.kbuf[:, :, :end], self.vbuf[:, :, :end]
+
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         if self.is_initialized:
             self.kbuf = self.kbuf.index_select(0, beam_idx.to(self.kbuf.device))
@@ -116,11 +133,17 @@ class HFEngine(Engine):
         pos = (attn.cumsum(-1) - 1).clamp(min=0)
         cache = DynamicCache()
         # Write keys/values into buffers sized for the whole generation instead of concatenating every step.
-        cache.layer_class_to_replicate = lambda: _PreallocatedLayer(P + int(max(p.max_new_tokens for p in row_params)))
-        out = model(input_ids=ids, attention_mask=attn if padded else None, position_ids=pos,
-                    past_key_values=cache, use_cache=True, logits_to_keep=1)
+        capacity = P + int(max(p.max_new_tokens for p in row_params))
+        cache.layer_class_to_replicate = lambda: _PreallocatedLayer(capacity)
+        groups = _prefill_groups([len(p) for p in prompts])
+        if len(groups) == 1:
+            out = model(input_ids=ids, attention_mask=attn if padded else None, position_ids=pos,
+                        past_key_values=cache, use_cache=True, logits_to_keep=1)
+            last_logits = out.logits[:, -1, :]
+        else:
+            last_logits = self._prefill_by_group(model, ids, attn, pos, groups, cache, capacity)
         src = torch.tensor(row_prompt, device=dev)
-        logits = out.logits[:, -1, :].index_select(0, src)
+        logits = last_logits.index_select(0, src)
         if len(prompts) != R or row_prompt != list(range(R)):
             cache.reorder_cache(src)
         attn = attn.index_select(0, src)
@@ -175,10 +198,62 @@ class HFEngine(Engine):
                 texts[r] = _cut_after_stop(texts[r], stops[r])
         return [Completion(tokens[r], logps[r], texts[r], finish[r]) for r in range(R)]
 
+    def _prefill_by_group(self, model: torch.nn.Module, ids: torch.Tensor, attn: torch.Tensor, pos: torch.Tensor,
+                          groups: list[list[int]], cache: DynamicCache, capacity: int) -> torch.Tensor:
+        """Prefill prompts of very different lengths in groups of similar length; return last-position logits.
+
+        One left-padded batch would spend forward passes on the padding (and use the slower masked
+        attention); each group runs only as wide as its longest prompt, and its keys/values are
+        placed right-aligned into the shared cache, which is then laid out exactly as a padded
+        prefill would leave it.
+        """
+        U, P = ids.shape
+        last = None
+        for group in groups:
+            rows = torch.tensor(group, device=ids.device)
+            g_attn = attn.index_select(0, rows)
+            width = int(g_attn.sum(-1).max())
+            g_attn = g_attn[:, P - width:]
+            sub = DynamicCache()
+            sub.layer_class_to_replicate = lambda: _PreallocatedLayer(width)
+            out = model(input_ids=ids.index_select(0, rows)[:, P - width:], attention_mask=None if bool(g_attn.all()) else g_attn,
+                        position_ids=pos.index_select(0, rows)[:, P - width:], past_key_values=sub, use_cache=True,
+                        logits_to_keep=1)
+            if last is None:
+                last = out.logits.new_empty((U, out.logits.shape[-1]))
+                cache.layers = [_PreallocatedLayer(capacity) for _ in sub.layers]
+            last[rows] = out.logits[:, -1, :]
+            for layer, part in zip(cache.layers, sub.layers):
+                layer.write_rows(rows, part.keys, part.values, U, P)
+        return last
+
     def _hits_stop(self, toks: list[int], stop: tuple[str, ...], window_bytes: int) -> bool:
         # Each token is at least one byte, so the last `window_bytes + 1` tokens hold any stop string just completed.
         tail = self.tokenizer.decode(toks[-(window_bytes + 1):], skip_special_tokens=True)
         return any(s in tail for s in stop)
+
+
+# A prefill batch in which padding would be more than this share of the positions is split by length.
+MAX_PREFILL_PADDING = 0.05
+
+
+def _prefill_groups(lengths: list[int]) -> list[list[int]]:
+    """Indices of prompts grouped so that no group's left padding exceeds ``MAX_PREFILL_PADDING`` of its positions.
+
+    Greedy over the prompts sorted by length, longest first; one group when padding is cheap.
+    """
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    groups: list[list[int]] = []
+    for i in order:
+        if groups:
+            g = groups[-1]
+            width = lengths[g[0]]  # the longest of the group: sorted descending
+            total = sum(lengths[j] for j in g) + lengths[i]
+            if 1 - total / (width * (len(g) + 1)) <= MAX_PREFILL_PADDING:
+                g.append(i)
+                continue
+        groups.append([i])
+    return groups
 
 
 def _cut_after_stop(text: str, stops: tuple[str, ...]) -> str:

@@ -36,9 +36,39 @@ def make_update_settings(cfg: Config) -> UpdateSettings:
         role_stats=t.role_grad_norms)
 
 
-def _micro_batches(segments: list[tuple[int, int]], size: int) -> list[slice]:
-    """Slices of at most ``size`` that never cross a segment boundary."""
-    return [slice(i, min(end, i + size)) for start, end in segments for i in range(start, end, size)]
+# A micro-batch in which prompt padding would be more than this share of its token positions is split instead.
+MAX_PADDING_SHARE = 0.05
+
+
+def _plan_micro_batches(prompts: list[tuple[int, ...]], completion_lens: list[int], size: int) -> list[slice]:
+    """Micro-batches of at most ``size`` consecutive samples that waste little compute on prompt padding.
+
+    ``prompts`` is per sample, the samples of one prompt consecutive. Each distinct prompt runs once
+    (shared prefix), left-padded to the micro-batch's longest; when adding a prompt would make its
+    padding more than ``MAX_PADDING_SHARE`` of the micro-batch's token positions (padded prompts
+    plus completions), a new micro-batch starts. Long prompts of different lengths (e.g. 480 and
+    570 tokens, with 32-token completions) then run separately instead of paying ~8% extra forward
+    and backward for padding; the weighting in :func:`update_policy` keeps the result equal to
+    the full batch's whatever the split.
+    """
+    parts: list[slice] = []
+    start, lens = 0, []  # lens: the distinct prompts' lengths in the current micro-batch
+    for i, p in enumerate(prompts):
+        new_prompt = i == 0 or p != prompts[i - 1]
+        full = i - start >= size
+        if not full and new_prompt and lens:
+            grown = lens + [len(p)]
+            padded = max(grown) * len(grown)
+            positions = padded + (i + 1 - start) * max(completion_lens[start:i + 1])
+            full = (padded - sum(grown)) / positions > MAX_PADDING_SHARE
+        if full:
+            parts.append(slice(start, i))
+            start, lens = i, []
+        if new_prompt or not lens:
+            lens.append(len(p))
+    if start < len(prompts):
+        parts.append(slice(start, len(prompts)))
+    return parts
 
 
 def _flat_grad(params: list[torch.nn.Parameter]) -> torch.Tensor:
@@ -87,18 +117,25 @@ def update_policy(policy: Policy, samples: Sequence[Sample], settings: UpdateSet
     samples = [s for s in samples if s.completion_ids]
     if not samples:
         return {}
-    # Keep completions of one prompt together so that micro-batches can share the prompt's pass
-    # (and, for role statistics, each role type's samples together).
-    order: dict = {}
+    # Keep completions of one prompt together so that micro-batches can share the prompt's pass,
+    # prompts of similar length next to each other so that micro-batches pad little, and (for
+    # role statistics) each role type's samples together.
     roles: dict[str, int] = {}
     role_of = (lambda s: role_type(s.role)) if settings.role_stats else (lambda s: "")
-    samples = sorted(samples, key=lambda s: (roles.setdefault(role_of(s), len(roles)), order.setdefault(tuple(s.prompt_ids), len(order))))
+    first: dict[tuple[int, ...], tuple[int, int]] = {}
+    for s in samples:
+        first.setdefault(tuple(s.prompt_ids), (len(s.prompt_ids), len(first)))
+    samples = sorted(samples, key=lambda s: (roles.setdefault(role_of(s), len(roles)), first[tuple(s.prompt_ids)]))
     temperature = samples[0].temperature or 1.0
     cfg = settings.loss
     adv = torch.tensor([s.advantage for s in samples], dtype=torch.float32)
     names = [role_of(s) for s in samples]
-    segments = [(names.index(r), len(names) - names[::-1].index(r)) for r in roles]
-    parts = _micro_batches(segments, settings.micro_batch_size)
+    parts = []
+    for r in roles:  # micro-batches never mix role types
+        start, end = names.index(r), len(names) - names[::-1].index(r)
+        parts += [slice(sl.start + start, sl.stop + start) for sl in _plan_micro_batches(
+            [tuple(s.prompt_ids) for s in samples[start:end]], [len(s.completion_ids) for s in samples[start:end]],
+            settings.micro_batch_size)]
     batches = [_pack([s.prompt_ids for s in samples[sl]], [s.completion_ids for s in samples[sl]], pad_id) for sl in parts]
     masks = [completion_mask(b.completion_ids, list(eos_ids), b.completion_pad_mask) for b in batches]
     dev = next(iter(policy.parameters())).device

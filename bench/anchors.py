@@ -1,0 +1,354 @@
+"""``make bench`` / ``teamrl bench``: teamrl side by side with CoMLRL, TRL and ``model.generate``.
+
+Measures, each as a ratio within one run, on the embedded SmolLM2-135M-Instruct in fp32:
+
+(a) one MAGRPO iteration vs CoMLRL 1.4.3's ``MAGRPOTrainer``: task writing.tldr (2 agents),
+    G=4, 2 problems per iteration, the same prompts, teamrl's reward, 32 and 64 new tokens;
+(b) one single-agent GRPO step vs TRL's ``GRPOTrainer``: task word_count, G=4, 2 prompts per
+    step, the same prompts and reward, 64 new tokens;
+(c) rollout tokens/s vs plain ``model.generate`` at batch 32 x 64 tokens (``bench/core_bench.py``);
+(d) FLOP/s of a LoRA train step vs this machine's fp32 matmul peak, measured in the same run.
+
+Every generation is forced to its full length on both sides (teamrl ``ignore_eos``, the others
+``min_new_tokens``), so both sides generate exactly the same number of tokens. Both sides use
+LoRA r=16, alpha=32 on every linear layer, temperature 1, no top-k/top-p, the same threads.
+
+CoMLRL and TRL run in their own virtual environments (created on first use under
+``~/.cache/teamrl/bench-venvs``, pinned to this repo's torch/transformers/peft by
+``constraints.txt``) through small drivers in ``bench/anchor_drivers/`` that use only their
+public APIs. Every measurement runs in its own subprocess, one at a time (two processes on
+two cores slow each other 4-20x), alternating teamrl and the anchor; each process warms up
+once and reports the median of ``--steps`` timed iterations.
+
+Usage: python bench/anchors.py [--out bench/RESULTS.md] [--steps 2] [--rounds 1] [--only a,b,c,d]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import hashlib
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+DRIVERS = REPO / "bench" / "anchor_drivers"
+ANCHOR_PACKAGES = {
+    "comlrl": ["comlrl==1.4.3", "peft==0.21.2", "aclsum==0.1.2", "sienna==0.2.6", "platformdirs"],
+    "trl": ["trl==1.16.0", "peft==0.21.2", "aclsum==0.1.2", "sienna==0.2.6", "platformdirs"],
+}
+LORA = {"r": 16, "alpha": 32.0, "dropout": 0.0,
+        "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]}
+LR = 1e-5
+SEED = 0
+MAGRPO_TASK = {"name": "writing.tldr"}
+GRPO_TASK = {"name": "word_count"}
+G = 4
+PROBLEMS_PER_ITERATION = 2
+
+
+def venv_root() -> Path:
+    """Where the anchor venvs live (``TEAMRL_BENCH_VENVS`` overrides), outside the repository."""
+    env = os.environ.get("TEAMRL_BENCH_VENVS")
+    if env:
+        return Path(env)
+    from teamrl.policies.models import cache_dir
+
+    return cache_dir() / "bench-venvs"
+
+
+def ensure_venv(name: str) -> Path:
+    """The python of the anchor venv ``name``, created and installed on first use."""
+    root = venv_root()
+    venv = root / name
+    py = venv / "bin" / "python"
+    constraints = REPO / "constraints.txt"
+    stamp = venv / (".installed-" + hashlib.sha1((" ".join(ANCHOR_PACKAGES[name]) + constraints.read_text()).encode()).hexdigest()[:12])
+    if stamp.is_file():
+        return py
+    root.mkdir(parents=True, exist_ok=True)
+    print(f"[bench] creating the {name} venv in {venv} (once)", flush=True)
+    if not py.exists():
+        subprocess.run(["python3", "-m", "venv", str(venv)], check=True)
+    pip = [str(py), "-m", "pip", "install", "-q", "-c", str(constraints)]
+    # torch first, pinned: any other torch pulls a multi-GB CUDA build.
+    subprocess.run(pip + ["torch==2.13.0"], check=True)
+    subprocess.run(pip + ANCHOR_PACKAGES[name], check=True)
+    stamp.touch()
+    return py
+
+
+def _run(cmd: list[str], threads: int, timeout: float = 3600) -> dict:
+    """Run one measuring subprocess (never two at once) and return the JSON it wrote."""
+    with tempfile.TemporaryDirectory() as d:
+        out = Path(d) / "out.json"
+        env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
+               "TOKENIZERS_PARALLELISM": "false", "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1",
+               "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        proc = subprocess.run(cmd + [str(out)], env=env, timeout=timeout, capture_output=True, text=True)
+        if proc.returncode != 0 or not out.is_file():
+            raise RuntimeError(f"{' '.join(cmd[:3])} failed (rc {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
+        return json.loads(out.read_text())
+
+
+def _write_spec(d: str, spec: dict) -> str:
+    path = Path(d) / f"spec-{time.time_ns()}.json"
+    path.write_text(json.dumps(spec))
+    return str(path)
+
+
+# ---- workloads -------------------------------------------------------------------------------
+def magrpo_spec(T: int, steps: int, threads: int) -> dict:
+    """Problems and prompt texts of ``1 + steps`` MAGRPO iterations (the first is the warm-up)."""
+    from transformers import AutoTokenizer
+
+    from teamrl.policies.chat import render_chat
+    from teamrl.policies.models import local_model_path
+    from teamrl.tasks import make_task
+
+    path = local_model_path("smollm2-135m")
+    tok = AutoTokenizer.from_pretrained(path)
+    task = make_task(MAGRPO_TASK)
+    problems = task.problems()
+    iters = [[{"problem_id": p.id, "prompts": [render_chat(tok, task.prompt(p, r)) for r in task.roles]}
+              for p in problems[i * PROBLEMS_PER_ITERATION:(i + 1) * PROBLEMS_PER_ITERATION]] for i in range(1 + steps)]
+    return {"repo": str(REPO), "model_path": str(path), "task": MAGRPO_TASK, "iterations": iters, "max_new_tokens": T,
+            "group_size": G, "problems_per_iteration": PROBLEMS_PER_ITERATION, "lora": LORA, "lr": LR, "seed": SEED,
+            "threads": threads, "fixed_length": True}
+
+
+def grpo_spec(T: int, steps: int, threads: int) -> dict:
+    """Problems and prompt texts of ``1 + steps`` single-agent GRPO steps (the first is the warm-up)."""
+    from transformers import AutoTokenizer
+
+    from teamrl.policies.chat import render_chat
+    from teamrl.policies.models import local_model_path
+    from teamrl.tasks import make_task
+
+    path = local_model_path("smollm2-135m")
+    tok = AutoTokenizer.from_pretrained(path)
+    task = make_task(GRPO_TASK)
+    problems = task.problems()
+    iters = [[(p.id, render_chat(tok, task.prompt(p))) for p in problems[i * PROBLEMS_PER_ITERATION:(i + 1) * PROBLEMS_PER_ITERATION]]
+             for i in range(1 + steps)]
+    return {"repo": str(REPO), "model_path": str(path), "task": GRPO_TASK, "iterations": iters, "max_new_tokens": T,
+            "group_size": G, "problems_per_step": PROBLEMS_PER_ITERATION, "lora": LORA, "lr": LR, "seed": SEED,
+            "threads": threads, "fixed_length": True}
+
+
+def teamrl_iterations(spec_path: str, out_path: str, kind: str) -> None:
+    """The teamrl side of (a) or (b), in this (sub)process: a Trainer fed the spec's problems."""
+    import dataclasses
+
+    import peft
+    import torch
+    import transformers
+
+    from teamrl.core.config import load_config
+    from teamrl.trainer.trainer import Trainer
+
+    spec = json.loads(Path(spec_path).read_text())
+    torch.set_num_threads(spec["threads"])
+    T = spec["max_new_tokens"]
+    with tempfile.TemporaryDirectory() as d:
+        algo, mode = ("magrpo", "lora_per_role") if kind == "magrpo" else ("grpo", "shared")
+        cfg = load_config(None, [
+            "model=smollm2-135m", f"algorithm={algo}", f"task.name={spec['task']['name']}", f"policy.mode={mode}",
+            f"policy.lora.r={LORA['r']}", f"policy.lora.alpha={LORA['alpha']}", f"rollout.group_size={spec['group_size']}",
+            f"rollout.batch_size={PROBLEMS_PER_ITERATION}", f"rollout.max_new_tokens={T}", "rollout.temperature=1.0",
+            "run.progress=false", "run.log_episodes=false", "run.tensorboard=false", f"run.dir={d}", "name=bench",
+            "train.steps=1000", "run.save_every=1000", f"train.lr={spec['lr']}", "train.micro_batch_size=16",
+            f"seed={spec['seed']}", f"threads={spec['threads']}"])
+        trainer = Trainer(cfg)
+        # Fixed-length generations, as the anchors' min_new_tokens.
+        trainer.params = dataclasses.replace(trainer.params, ignore_eos=spec["fixed_length"])
+        by_id = {p.id: p for p in trainer.problems}
+        if kind == "magrpo":
+            batches = [[by_id[b["problem_id"]] for b in it] for it in spec["iterations"]]
+        else:
+            batches = [[by_id[pid] for pid, _ in it] for it in spec["iterations"]]
+        times, records = [], []
+        for batch in batches:
+            trainer._next_problems = lambda batch=batch: list(batch)
+            t0 = time.perf_counter()
+            rec = trainer.train_step()
+            times.append(time.perf_counter() - t0)
+            records.append({k: rec[k] for k in ("rollout_s", "update_s")})
+    out = {"times": times[1:], "warmup_s": times[0], "phases": records[1:], "threads": torch.get_num_threads(),
+           "versions": {"torch": torch.__version__, "transformers": transformers.__version__, "peft": peft.__version__}}
+    Path(out_path).write_text(json.dumps(out))
+
+
+# ---- the comparisons -------------------------------------------------------------------------
+def compare(kind: str, T: int, steps: int, rounds: int, threads: int, anchor_steps: int = 1,
+            anchor_warmup: bool = False) -> dict:
+    """teamrl vs the anchor on one workload: ``rounds`` alternations of one process each."""
+    anchor = "comlrl" if kind == "magrpo" else "trl"
+    py = ensure_venv(anchor)
+    driver = DRIVERS / ("comlrl_magrpo.py" if kind == "magrpo" else "trl_grpo.py")
+    spec = (magrpo_spec if kind == "magrpo" else grpo_spec)(T, steps, threads)
+    spec["anchor_warmup"], spec["anchor_steps"] = anchor_warmup, anchor_steps  # read by the CoMLRL driver only
+    ours, theirs = [], []
+    with tempfile.TemporaryDirectory() as d:
+        path = _write_spec(d, spec)
+        for _ in range(rounds):
+            r = _run([sys.executable, str(Path(__file__)), "--_teamrl", kind, path], threads)
+            ours += r["times"]
+            print(f"[bench] {kind} T={T} teamrl: {['%.1f' % t for t in r['times']]} s", flush=True)
+            a = _run([str(py), str(driver), path], threads)
+            theirs += a["times"]
+            print(f"[bench] {kind} T={T} {anchor}: {['%.1f' % t for t in a['times']]} s", flush=True)
+    tokens = len(spec["iterations"][0]) * G * T * (2 if kind == "magrpo" else 1)
+    return {"kind": kind, "anchor": anchor, "T": T, "teamrl_s": statistics.median(ours), "anchor_s": statistics.median(theirs),
+            "teamrl_all": ours, "anchor_all": theirs, "tokens": tokens, "teamrl_phases": r.get("phases"),
+            "teamrl_versions": r["versions"], "anchor_versions": a["versions"], "prompt_tokens": a.get("prompt_tokens")}
+
+
+def core(threads: int, repeats: int) -> dict:
+    """(c) and (d): ``bench/core_bench.py`` in a subprocess."""
+    return _run([sys.executable, str(REPO / "bench" / "core_bench.py"), "--threads", str(threads), "--repeats", str(repeats),
+                 "--json"], threads)
+
+
+def _cpu_name() -> str:
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+TARGETS = {"magrpo": 5.0, "grpo": 1.5, "rollout": 2.0, "mfu": 0.5}
+
+
+def render(results: dict, args) -> str:
+    """The markdown section of one run."""
+    import torch
+    import transformers
+
+    def met(x: float, target: float) -> str:
+        return f"met (>= {target:g})" if x >= target else f"NOT met (target {target:g})"
+
+    vers = {"torch": torch.__version__, "transformers": transformers.__version__}
+    for r in results.get("anchors", []):
+        vers.update(r["teamrl_versions"])
+        vers.update({k: v for k, v in r["anchor_versions"].items() if k in ("comlrl", "trl")})
+    lines = [f"## {datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}: `make bench` "
+             f"(bench/anchors.py), {_cpu_name()}, {os.cpu_count()} cores, {args.threads} torch threads, fp32",
+             "", "Versions: " + ", ".join(f"{k} {v}" for k, v in sorted(vers.items())) + ".",
+             f"Model: embedded SmolLM2-135M-Instruct; LoRA r={LORA['r']}, alpha={LORA['alpha']:g} on all linear layers; "
+             f"temperature 1, no top-k/top-p; every generation forced to its full length on both sides. "
+             f"Each figure: median of {args.steps} timed iterations per process after one warm-up (CoMLRL: "
+             f"{min(args.comlrl_steps, args.steps)} timed iteration(s), {'after' if args.comlrl_warmup else 'without'} a warm-up, "
+             f"on the same problems as teamrl's first timed ones), x {args.rounds} alternating process round(s).", "",
+             "| measure | teamrl | other | ratio (teamrl speed-up) | target |", "|---|---|---|---|---|"]
+    for r in results.get("anchors", []):
+        ratio = r["anchor_s"] / r["teamrl_s"]
+        if r["kind"] == "magrpo":
+            what = f"(a) MAGRPO iteration vs CoMLRL {r['anchor_versions'].get('comlrl', '')}: writing.tldr, 2 agents, G={G}, {PROBLEMS_PER_ITERATION} problems, {r['T']} new tokens ({r['tokens']} generated per side)"
+            tgt = TARGETS["magrpo"]
+        else:
+            what = f"(b) GRPO step vs TRL {r['anchor_versions'].get('trl', '')} GRPOTrainer: word_count, G={G}, {PROBLEMS_PER_ITERATION} prompts, {r['T']} new tokens ({r['tokens']} generated per side)"
+            tgt = TARGETS["grpo"]
+        lines.append(f"| {what} | {r['teamrl_s']:.1f} s | {r['anchor_s']:.1f} s | {ratio:.2f}x | {met(ratio, tgt)} |")
+    c = results.get("core")
+    if c:
+        for label, key in (("to EOS", "eos"), ("fixed 64", "fixed")):
+            x = c["rollout"][key]
+            ratio = x["teamrl_tps"] / x["generate_tps"]
+            lines.append(f"| (c) rollout tokens/s vs model.generate, batch 32 x 64, {label} | {x['teamrl_tps']:.0f} tok/s | "
+                         f"{x['generate_tps']:.0f} tok/s | {ratio:.2f}x | {met(ratio, TARGETS['rollout'])} |")
+        t = c["train"]
+        lines.append(f"| (d) LoRA train step, {t['sequences']} x {t['tokens_per_sequence']} tokens: achieved FLOP/s vs fp32 matmul peak "
+                     f"({c['peak']['size']}^3 torch.mm) | {t['gflops']:.0f} GFLOP/s ({t['seconds']:.2f} s) | "
+                     f"{c['peak']['gflops']:.0f} GFLOP/s | {t['gflops'] / c['peak']['gflops']:.0%} of peak | "
+                     f"{met(t['gflops'] / c['peak']['gflops'], TARGETS['mfu']).replace('>= 0.5', '>= 50%').replace('target 0.5', 'target 50%')} |")
+        lines += ["", f"(d) counts {t['formula']}."]
+    detail = []
+    for r in results.get("anchors", []):
+        detail.append(f"- {r['kind']} T={r['T']}: teamrl {', '.join('%.1f' % x for x in r['teamrl_all'])} s; "
+                      f"{r['anchor']} {', '.join('%.1f' % x for x in r['anchor_all'])} s"
+                      + (f"; teamrl rollout/update split {', '.join('%.1f/%.1f' % (p['rollout_s'], p['update_s']) for p in r['teamrl_phases'])} s"
+                         if r.get("teamrl_phases") else ""))
+    if detail:
+        lines += ["", "Every timed iteration:", ""] + detail
+    return "\n".join(lines) + "\n"
+
+
+def write_results(section: str, out: Path, stamp: str) -> None:
+    """Put ``section`` at the top of ``out`` (below its title and intro), keeping older runs as history.
+
+    A section of this run (marked by ``stamp``) written before is replaced.
+    """
+    text = out.read_text() if out.is_file() else "# Benchmark results\n\n"
+    if stamp in text:
+        i = text.index(stamp)
+        j = text.find("\n<!-- bench run ", i + 1)
+        k = text.find("\n## ", text.find("\n## ", i) + 1)
+        ends = [e for e in (j, k) if e > 0]
+        text = text[:i] + text[min(ends) + 1:] if ends else text[:i]
+    marker = "\n## "
+    i = min([x for x in (text.find(marker), text.find("\n<!-- bench run ")) if x >= 0], default=-1)
+    text = text + "\n" + section if i < 0 else text[:i + 1] + section + "\n" + text[i + 1:]
+    out.write_text(text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=str(REPO / "bench" / "RESULTS.md"), help="markdown file to put the results table in ('' to skip)")
+    ap.add_argument("--steps", type=int, default=2, help="timed iterations per process (median)")
+    ap.add_argument("--rounds", type=int, default=1, help="alternating teamrl/anchor process rounds")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads on both sides (0: all cores)")
+    ap.add_argument("--magrpo-tokens", type=int, nargs="+", default=[32, 64])
+    ap.add_argument("--grpo-tokens", type=int, nargs="+", default=[64])
+    ap.add_argument("--comlrl-steps", type=int, default=1, help="timed CoMLRL iterations per process (each takes minutes)")
+    ap.add_argument("--comlrl-warmup", action="store_true", help="warm CoMLRL up with one iteration first (default: no; "
+                    "its one-time costs are a few seconds of a minutes-long iteration)")
+    ap.add_argument("--only", default="a,b,c,d", help="comma-separated subset of a,b,c,d (c and d run together; order run: c/d, b, a)")
+    ap.add_argument("--_teamrl", nargs=3, metavar=("KIND", "SPEC", "OUT"), help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args._teamrl:
+        teamrl_iterations(args._teamrl[1], args._teamrl[2], args._teamrl[0])
+        return 0
+    args.threads = args.threads or os.cpu_count() or 1
+    parts = set(args.only.split(","))
+    results: dict = {"anchors": []}
+    t0 = time.perf_counter()
+    out = Path(args.out) if args.out else None
+    stamp = f"<!-- bench run {time.time_ns()} -->"
+
+    def publish() -> str:
+        # After every part, so that a long run that is stopped still leaves what it measured.
+        section = stamp + "\n" + render(results, args) + f"\n(bench wall time so far {time.perf_counter() - t0:.0f} s)\n"
+        if out:
+            write_results(section, out, stamp)
+        return section
+
+    if parts & {"c", "d"}:
+        results["core"] = core(args.threads, repeats=3)
+        print(f"[bench] core: {json.dumps(results['core'])}", flush=True)
+        publish()
+    if "b" in parts:
+        for T in args.grpo_tokens:
+            results["anchors"].append(compare("grpo", T, args.steps, args.rounds, args.threads))
+            publish()
+    if "a" in parts:
+        for T in args.magrpo_tokens:
+            results["anchors"].append(compare("magrpo", T, args.steps, args.rounds, args.threads,
+                                              min(args.comlrl_steps, args.steps), args.comlrl_warmup))
+            publish()
+    print(publish())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

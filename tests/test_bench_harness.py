@@ -1,0 +1,60 @@
+"""The benchmark harness's pure parts: results placement, FLOP counting, model paths, CLI dispatch (no timing)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+
+from teamrl.policies.models import ModelNotFound, load_model, local_model_path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _module(name: str):
+    spec = importlib.util.spec_from_file_location(name, REPO / "bench" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_write_results_puts_the_new_run_on_top_and_replaces_its_own_partial_section(tmp_path):
+    anchors = _module("anchors")
+    out = tmp_path / "RESULTS.md"
+    out.write_text("# Benchmark results\n\nintro\n\n## old run\n\nold table\n")
+    anchors.write_results("<!-- bench run 1 -->\n## run 1, part\n\nA\n", out, "<!-- bench run 1 -->")
+    anchors.write_results("<!-- bench run 1 -->\n## run 1, whole\n\nB\n", out, "<!-- bench run 1 -->")
+    text = out.read_text()
+    assert "run 1, part" not in text and text.count("<!-- bench run 1 -->") == 1
+    assert text.index("intro") < text.index("run 1, whole") < text.index("old run")
+    assert "old table" in text
+
+
+def test_train_step_flops_counts_lora_step_as_forward_plus_input_gradient():
+    core = _module("core_bench")
+    model, _ = load_model("tiny-random")
+    flops, formula = core.train_step_flops(model, lora_r=4, sequences=2, seq_len=10, logit_positions=5)
+    cfg = model.config
+    lin = [m for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and not n.endswith("lm_head")]
+    base = 4 * sum(m.in_features * m.out_features for m in lin) * 20
+    head = 4 * cfg.vocab_size * cfg.hidden_size * 2 * 5
+    assert flops > base + head  # LoRA and attention terms come on top
+    assert flops < 1.2 * (base + head)
+    assert "4 x (base linear params)" in formula
+
+
+def test_local_model_path_accepts_folders_and_rejects_unknown_names(tmp_path):
+    assert local_model_path(str(tmp_path)) == tmp_path
+    with pytest.raises(ModelNotFound):
+        local_model_path(str(tmp_path / "missing"))
+
+
+def test_cli_dispatches_bench_to_the_script(capsys):
+    from teamrl.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["bench", "--help"])
+    assert e.value.code == 0
+    assert "CoMLRL" in capsys.readouterr().out
