@@ -88,15 +88,24 @@ def _cfg(tmp_path, *extra):
                               "run.tensorboard=false", *extra])
 
 
-def test_sp_and_ip_policies_and_equalised_steps(tmp_path):
+def test_sp_and_ip_policies_and_equalised_steps(tmp_path, monkeypatch):
+    import itertools
+
+    from teamrl.tasks.solve import MathSolve
     from teamrl.trainer.trainer import Trainer
 
     sp = Trainer(_cfg(tmp_path / "sp", "policy.mode=shared", "train.role_grad_norms=true"))
     assert list(sp.router.policies) == ["shared"]
+    rec = sp.train_step()  # a random model is never right: no advantage, no gradient, no capture
+    assert rec["role_grad_norm/generator"] == 0.0 and not any(k.startswith("role_capture/") for k in rec)
+    flip = itertools.cycle([True, False, False])
+    monkeypatch.setattr(MathSolve, "correct_many", lambda self, problem, answers: [next(flip) for _ in answers])
     rec = sp.train_step()
     assert rec["optimizer_steps/shared"] == 1
-    assert {"role_grad_norm/generator", "role_grad_norm/aggregator", "role_capture/generator", "role_entropy/aggregator",
+    assert {"role_grad_norm/generator", "role_grad_norm/aggregator", "role_entropy/aggregator",
             "completion_len/generator", "voting/oracle_accuracy"} <= set(rec)
+    assert rec["role_capture/generator"] + rec["role_capture/aggregator"] == pytest.approx(1.0)
+    assert rec["role_grad_norm/generator"] > 0
     ip = Trainer(_cfg(tmp_path / "ip", "policy.mode=lora_per_role", "policy.equalize_steps=false"))
     assert sorted(ip.router.policies) == ["aggregator", "generator"]
     rec = ip.train_step()

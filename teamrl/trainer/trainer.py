@@ -209,7 +209,7 @@ class Trainer:
             norms = {t: record[f"grad_norm/{self.route(t)}"] for t in types if f"grad_norm/{self.route(t)}" in record}
         for t, v in norms.items():
             out[f"role_grad_norm/{t}"] = v
-        if len(norms) > 1:
+        if len(norms) > 1 and sum(norms.values()) > 0:  # no gradient (all advantages 0): capture is undefined
             out.update({f"role_capture/{t}": v for t, v in role_capture(norms).items()})
         return out
 
