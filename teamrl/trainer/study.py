@@ -229,7 +229,7 @@ def _plots(root: Path, summaries: dict[Cell, dict[str, Any]], rows: list[str]) -
         roles = sorted({k.split("/", 1)[1] for r in recs for k in r if k.startswith("role_capture/")})
         for role in roles:
             pts = [(r["step"], r[f"role_capture/{role}"]) for r in recs if f"role_capture/{role}" in r]
-            ax_c.plot([p[0] for p in pts], [p[1] for p in pts], label=f"{c.workflow}-{c.policy}: {role}")
+            ax_c.plot([p[0] for p in pts], [p[1] for p in pts], marker=".", label=f"{c.workflow}-{c.policy}: {role}")
             drawn_c = True
         write_report(root / c.name)
     for fig, ax, stem, title, ylabel in ((fig_a, ax_a, "accuracy", "held-out accuracy", "%"),
