@@ -131,7 +131,9 @@ def main(argv: list[str] | None = None) -> int:
     except WorkerFailed as e:
         print(f"teamrl: {e}", file=sys.stderr)
         return 1
-    metrics = [m for m in everything if "reward_mean" in m]  # training steps (evaluation-only records aside)
+    from teamrl.core.metrics import accuracy_summary, training_records
+
+    metrics = training_records(everything)
     key = "normalised_return" if "normalised_return" in metrics[-1] else "reward_mean"
     label = "normalised return" if key == "normalised_return" else "reward"
     values = [m[key] for m in metrics]
@@ -141,11 +143,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"mean {label}, first {k} steps: {first:.3f}")
     print(f"mean {label}, last {k} steps:  {last:.3f}")
     print(f"seconds per step: {secs:.1f}")
-    evals = [m for m in everything if "eval/accuracy" in m]
-    if evals:
-        best = max(evals, key=lambda m: m["eval/accuracy"])
-        print(f"held-out accuracy: first {evals[0]['eval/accuracy']:.3f}, peak {best['eval/accuracy']:.3f} "
-              f"(step {best['step']}), final {evals[-1]['eval/accuracy']:.3f}")
+    acc = accuracy_summary(everything)
+    if acc:
+        print(f"held-out accuracy: first {acc['untrained']:.3f}, peak {acc['peak']:.3f} (step {acc['peak_step']}), "
+              f"final {acc['final']:.3f}")
     print(f"run directory: {trainer.run_dir}")
     return 0
 

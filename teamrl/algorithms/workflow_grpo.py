@@ -82,6 +82,13 @@ class WorkflowGRPO:
             samples += ctx.samples
         return samples
 
+    def evaluate(self, problems: Sequence[Problem], task: SolveTask, make_ctx: ContextFactory,
+                 run: Callable[[list[Awaitable]], list]) -> dict[str, float]:
+        """One episode per problem (the caller's contexts decide the sampling, e.g. greedy);
+        accuracy and the workflow's diagnostics. Trains nothing and keeps no state."""
+        _, outcomes = self.episodes(problems, task, make_ctx, run, 1)
+        return outcome_metrics(self.workflow, outcomes)
+
     def metrics(self, samples: Sequence[Sample]) -> dict[str, float]:
         """Episode correctness and the workflow's diagnostics over the last rollout."""
         return outcome_metrics(self.workflow, self.outcomes)

@@ -281,17 +281,20 @@ def parse_overrides(overrides: list[str]) -> list[tuple[str, Any]]:
     return out
 
 
+def read_yaml_mapping(path: str | Path, what: str = "config file") -> dict[str, Any]:
+    """The mapping at the top of a YAML file (empty file: ``{}``); errors name ``what`` and the path."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"{what} {str(p)!r} does not exist")
+    loaded = yaml.safe_load(p.read_text()) or {}
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"{what} {str(p)!r}: expected a mapping at the top level")
+    return loaded
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
     """Read a YAML config (or the defaults), apply overrides, validate, and return a :class:`Config`."""
-    data: dict[str, Any] = {}
-    if path is not None:
-        p = Path(path)
-        if not p.is_file():
-            raise ConfigError(f"config file {str(p)!r} does not exist")
-        loaded = yaml.safe_load(p.read_text()) or {}
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"config file {str(p)!r}: expected a mapping at the top level")
-        data = loaded
+    data: dict[str, Any] = read_yaml_mapping(path) if path is not None else {}
     for key, value in parse_overrides(overrides or []):
         _set_path(data, key, value)
     cfg = build_dataclass(Config, data)

@@ -57,3 +57,21 @@ class MetricsSink:
 def read_metrics(path: Path) -> list[dict[str, Any]]:
     """All records of a ``metrics.jsonl``."""
     return [json.loads(l) for l in Path(path).read_text().splitlines() if l.strip()]
+
+
+def training_records(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The records of training steps (evaluation-only records, such as step 0's, left out)."""
+    return [r for r in records if "reward_mean" in r]
+
+
+def accuracy_summary(records: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Held-out accuracy over a run's evaluations: first (untrained), peak and its step, final and
+    its step, and the steps flagged as cliffs; None when the run has no evaluation."""
+    evals = [r for r in records if "eval/accuracy" in r]
+    if not evals:
+        return None
+    best = max(evals, key=lambda r: r["eval/accuracy"])
+    return {"untrained": evals[0]["eval/accuracy"], "peak": best["eval/accuracy"], "peak_step": best["step"],
+            "final": evals[-1]["eval/accuracy"], "final_step": evals[-1]["step"],
+            "cliffs": [r["step"] for r in evals if r.get("eval/cliff")]}
+

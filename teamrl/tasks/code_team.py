@@ -32,13 +32,20 @@ LEVELS = {"aux": 0.4, "main": 0.6, "parses": 0.5, "tests": 1.0, "collaboration":
 
 
 @dataclass
-class CodeHelperMainOptions:
-    name: str = "code.helper_main"
+class CodeProblemsOptions:
+    """The options every coding task has: its data (see :class:`CodeProblems`) and the sandbox."""
+
+    name: str = ""
     source: str = option("humaneval", choices=tuple(sorted(CODE_SOURCES)), doc="coding data set")
     path: str = option("", doc="its file, for every source but humaneval (see ../shared/data/README.md)")
     num_problems: int = option(0, ge=0, doc="first N problems; 0 = all")
     wall_seconds: float = option(5.0, gt=0, doc="sandbox wall-clock limit per program")
     workers: int = option(0, ge=0, doc="parallel sandbox runs; 0 = one per CPU")
+
+
+@dataclass
+class CodeHelperMainOptions(CodeProblemsOptions):
+    name: str = "code.helper_main"
 
 
 def _function(tree: ast.Module | None, name: str) -> ast.FunctionDef | None:

@@ -21,7 +21,7 @@ from typing import Sequence
 
 from teamrl.core.config import option
 from teamrl.tasks.code_data import CodeProblem, extract_code
-from teamrl.tasks.code_team import CodeTeamTask
+from teamrl.tasks.code_team import CodeProblemsOptions, CodeTeamTask
 from teamrl.tasks.task import Problem
 
 _FLIP = {ast.Lt: ast.GtE, ast.LtE: ast.Gt, ast.Gt: ast.LtE, ast.GtE: ast.Lt, ast.Eq: ast.NotEq, ast.NotEq: ast.Eq,
@@ -29,13 +29,9 @@ _FLIP = {ast.Lt: ast.GtE, ast.LtE: ast.Gt, ast.Gt: ast.LtE, ast.GtE: ast.Lt, ast
 
 
 @dataclass
-class CoderTesterOptions:
+class CoderTesterOptions(CodeProblemsOptions):
     name: str = "code.coder_tester"
     source: str = option("humaneval", choices=("humaneval", "mbpp", "humanevalplus"), doc="a data set with reference solutions")
-    path: str = option("", doc="its file, for every source but humaneval")
-    num_problems: int = option(0, ge=0, doc="first N problems; 0 = all")
-    wall_seconds: float = option(5.0, gt=0, doc="sandbox wall-clock limit per program")
-    workers: int = option(0, ge=0, doc="parallel sandbox runs; 0 = one per CPU")
 
 
 def assertions(text: str) -> tuple[str, list[str]]:

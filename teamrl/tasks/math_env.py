@@ -43,7 +43,6 @@ when installed, ``reasoning-gym`` datasets (source ``reasoning_gym:<dataset>``).
 from __future__ import annotations
 
 import ast
-import json
 import keyword
 import math
 import random
@@ -56,6 +55,7 @@ from teamrl.core.config import option
 from teamrl.sandbox import SandboxLimits, run_program
 from teamrl.tasks.code_data import extract_code
 from teamrl.tasks.environment import Environment
+from teamrl.tasks.jsonl import read_jsonl
 from teamrl.tasks.task import Problem
 from teamrl.tasks.tool_planner import TOOL_FAILED, TOOL_RAN, TOOL_SOLVED, TurnState, describe_result, truncate
 
@@ -343,24 +343,9 @@ def _unordered_equal(pa: list[str], pb: list[str]) -> bool:
 # --- data ----------------------------------------------------------------------------------------
 
 
-def _read_jsonl(path: str | Path, what: str) -> list[dict[str, Any]]:
-    p = Path(path).expanduser()
-    if not p.is_file():
-        raise FileNotFoundError(f"{what}: {str(p)!r} is not a file (see ../shared/data/README.md)")
-    rows = []
-    with open(p, encoding="utf-8") as fh:
-        for n, line in enumerate(fh, 1):
-            if line.strip():
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"{p}: line {n} is not JSON ({e})") from None
-    return rows
-
-
 def load_gsm8k(path: str | Path, limit: int | None = None) -> list[Problem]:
     """GSM8K JSONL (``question``, ``answer`` with the final answer after ``####``)."""
-    rows = _read_jsonl(path, "GSM8K")
+    rows = read_jsonl(path, "GSM8K", "see ../shared/data/README.md")
     stem = Path(path).stem
     problems = []
     for i, row in enumerate(rows[:limit] if limit else rows):
@@ -373,7 +358,7 @@ def load_gsm8k(path: str | Path, limit: int | None = None) -> list[Problem]:
 
 def load_math(path: str | Path, limit: int | None = None) -> list[Problem]:
     """MATH-style JSONL (``problem``, ``answer``: MATH-500, AIME, AMC; numeric answers become strings)."""
-    rows = _read_jsonl(path, "MATH")
+    rows = read_jsonl(path, "MATH", "see ../shared/data/README.md")
     stem = Path(path).stem
     problems = []
     for i, row in enumerate(rows[:limit] if limit else rows):

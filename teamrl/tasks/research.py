@@ -29,16 +29,15 @@ tag and it ended with ``<result>``; how that gates the main outcome is M-GRPO's
 
 from __future__ import annotations
 
-import json
 import random
 import re
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, ClassVar, Sequence
 
 from teamrl.core.config import ConfigError, option
 from teamrl.sandbox import SandboxLimits, run_program
 from teamrl.tasks.task import Problem
+from teamrl.tasks.jsonl import read_jsonl
 from teamrl.tasks.tool_planner import describe_result, truncate
 
 SUB_REWARD_MODES = ("gated", "outcome", "format")
@@ -204,17 +203,11 @@ def generate_questions(facts: list[dict[str, Any]], n: int, seed: int) -> list[P
 
 
 def _read_jsonl(path: str, what: str) -> list[dict[str, Any]]:
-    p = Path(path).expanduser()
-    if not path or not p.is_file():
-        raise ConfigError(f"task.{what}: {path!r} is not a file; give a JSONL file (source: files)")
-    rows = []
-    for n, line in enumerate(p.read_text().splitlines(), 1):
-        if line.strip():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as e:
-                raise ConfigError(f"task.{what}: {path}:{n} is not JSON: {e}") from None
-    return rows
+    """:func:`read_jsonl`, its errors as config errors naming ``task.<what>``."""
+    try:
+        return read_jsonl(path, f"task.{what}", "give a JSONL file (source: files)")
+    except (FileNotFoundError, ValueError) as e:
+        raise ConfigError(f"task.{what}: {e}" if isinstance(e, ValueError) else str(e)) from None
 
 
 def load_corpus(path: str) -> dict[str, Page]:

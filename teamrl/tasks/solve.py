@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from typing import ClassVar, Sequence
 
 from teamrl.core.config import option
-from teamrl.tasks.code_data import CODE_SOURCES, CodeProblem, extract_code, prompt_imports
-from teamrl.tasks.code_team import CodeProblems
+from teamrl.tasks.code_data import CodeProblem, extract_code, prompt_imports
+from teamrl.tasks.code_team import CodeProblems, CodeProblemsOptions
 from teamrl.tasks.math_env import MathOptions, answers_equal, extract_answer, load_math_problems
 from teamrl.tasks.task import Problem, Task
 
@@ -134,13 +134,8 @@ class MathSolve(SolveTask):
 
 
 @dataclass
-class CodeSolveOptions:
+class CodeSolveOptions(CodeProblemsOptions):
     name: str = "code.solve"
-    source: str = option("humaneval", choices=tuple(sorted(CODE_SOURCES)), doc="coding data set")
-    path: str = option("", doc="its file, for every source but humaneval (see ../shared/data/README.md)")
-    num_problems: int = option(0, ge=0, doc="first N problems; 0 = all")
-    wall_seconds: float = option(5.0, gt=0, doc="sandbox wall-clock limit per program")
-    workers: int = option(0, ge=0, doc="parallel sandbox runs; 0 = one per CPU")
     split: str = option("train", choices=SPLITS, doc="train: all but the last test_size problems; test: those")
     test_size: int = option(16, ge=0, doc="problems held out for evaluation")
 

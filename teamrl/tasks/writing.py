@@ -46,7 +46,6 @@ is far off but the vocabulary or the content improves.
 from __future__ import annotations
 
 import importlib.util
-import json
 import random
 import re
 from collections import Counter
@@ -56,6 +55,7 @@ from typing import Any, ClassVar, Mapping, Sequence
 
 from teamrl.core.config import option
 from teamrl.tasks.task import Problem, TeamTask
+from teamrl.tasks.jsonl import read_jsonl_lines
 
 FIELDS = ("id", "title", "abstract", "introduction", "conclusion", "summaries")
 ASPECTS = ("challenge", "approach", "outcome")
@@ -160,20 +160,7 @@ def _load_aclsum(split: str | None) -> list[dict[str, Any]]:
 
 
 def _load_jsonl(path: Path) -> list[dict[str, Any]]:
-    if not path.is_file():
-        raise FileNotFoundError(f"source {str(path)!r}: no such JSONL file")
-    out = []
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            where = f"{path} line {lineno}"
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{where}: not valid JSON ({e.msg})") from e
-            out.append(_record(row, where))
-    return out
+    return [_record(row, f"{path} line {n}") for n, row in read_jsonl_lines(path, "source")]
 
 
 def _load_hf(name: str, split: str | None) -> list[dict[str, Any]]:

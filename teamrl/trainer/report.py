@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from teamrl.core.metrics import read_metrics
+from teamrl.core.metrics import accuracy_summary, read_metrics, training_records
 
 # (file stem, title, metric-name prefixes to draw on that plot)
 PLOTS = (
@@ -25,7 +25,7 @@ PLOTS = (
 )
 
 
-def _series(metrics: list[dict], prefixes: tuple[str, ...]) -> dict[str, tuple[list[int], list[float]]]:
+def _series(metrics: list[dict], prefixes: tuple[str, ...]) -> "Series":
     names = sorted({k for m in metrics for k in m if any(k == p or (p.endswith("/") and k.startswith(p)) or k.startswith(p + "/") for p in prefixes)})
     out = {}
     for n in names:
@@ -35,19 +35,38 @@ def _series(metrics: list[dict], prefixes: tuple[str, ...]) -> dict[str, tuple[l
     return out
 
 
-def write_report(run_dir: str | Path) -> Path:
-    """Write ``RUN_DIR/report/*.png`` and ``RUN_DIR/report/report.md``; return the page's path."""
+Series = dict[str, tuple[list[int], list[float]]]
+
+
+def save_line_plot(series: Series, title: str, path: Path, ylabel: str | None = None, size: tuple[float, float] = (6, 3.2)) -> None:
+    """One PNG: a line per series against step (points marked on short series)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    fig, ax = plt.subplots(figsize=size, dpi=100)
+    for name, (x, y) in series.items():
+        ax.plot(x, y, marker="." if len(x) < 40 else None, label=name)
+    ax.set_xlabel("step")
+    if ylabel:
+        ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7 if len(series) < 8 else 6)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def write_report(run_dir: str | Path) -> Path:
+    """Write ``RUN_DIR/report/*.png`` and ``RUN_DIR/report/report.md``; return the page's path."""
     run_dir = Path(run_dir)
     mfile = run_dir / "metrics.jsonl"
     if not mfile.is_file():
         raise FileNotFoundError(f"{run_dir}: no metrics.jsonl; is it a run directory (runs/<name>)?")
     everything = read_metrics(mfile)
-    metrics = [m for m in everything if "reward_mean" in m]  # training steps (evaluation-only records aside)
+    metrics = training_records(everything)
     if not metrics:
         raise ValueError(f"{mfile} is empty: the run has not finished a step yet")
     out = run_dir / "report"
@@ -60,27 +79,16 @@ def write_report(run_dir: str | Path) -> Path:
     secs = sum(m.get("rollout_s", 0) + m.get("update_s", 0) for m in metrics)
     page += ["| steps | " + main + f", first {k} | " + main + f", last {k} | seconds per step |", "|---|---|---|---|",
              f"| {len(metrics)} | {first:.3f} | {last:.3f} | {secs / len(metrics):.1f} |", ""]
-    evals = [m for m in everything if "eval/accuracy" in m]
-    if evals:
-        best = max(evals, key=lambda m: m["eval/accuracy"])
-        cliffs = [m["step"] for m in evals if m.get("eval/cliff")]
+    acc = accuracy_summary(everything)
+    if acc:
         page += ["| held-out accuracy: first | peak (step) | final | cliffs at steps |", "|---|---|---|---|",
-                 f"| {evals[0]['eval/accuracy']:.3f} | {best['eval/accuracy']:.3f} ({best['step']}) | "
-                 f"{evals[-1]['eval/accuracy']:.3f} | {', '.join(map(str, cliffs)) or 'none'} |", ""]
+                 f"| {acc['untrained']:.3f} | {acc['peak']:.3f} ({acc['peak_step']}) | {acc['final']:.3f} | "
+                 f"{', '.join(map(str, acc['cliffs'])) or 'none'} |", ""]
     for stem, title, prefixes in PLOTS:
         series = _series(everything, prefixes)
         if not series:
             continue
-        fig, ax = plt.subplots(figsize=(6, 3.2), dpi=100)
-        for name, (x, y) in series.items():
-            ax.plot(x, y, marker="." if len(x) < 40 else None, label=name)
-        ax.set_xlabel("step")
-        ax.set_title(title)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-        fig.tight_layout()
-        fig.savefig(out / f"{stem}.png")
-        plt.close(fig)
+        save_line_plot(series, title, out / f"{stem}.png")
         page += [f"## {title}", "", f"![{title}]({stem}.png)", ""]
     path = out / "report.md"
     path.write_text("\n".join(page))

@@ -31,8 +31,8 @@ from typing import Any
 
 import yaml
 
-from teamrl.core.config import ConfigError, build_dataclass, load_config, option
-from teamrl.core.metrics import read_metrics
+from teamrl.core.config import ConfigError, build_dataclass, load_config, option, read_yaml_mapping
+from teamrl.core.metrics import accuracy_summary, read_metrics, training_records
 
 POLICY_MODES = {"sp": "shared", "ip": "lora_per_role"}
 
@@ -78,12 +78,7 @@ class Cell:
 def load_study(path: str | Path) -> StudyConfig:
     """Read and validate a study config."""
     p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"study config {str(p)!r} does not exist")
-    data = yaml.safe_load(p.read_text()) or {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"study config {str(p)!r}: expected a mapping at the top level")
-    study = build_dataclass(StudyConfig, data)
+    study = build_dataclass(StudyConfig, read_yaml_mapping(p, "study config"))
     if study.base and not Path(study.base).is_file() and (p.parent / study.base).is_file():
         study.base = str(p.parent / study.base)  # relative to the study file rather than the current directory
     if study.base and not Path(study.base).is_file():
@@ -127,20 +122,16 @@ def cell_config(study: StudyConfig, cell: Cell):
 def summarise_run(run_dir: Path) -> dict[str, Any]:
     """Untrained, peak and final held-out accuracy, cliffs and the mean role capture of a run."""
     recs = read_metrics(run_dir / "metrics.jsonl")
-    evals = [r for r in recs if "eval/accuracy" in r]
-    if not evals:
+    acc = accuracy_summary(recs)
+    if acc is None:
         raise ValueError(f"{run_dir}: no evaluation records (train.eval_every)")
-    best = max(evals, key=lambda r: r["eval/accuracy"])
-    train = [r for r in recs if "reward_mean" in r]
-    capture = {}
+    train = training_records(recs)
+    capture: dict[str, list[float]] = {}
     for r in train:
         for k, v in r.items():
             if k.startswith("role_capture/"):
                 capture.setdefault(k.split("/", 1)[1], []).append(v)
-    return {"untrained": evals[0]["eval/accuracy"], "peak": best["eval/accuracy"], "peak_step": best["step"],
-            "final": evals[-1]["eval/accuracy"], "final_step": evals[-1]["step"],
-            "cliffs": [r["step"] for r in evals if r.get("eval/cliff")], "steps": len(train),
-            "seconds": sum(r.get("rollout_s", 0) + r.get("update_s", 0) for r in train),
+    return {**acc, "steps": len(train), "seconds": sum(r.get("rollout_s", 0) + r.get("update_s", 0) for r in train),
             "role_capture": {k: sum(v) / len(v) for k, v in capture.items()}}
 
 
@@ -212,37 +203,20 @@ def write_study_table(study: StudyConfig, root: Path, summaries: dict[Cell, dict
 
 
 def _plots(root: Path, summaries: dict[Cell, dict[str, Any]], rows: list[str]) -> None:
-    import matplotlib
+    """``accuracy.png`` and ``role_capture.png`` over every cell, and each cell's own report."""
+    from teamrl.trainer.report import save_line_plot, write_report
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from teamrl.trainer.report import write_report
-
-    fig_a, ax_a = plt.subplots(figsize=(7, 3.6), dpi=100)
-    fig_c, ax_c = plt.subplots(figsize=(7, 3.6), dpi=100)
-    drawn_c = False
+    accuracy, capture = {}, {}
     for c in summaries:
         recs = read_metrics(root / c.name / "metrics.jsonl")
         ev = [(r["step"], 100 * r["eval/accuracy"]) for r in recs if "eval/accuracy" in r]
-        ax_a.plot([e[0] for e in ev], [e[1] for e in ev], marker=".", label=f"{c.workflow}-{c.policy}-s{c.seed}")
-        roles = sorted({k.split("/", 1)[1] for r in recs for k in r if k.startswith("role_capture/")})
-        for role in roles:
+        accuracy[f"{c.workflow}-{c.policy}-s{c.seed}"] = ([e[0] for e in ev], [e[1] for e in ev])
+        for role in sorted({k.split("/", 1)[1] for r in recs for k in r if k.startswith("role_capture/")}):
             pts = [(r["step"], r[f"role_capture/{role}"]) for r in recs if f"role_capture/{role}" in r]
-            ax_c.plot([p[0] for p in pts], [p[1] for p in pts], marker=".", label=f"{c.workflow}-{c.policy}: {role}")
-            drawn_c = True
+            capture[f"{c.workflow}-{c.policy}: {role}"] = ([p[0] for p in pts], [p[1] for p in pts])
         write_report(root / c.name)
-    for fig, ax, stem, title, ylabel in ((fig_a, ax_a, "accuracy", "held-out accuracy", "%"),
-                                         (fig_c, ax_c, "role_capture", "role capture (share of summed grad norm)", "share")):
-        if stem == "role_capture" and not drawn_c:
-            plt.close(fig)
-            continue
-        ax.set_xlabel("step")
-        ax.set_ylabel(ylabel)
-        ax.set_title(title)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=6)
-        fig.tight_layout()
-        fig.savefig(root / f"{stem}.png")
-        plt.close(fig)
-        rows += ["", f"![{title}]({stem}.png)"]
+    for series, stem, title, ylabel in ((accuracy, "accuracy", "held-out accuracy", "%"),
+                                        (capture, "role_capture", "role capture (share of summed grad norm)", "share")):
+        if series:
+            save_line_plot(series, title, root / f"{stem}.png", ylabel=ylabel, size=(7, 3.6))
+            rows += ["", f"![{title}]({stem}.png)"]

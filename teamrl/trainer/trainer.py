@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import sys
@@ -13,7 +14,6 @@ import torch
 import yaml
 
 from teamrl.algorithms import make_algorithm
-from teamrl.algorithms.workflow_grpo import WorkflowGRPO, outcome_metrics
 from teamrl.core.config import Config, ConfigError, config_to_dict
 from teamrl.core.metrics import MetricsSink, read_metrics
 from teamrl.core.sample import Sample
@@ -65,6 +65,7 @@ class Trainer:
         r = cfg.rollout
         self.params = SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
                                      top_k=r.top_k, stop=tuple(r.stop), ignore_eos=r.ignore_eos)
+        self.greedy_params = dataclasses.replace(self.params, temperature=0.0)  # baselines and evaluation
         self.update_settings = make_update_settings(cfg)
         self.last_role_stats: dict[str, float] = {}
         self.eos_ids = [self.tokenizer.eos_token_id]
@@ -92,7 +93,7 @@ class Trainer:
 
     def _eval_task(self) -> SolveTask:
         """The held-out split of the task, for evaluation during training."""
-        if not isinstance(self.algorithm, WorkflowGRPO):
+        if not hasattr(self.algorithm, "evaluate"):
             raise ConfigError("train.eval_every: evaluation during training needs a study workflow (workflow.name) on a "
                               "math.solve or code.solve task")
         task = make_task({**self.cfg.task, "split": "test"})
@@ -144,7 +145,7 @@ class Trainer:
         scheduler = GenerationScheduler(self.engine, seed=derive_seed(self.cfg.seed, step, 1))
 
         def make_ctx(problem: Problem, episode: int, tags: dict) -> EpisodeContext:
-            params = SamplingParams(**{**self.params.__dict__, "temperature": 0.0}) if tags.get("greedy") else self.params
+            params = self.greedy_params if tags.get("greedy") else self.params
             return EpisodeContext(scheduler, self.route, self.tokenizer, params, problem.id, episode, tags)
 
         samples = self._rollout(problems, make_ctx, scheduler)
@@ -215,16 +216,12 @@ class Trainer:
 
     def evaluate_accuracy(self) -> dict[str, float]:
         """Greedy accuracy (and the workflow diagnostics) on the held-out problems: one episode each."""
-        assert self.eval_task is not None and isinstance(self.algorithm, WorkflowGRPO)
         problems = self.eval_task.problems()[:self.cfg.train.eval_problems]
         scheduler = GenerationScheduler(self.engine, seed=derive_seed(self.cfg.seed, self.step, 2))
-        greedy = SamplingParams(**{**self.params.__dict__, "temperature": 0.0})
-
         def make_ctx(problem: Problem, episode: int, tags: dict) -> EpisodeContext:
-            return EpisodeContext(scheduler, self.route, self.tokenizer, greedy, problem.id, episode, tags)
+            return EpisodeContext(scheduler, self.route, self.tokenizer, self.greedy_params, problem.id, episode, tags)
 
-        _, outcomes = self.algorithm.episodes(problems, self.eval_task, make_ctx, scheduler.run, 1)
-        return {f"eval/{k}": v for k, v in outcome_metrics(self.algorithm.workflow, outcomes).items()}
+        return {f"eval/{k}": v for k, v in self.algorithm.evaluate(problems, self.eval_task, make_ctx, scheduler.run).items()}
 
     def _evaluate_and_watch(self, step: int) -> dict[str, Any]:
         """Evaluate, update the running peak; keep the best checkpoint; warn (and stop) at a cliff."""
