@@ -82,8 +82,7 @@ def generation_defaults(model: torch.nn.Module) -> tuple[dict[str, Any], tuple[i
     diff = cfg.to_diff_dict()
     defaults = {k: diff[k] for k in GENERATION_DEFAULT_FIELDS if diff.get(k) is not None}
     eos = cfg.eos_token_id
-    eos_ids = tuple(int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos]) if e is not None)
-    return defaults, eos_ids
+    return defaults, tuple(int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos]) if e is not None)
 
 
 @dataclass
