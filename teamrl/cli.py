@@ -126,12 +126,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if ns.command == "eval":
         return _eval(cfg, ns)
+    from teamrl.rollout.http_engine import ServerError
     from teamrl.trainer.decoupled import WorkerFailed
     from teamrl.trainer.trainer import RunExists, make_trainer
 
     try:
         trainer = make_trainer(cfg, resume=ns.resume)
-    except (RunExists, ConfigError, WorkerFailed) as e:
+    except (RunExists, ConfigError, WorkerFailed, ServerError) as e:  # ServerError: the HTTP engine's start-up check refused
         print(f"teamrl: {e}", file=sys.stderr)
         return 2
     try:

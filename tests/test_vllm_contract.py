@@ -178,6 +178,17 @@ def test_startup_check_refuses_raw_logprobs_below_temperature_1(vllm_server, tmp
     assert figures["distinct"] == 4 and figures["logprob_gap"] < 1e-4
 
 
+def test_trainer_runs_the_startup_check(vllm_server, tmp_path):
+    """Training through a vLLM-like server in its default (raw log-probs) mode at temperature 0.7 is refused at start."""
+    from teamrl.trainer.trainer import Trainer
+
+    cfg = load_config(None, ["model=tiny-random", "threads=1", "rollout.max_new_tokens=6", "rollout.group_size=2",
+                             "rollout.temperature=0.7", "run.progress=false", "run.tensorboard=false", f"run.dir={tmp_path}",
+                             "policy.lora.r=4", "rollout.engine=http", f"rollout.server_url={vllm_server.url}"])
+    with pytest.raises(ServerError, match="start-up check: the server's log-probs"):
+        Trainer(cfg)
+
+
 def test_startup_check_refuses_identical_samples_in_a_group(vllm_server):
     """A server that gives a group G copies of one completion is refused before training (here: an engine that
     sends the group as G prompts with one seed, the old way)."""
@@ -235,7 +246,8 @@ def test_strict_server_answers_like_vllm(vllm_server, tmp_path):
     assert status == 200 and body == "Success: LoRA adapter 'a' added successfully."
     assert _post(url + "/v1/load_lora_adapter", {"lora_name": "a", "lora_path": str(folder)})[0] == 400
     models = json.loads(urllib.request.urlopen(url + "/v1/models", timeout=30).read())["data"]
-    assert [m["owned_by"] for m in models] == ["vllm", "vllm"] and all("version" not in m for m in models)
+    assert "a" in [m["id"] for m in models] and {m["owned_by"] for m in models} == {"vllm"}
+    assert all("version" not in m for m in models)
     assert _post(url + "/v1/unload_lora_adapter", {"lora_name": "a"})[0] == 200
 
 
@@ -282,3 +294,25 @@ def test_grpo_through_strict_vllm_matches_in_process_in_distribution(tmp_path, t
 class _AsCompletion:
     def __init__(self, sample):
         self.token_ids = sample.completion_ids
+
+
+def test_engines_stop_at_generation_config_eos_ids(tiny):
+    """vLLM 0.33.0 also stops at the EOS ids of generation_config (stop_reason: that id); the in-process engine and
+    the trainer's loss mask now use the same ids (generation_eos_ids), so both engines end at the same token."""
+    from teamrl.policies.models import generation_eos_ids
+    from teamrl.rollout.hf_engine import HFEngine
+
+    model, tok = tiny
+    prompt = encode_chat(tok, "stop early")
+    free = HFEngine(lambda p: contextlib.nullcontext(model), tok).generate(
+        "x", [GenerationRequest(prompt, SamplingParams(max_new_tokens=12, temperature=0))])[0][0]
+    extra = next(t for t in free.token_ids[2:] if t != tok.eos_token_id)
+    model.generation_config.eos_token_id = [tok.eos_token_id, extra]
+    ids = generation_eos_ids(model, tok)
+    assert ids == [tok.eos_token_id, extra]
+    req = [GenerationRequest(prompt, SamplingParams(max_new_tokens=12, temperature=0))]
+    local = HFEngine(lambda p: contextlib.nullcontext(model), tok, extra_eos_ids=ids).generate("x", req)[0][0]
+    with strict_server("vllm", extra_eos_ids=(extra,)) as s:
+        remote = HTTPEngine(s.url, tok).generate("tiny-random", req, seed=0)[0][0]
+    assert local.finish_reason == remote.finish_reason == "eos"
+    assert local.token_ids == remote.token_ids == free.token_ids[:free.token_ids.index(extra) + 1]
