@@ -176,6 +176,8 @@ def test_startup_check_refuses_raw_logprobs_below_temperature_1(vllm_server, tmp
         figures = HTTPEngine(s.url, ms.tokenizer).startup_check("tiny-random", [], SamplingParams(max_new_tokens=8, temperature=0.7),
                                                                 4, prompt, logprobs_of)
     assert figures["distinct"] == 4 and figures["logprob_gap"] < 1e-4
+    with pytest.raises(ServerError, match="start-up check: rollout.stop: 5 stop strings"):
+        http.startup_check("tiny-random", [], SamplingParams(stop=tuple("abcde")), 4, prompt, logprobs_of)
 
 
 def test_trainer_runs_the_startup_check(vllm_server, tmp_path):
@@ -316,3 +318,14 @@ def test_engines_stop_at_generation_config_eos_ids(tiny):
         remote = HTTPEngine(s.url, tok).generate("tiny-random", req, seed=0)[0][0]
     assert local.finish_reason == remote.finish_reason == "eos"
     assert local.token_ids == remote.token_ids == free.token_ids[:free.token_ids.index(extra) + 1]
+
+
+def test_cli_strict_options_are_checked(capsys):
+    from teamrl.cli import main
+
+    assert main(["serve", "--model", "tiny-random", "--logprobs-mode", "processed_logprobs"]) == 2
+    assert "need --strict" in capsys.readouterr().err
+    assert main(["serve", "--model", "tiny-random", "--strict", "vllm", "--override-generation-config", '{"bogus": 1}']) == 2
+    assert "'bogus'" in capsys.readouterr().err
+    assert main(["serve", "--model", "tiny-random", "--strict", "vllm", "--override-generation-config", "[1]"]) == 2
+    assert "JSON object" in capsys.readouterr().err

@@ -293,6 +293,10 @@ class HTTPEngine(Engine):
         ``distinct`` completions and ``logprob_gap`` (largest per-token difference).
         """
         self.check_base_model(base_model)
+        try:  # the run's own settings within the server's limits (stop strings, context length)
+            self._check_limits(GenerationRequest(list(prompt_ids), params))
+        except ValueError as e:
+            raise ServerError(f"start-up check: {e}") from None
         served = self.models()
         missing = [p for p in policies if p not in served and self._model_field(p) not in served and self.dialect != "sglang"]
         if missing:

@@ -76,7 +76,8 @@ class Trainer:
         self.update_settings = make_update_settings(cfg)
         self.last_role_stats: dict[str, float] = {}
         # the tokenizer's EOS and generation_config's (vLLM stops at both): one set for every engine and the loss mask
-        self.eos_ids = generation_eos_ids(next(iter(self.router.policies.values())).model, self.tokenizer)
+        # (the decoupled trainer's policy views hold no model: its workers keep the tokenizer's EOS)
+        self.eos_ids = generation_eos_ids(getattr(next(iter(self.router.policies.values())), "model", None), self.tokenizer)
         self.problems = self.task.problems()
         if not self.problems:
             raise ConfigError(f"task {self.task.name!r}: no training problems (check task.num_problems / task.test_size)")
