@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -74,6 +75,13 @@ def main(argv: list[str] | None = None) -> int:
     p_serve.add_argument("--threads", type=int, default=0, help="torch CPU threads; 0 keeps torch's default")
     p_serve.add_argument("--ready-file", default=None, help="write the server's URL to this file once it listens")
     p_serve.add_argument("--verbose", action="store_true", help="log every request")
+    p_serve.add_argument("--strict", choices=("vllm", "sglang"), default=None,
+                         help="imitate vLLM 0.33.0 or SGLang 0.5.23 where they differ from teamrl (per-prompt seeds, "
+                              "generation_config defaults, raw log-probs, real LoRA paths); for testing clients")
+    p_serve.add_argument("--logprobs-mode", choices=("raw_logprobs", "processed_logprobs"), default="raw_logprobs",
+                         help="with --strict: which log-probs are returned (vLLM's --logprobs-mode; default raw_logprobs)")
+    p_serve.add_argument("--override-generation-config", default=None, metavar="JSON",
+                         help='with --strict: sampling defaults as generation_config.json would set them, e.g. \'{"repetition_penalty": 1.1}\'')
     sub.add_parser("bench", help="benchmarks vs CoMLRL, TRL and model.generate -> bench/RESULTS.md (options: teamrl bench --help)")
     ns = parser.parse_args(argv)
     if ns.command == "serve":
@@ -118,12 +126,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if ns.command == "eval":
         return _eval(cfg, ns)
+    from teamrl.rollout.http_engine import ServerError
     from teamrl.trainer.decoupled import WorkerFailed
     from teamrl.trainer.trainer import RunExists, make_trainer
 
     try:
         trainer = make_trainer(cfg, resume=ns.resume)
-    except (RunExists, ConfigError, WorkerFailed) as e:
+    except (RunExists, ConfigError, WorkerFailed, ServerError) as e:  # ServerError: the HTTP engine's start-up check refused
         print(f"teamrl: {e}", file=sys.stderr)
         return 2
     try:
@@ -165,8 +174,20 @@ def _serve(ns) -> int:
         import torch
 
         torch.set_num_threads(ns.threads)
+    strict = None
     try:
-        ms = ModelServer(ns.model, served_name=ns.served_model_name, device=ns.device, dtype=ns.dtype, seed=ns.seed)
+        if ns.strict:
+            from teamrl.rollout.strict_server import StrictBehaviour
+
+            overrides = json.loads(ns.override_generation_config) if ns.override_generation_config else {}
+            if not isinstance(overrides, dict):
+                raise ValueError(f"--override-generation-config: expected a JSON object, got {ns.override_generation_config!r}")
+            strict = StrictBehaviour(ns.strict, ns.logprobs_mode, max_stop_strings=4 if ns.strict == "vllm" else None,
+                                     generation_defaults=overrides)
+        elif ns.override_generation_config or ns.logprobs_mode != "raw_logprobs":
+            raise ValueError("--override-generation-config and --logprobs-mode need --strict vllm|sglang")
+        ms = ModelServer(ns.model, served_name=ns.served_model_name, device=ns.device, dtype=ns.dtype, seed=ns.seed,
+                         strict=strict)
         for name, path in loras:
             ms.load_adapter(name, path)
     except (ValueError, RuntimeError) as e:  # ModelNotFound, bad device/dtype, no GPU

@@ -65,6 +65,12 @@ class RolloutConfig:
                          doc="hf: generate in this process; http: send rollouts to an OpenAI-compatible server (teamrl serve, vLLM, SGLang)")
     server_url: str = option("http://127.0.0.1:8000", doc="base URL of the server used by engine http")
     adapter_dir: str = option("", doc="engine http: folder the server can read where adapters are saved after each update; empty: RUN_DIR/served_adapters")
+    server_dialect: str = option("auto", choices=("auto", "vllm", "sglang", "teamrl"),
+                                 doc="engine http: the server's API (paths, seeding, limits); auto reads owned_by of /v1/models")
+    server_check: bool = option(True, doc="engine http: before training, sample one group of a probe prompt and refuse to train if "
+                                          "its samples are identical or the server's log-probs differ from the trainer's")
+    server_check_tolerance: float = option(0.02, gt=0, doc="engine http: the start-up check's largest mean absolute "
+                                                           "difference per token between server and trainer log-probs")
 
 
 @dataclass

@@ -122,6 +122,17 @@ def load_model(name: str, dtype: torch.dtype = torch.float32, device: str | torc
     return model.to(device=device, dtype=dtype), tok
 
 
+def generation_eos_ids(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    """The tokenizer's EOS id, then any other EOS ids of the model's ``generation_config``.
+
+    vLLM stops at all of them (``generation_config`` EOS ids become stop token ids), so the
+    in-process engine and the loss mask use the same set.
+    """
+    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    extra = eos if isinstance(eos, (list, tuple)) else [eos]
+    return list(dict.fromkeys(int(e) for e in [tokenizer.eos_token_id, *extra] if e is not None))
+
+
 def _smollm2(dtype: torch.dtype) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     cached = cache_dir() / "models" / "smollm2-135m"
     if (cached / "model.safetensors").is_file() and (cached / "tokenizer.json").is_file():

@@ -11,6 +11,11 @@ The wire format follows vLLM's OpenAI-compatible server (which SGLang's mirrors)
   spellings ``/load_lora_adapter`` and ``/unload_lora_adapter`` are accepted too.
 - ``GET /health``: 200 once the model is loaded.
 
+With ``strict`` (``teamrl serve --strict vllm|sglang``) it imitates the real server instead, where
+that differs from teamrl's behaviour (per-prompt seeding, ``generation_config`` defaults, raw
+log-probs, unknown fields ignored, the real LoRA paths and answers): see
+:mod:`teamrl.rollout.strict_server`.
+
 The request's ``model`` picks the weights: the served base-model name, or a loaded adapter's
 name (in teamrl: a policy, i.e. a role's adapter). Log-probs are teamrl's definition: the
 log-prob of each sampled token under ``softmax(logits / temperature)`` before top-k/top-p (under
@@ -40,6 +45,7 @@ import torch
 from teamrl.policies.models import load_model, resolve_device
 from teamrl.rollout.engine import GenerationRequest, SamplingParams
 from teamrl.rollout.hf_engine import HFEngine
+from teamrl.rollout.strict_server import GENERATION_DEFAULT_FIELDS, RowSettings, StrictBehaviour, decode_row, generation_defaults
 
 # Fields of POST /v1/completions that teamrl serve understands (vLLM's names); anything else is a 400.
 COMPLETION_FIELDS = ("model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "n", "stop", "seed",
@@ -76,11 +82,17 @@ class ModelServer:
     """
 
     def __init__(self, model: str, served_name: str | None = None, device: str = "auto", dtype: str = "auto",
-                 seed: int = 0) -> None:
+                 seed: int = 0, strict: StrictBehaviour | None = None) -> None:
         self.device, self.dtype = resolve_device(device, dtype)
+        self.strict = strict
+        self.row_seeds: list[int | None] = []  # strict mode: the seed of every sequence served (for tests)
         self.base, self.tokenizer = load_model(model, dtype=self.dtype, device=self.device, seed=seed)
         self.base.eval().requires_grad_(False)
         self.base_name = served_name or model
+        if strict is not None:  # like vLLM's --generation-config auto: the model's own defaults, then the overrides
+            defaults, eos_ids = generation_defaults(self.base)
+            strict.generation_defaults = {**defaults, **strict.generation_defaults}
+            strict.extra_eos_ids = tuple(dict.fromkeys((*eos_ids, *strict.extra_eos_ids)))
         self.adapters: dict[str, _Adapter] = {}
         self.engine = HFEngine(self._model_for, self.tokenizer, device=self.device)
         self.created = int(time.time())
@@ -126,18 +138,29 @@ class ModelServer:
 
     def list_models(self) -> dict[str, Any]:
         """The ``GET /v1/models`` body: the base model, then each adapter (``parent`` = the base)."""
-        data = [{"id": self.base_name, "object": "model", "created": self.created, "owned_by": "teamrl",
-                 "root": self.base_name, "parent": None}]
+        owner = self.strict.flavor if self.strict else "teamrl"
+        data = [{"id": self.base_name, "object": "model", "created": self.created, "owned_by": owner,
+                 "root": self.base_name, "parent": None, "max_model_len": self.max_model_len}]
         for name, a in self.adapters.items():
-            data.append({"id": name, "object": "model", "created": self.created, "owned_by": "teamrl",
-                         "root": a.path, "parent": self.base_name, "version": a.version})
+            entry = {"id": name, "object": "model", "created": self.created, "owned_by": owner,
+                     "root": a.path, "parent": self.base_name, "max_model_len": self.max_model_len}
+            if not self.strict:  # neither vLLM nor SGLang sends a version
+                entry["version"] = a.version
+            data.append(entry)
         return {"object": "list", "data": data}
+
+    @property
+    def max_model_len(self) -> int:
+        """The longest prompt + completion the model takes (its position limit)."""
+        return int(getattr(self.base.config, "max_position_embeddings", 0) or 2**31 - 1)
 
     # ---- completions ------------------------------------------------------------------
     def complete(self, body: Any) -> dict[str, Any]:
         """Serve one ``POST /v1/completions`` body; raise :class:`RequestError` for a bad one."""
         if not isinstance(body, dict):
             raise RequestError(400, "the request body must be a JSON object")
+        if self.strict:
+            return self._complete_strict(body)
         unknown = [k for k in body if k not in COMPLETION_FIELDS]
         if unknown:
             raise RequestError(400, f"{unknown[0]}: unsupported field; teamrl serve accepts {list(COMPLETION_FIELDS)}", unknown[0])
@@ -218,6 +241,109 @@ class ModelServer:
                 "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                           "total_tokens": prompt_tokens + completion_tokens}}
 
+    def _complete_strict(self, body: dict[str, Any]) -> dict[str, Any]:
+        """``POST /v1/completions`` as vLLM 0.33.0 or SGLang 0.5.23 serve it (unknown fields ignored)."""
+        st = self.strict
+        assert st is not None
+        model = body.get("model")
+        if not isinstance(model, str):
+            raise RequestError(400, "model: required, a string", "model")
+        weights = self._strict_weights(model, body.get("lora_path"))
+        prompts = self._prompts(body.get("prompt"))
+        if len(prompts) > st.max_prompts:
+            raise RequestError(400, f"prompt: at most {st.max_prompts} prompts per request, got {len(prompts)}", "prompt")
+        n = _int(body, "n", 1, lo=1)
+        seed = body.get("seed")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+            raise RequestError(400, f"seed: expected an integer or null, got {seed!r}", "seed")
+        stop = body.get("stop") or []
+        stop = (stop,) if isinstance(stop, str) else tuple(stop)
+        if st.max_stop_strings is not None and len(stop) > st.max_stop_strings:
+            raise RequestError(400, f"stop: at most {st.max_stop_strings} stop strings, got {len(stop)}", "stop")
+        value = {req: body.get(req) if body.get(req) is not None else st.generation_defaults.get(key)
+                 for key, req in GENERATION_DEFAULT_FIELDS.items()}
+        temperature = float(value["temperature"] if value["temperature"] is not None else 1.0)
+        if st.flavor == "vllm" and temperature < 1e-5 and n > 1:
+            raise RequestError(400, f"n must be 1 when using greedy sampling, got {n}.", "n")
+        requested = int(value["max_tokens"] if value["max_tokens"] is not None else 16)
+        settings = []
+        for p in prompts:
+            room = self.max_model_len - len(p)
+            if room < 1:
+                raise RequestError(400, f"prompt: {len(p)} tokens leave no room under max_model_len {self.max_model_len}", "prompt")
+            settings.append(RowSettings(
+                max_tokens=min(requested, room),  # vLLM shortens max_tokens silently at the context limit
+                temperature=temperature, top_p=float(value["top_p"] if value["top_p"] is not None else 1.0),
+                top_k=int(value["top_k"] if value["top_k"] is not None else -1), min_p=float(value["min_p"] or 0.0),
+                repetition_penalty=float(value["repetition_penalty"] if value["repetition_penalty"] is not None else 1.0),
+                presence_penalty=float(value["presence_penalty"] or 0.0), frequency_penalty=float(value["frequency_penalty"] or 0.0),
+                stop=stop, ignore_eos=_bool(body, "ignore_eos", False)))
+        eos_ids = sorted({self.tokenizer.eos_token_id, *st.extra_eos_ids} - {None})
+        want_logprobs = body.get("logprobs") is not None
+        as_ids = st.flavor == "vllm" and _bool(body, "return_tokens_as_token_ids", False)
+        keep_stop = st.flavor == "vllm" and _bool(body, "include_stop_str_in_output", False)
+        choices = []
+        with self._lock:
+            if weights is not None and weights not in self.adapters:
+                raise RequestError(404, f"The model {model!r} does not exist (unloaded)", "model")
+            net = self.base if weights is None else self.adapters[weights].model
+            for i, (prompt, s) in enumerate(zip(prompts, settings)):
+                for j in range(n):
+                    # vLLM: every prompt gets the request's seed, sample j of n gets seed + j; SGLang: the seed as is.
+                    row_seed = None if seed is None else seed + (j if st.flavor == "vllm" else 0)
+                    self.row_seeds.append(row_seed)
+                    row = decode_row(net, self.tokenizer, prompt, s, row_seed, eos_ids, st.logprobs_mode)
+                    choices.append(self._strict_choice(i * n + j, prompt, row, body, want_logprobs, as_ids, keep_stop))
+        completion_tokens = sum(len(c["_ids"]) for c in choices)
+        for c in choices:
+            del c["_ids"]
+        prompt_tokens = sum(len(p) for p in prompts)
+        return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()), "model": model,
+                "choices": choices, "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                                              "total_tokens": prompt_tokens + completion_tokens}}
+
+    def _strict_weights(self, model: str, lora_path: Any) -> str | None:
+        """The adapter a strict request samples from (None: the base), by the imitated server's rule."""
+        assert self.strict is not None
+        if self.strict.flavor == "vllm":
+            if model != self.base_name and model not in self.adapters:
+                raise RequestError(404, f"The model `{model}` does not exist.", "model")
+            return None if model == self.base_name else model
+        # SGLang: "base:adapter" or lora_path picks an adapter; any other name silently means the base.
+        if ":" in model:
+            adapter = model.split(":", 1)[1]
+            if adapter not in self.adapters:
+                raise RequestError(400, f"LoRA adapter {adapter!r} is not loaded", "model")
+            return adapter
+        if isinstance(lora_path, str) and lora_path in self.adapters:
+            return lora_path
+        return None
+
+    def _strict_choice(self, index: int, prompt: list[int], row: Any, body: dict[str, Any], want_logprobs: bool,
+                       as_ids: bool, keep_stop: bool) -> dict[str, Any]:
+        """One choice of a strict answer, in the imitated server's fields."""
+        assert self.strict is not None
+        text = self.tokenizer.decode(row.token_ids, skip_special_tokens=body.get("skip_special_tokens", True) is not False)
+        if isinstance(row.stop_reason, str) and row.stop_reason in text:
+            at = text.index(row.stop_reason)
+            text = text[:at + len(row.stop_reason)] if keep_stop else text[:at]
+        choice: dict[str, Any] = {"index": index, "text": text, "finish_reason": row.finish, "_ids": row.token_ids}
+        if self.strict.flavor == "vllm":
+            choice["stop_reason"] = row.stop_reason
+        else:
+            eos_hit = row.finish == "stop" and not isinstance(row.stop_reason, str)
+            choice["matched_stop"] = (row.token_ids[-1] if eos_hit else row.stop_reason) if row.finish == "stop" else None
+        if want_logprobs:
+            pieces = [self.tokenizer.decode([t]) for t in row.token_ids]
+            choice["logprobs"] = {"tokens": [f"token_id:{t}" for t in row.token_ids] if as_ids else pieces,
+                                  "token_logprobs": row.logprobs, "top_logprobs": None}
+        else:
+            choice["logprobs"] = None
+        if _bool(body, "return_token_ids", False):
+            choice["token_ids"] = list(row.token_ids)
+            choice["prompt_token_ids"] = prompt
+        return choice
+
     def _prompts(self, prompt: Any) -> list[list[int]]:
         """``prompt`` as a list of token-id lists: token ids, a list of them, a string, or a list of strings."""
         vocab = self.base.get_input_embeddings().num_embeddings
@@ -287,6 +413,14 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
+    def _send_text(self, status: int, text: str) -> None:
+        data = text.encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "text/plain; charset=utf-8")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
     def _body(self) -> Any:
         length = int(self.headers.get("Content-Length") or 0)
         if length > MAX_BODY_BYTES:
@@ -300,9 +434,11 @@ class _Handler(BaseHTTPRequestHandler):
     def _route(self, method: str) -> None:
         ms = self.server.model_server
         path = self.path.split("?", 1)[0].rstrip("/")
-        routes = {("GET", "/health"): None, ("GET", "/v1/models"): None, ("POST", "/v1/completions"): None,
-                  ("POST", "/v1/load_lora_adapter"): None, ("POST", "/load_lora_adapter"): None,
-                  ("POST", "/v1/unload_lora_adapter"): None, ("POST", "/unload_lora_adapter"): None}
+        routes = {("GET", "/health"): None, ("GET", "/v1/models"): None, ("POST", "/v1/completions"): None}
+        flavor = ms.strict.flavor if ms.strict else None
+        # vLLM serves LoRA loading under /v1, SGLang at the root; plain teamrl serve accepts both.
+        for prefix in {"vllm": ("/v1",), "sglang": ("",), None: ("/v1", "")}[flavor]:
+            routes[("POST", f"{prefix}/load_lora_adapter")] = routes[("POST", f"{prefix}/unload_lora_adapter")] = None
         try:
             if (method, path) not in routes:
                 if any(p == path for _, p in routes):
@@ -320,19 +456,30 @@ class _Handler(BaseHTTPRequestHandler):
                 if not isinstance(body, dict):
                     raise RequestError(400, "expected a JSON object {\"lora_name\": ..., \"lora_path\": ...}")
                 unknown = [k for k in body if k not in ("lora_name", "lora_path", "load_inplace")]
-                if unknown:
+                if unknown and not flavor:
                     raise RequestError(400, f"{unknown[0]}: unsupported field; accepted: lora_name, lora_path, load_inplace", unknown[0])
                 with ms._lock:
                     version = ms.load_adapter(body.get("lora_name"), body.get("lora_path"), _bool(body, "load_inplace", False))
-                self._send(200, {"status": "ok", "message": f"Success: LoRA adapter {body['lora_name']!r} added successfully.",
-                                 "lora_name": body["lora_name"], "version": version})
+                message = f"Success: LoRA adapter '{body['lora_name']}' added successfully."
+                if flavor == "vllm":
+                    self._send_text(200, message)
+                elif flavor == "sglang":
+                    self._send(200, {"success": True, "error_message": "", "loaded_adapters": {n: a.path for n, a in ms.adapters.items()}})
+                else:
+                    self._send(200, {"status": "ok", "message": message, "lora_name": body["lora_name"], "version": version})
             else:
                 body = self._body()
                 if not isinstance(body, dict) or not isinstance(body.get("lora_name"), str):
                     raise RequestError(400, "lora_name: required, a string", "lora_name")
                 with ms._lock:
                     ms.unload_adapter(body["lora_name"])
-                self._send(200, {"status": "ok", "message": f"Success: LoRA adapter {body['lora_name']!r} removed successfully."})
+                message = f"Success: LoRA adapter '{body['lora_name']}' removed successfully."
+                if flavor == "vllm":
+                    self._send_text(200, message)
+                elif flavor == "sglang":
+                    self._send(200, {"success": True, "error_message": "", "loaded_adapters": {n: a.path for n, a in ms.adapters.items()}})
+                else:
+                    self._send(200, {"status": "ok", "message": message})
         except RequestError as e:
             self._send(e.status, e.body())
         except Exception as e:  # a server bug: say so instead of dropping the connection

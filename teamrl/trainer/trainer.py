@@ -19,6 +19,9 @@ from teamrl.core.metrics import MetricsSink, read_metrics
 from teamrl.core.sample import Sample
 from teamrl.core.seeding import derive_seed, seed_everything
 from teamrl.losses import group_advantages, group_ids_from_keys
+from teamrl.policies.chat import encode_chat
+from teamrl.policies.logprobs import build_token_batch, completion_logprobs
+from teamrl.policies.models import generation_eos_ids
 from teamrl.policies.router import PolicyRouter, role_type
 from teamrl.rollout.engine import Engine, SamplingParams
 from teamrl.rollout.hf_engine import HFEngine
@@ -27,7 +30,7 @@ from teamrl.tasks import Problem, make_task
 from teamrl.tasks.solve import SolveTask
 from teamrl.trainer.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
 from teamrl.trainer.diagnostics import CliffDetector, role_capture
-from teamrl.trainer.update import make_update_settings, update_policy
+from teamrl.trainer.update import _to_device, make_update_settings, update_policy
 from teamrl.tasks.task import TeamTask
 from teamrl.workflows.context import EpisodeContext
 
@@ -43,6 +46,10 @@ def make_trainer(cfg: Config, resume: bool = False) -> "Trainer":
 
         return DecoupledTrainer(cfg, resume=resume)
     return Trainer(cfg, resume=resume)
+
+
+# The prompt of the HTTP engine's start-up check (any prompt works: it only needs long, sampled completions).
+STARTUP_PROBE = "Write a few words about the weather."
 
 
 class Trainer:
@@ -68,7 +75,9 @@ class Trainer:
         self.greedy_params = dataclasses.replace(self.params, temperature=0.0)  # baselines and evaluation
         self.update_settings = make_update_settings(cfg)
         self.last_role_stats: dict[str, float] = {}
-        self.eos_ids = [self.tokenizer.eos_token_id]
+        # the tokenizer's EOS and generation_config's (vLLM stops at both): one set for every engine and the loss mask
+        # (the decoupled trainer's policy views hold no model: its workers keep the tokenizer's EOS)
+        self.eos_ids = generation_eos_ids(getattr(next(iter(self.router.policies.values())), "model", None), self.tokenizer)
         self.problems = self.task.problems()
         if not self.problems:
             raise ConfigError(f"task {self.task.name!r}: no training problems (check task.num_problems / task.test_size)")
@@ -104,16 +113,29 @@ class Trainer:
     def _make_engine(self) -> Engine:
         """The in-process engine, or (``rollout.engine=http``) a client of a ``teamrl serve`` / vLLM / SGLang server."""
         if self.cfg.rollout.engine == "hf":
-            return HFEngine(lambda name: self.router.policies[name].generation_model(), self.tokenizer, device=self.router.device)
+            return HFEngine(lambda name: self.router.policies[name].generation_model(), self.tokenizer, device=self.router.device,
+                            extra_eos_ids=self.eos_ids)
         from teamrl.rollout.http_engine import HTTPEngine
 
-        adapter_dir = (Path(self.cfg.rollout.adapter_dir) if self.cfg.rollout.adapter_dir else self.run_dir / "served_adapters").resolve()
-        engine = HTTPEngine(self.cfg.rollout.server_url, self.tokenizer, adapter_dir=adapter_dir,
+        r = self.cfg.rollout
+        adapter_dir = (Path(r.adapter_dir) if r.adapter_dir else self.run_dir / "served_adapters").resolve()
+        engine = HTTPEngine(r.server_url, self.tokenizer, adapter_dir=adapter_dir, dialect=r.server_dialect,
                             save_adapter=lambda name, folder: self.router.policies[name].save_adapter(folder))
         engine.check_base_model(self.cfg.model)
         for name in self.router.policies:  # the server starts with the base only: send the initial adapters
             engine.sync_weights(name)
+        if r.server_check:
+            engine.startup_check(self.cfg.model, list(self.router.policies), self.params, r.group_size,
+                                 encode_chat(self.tokenizer, STARTUP_PROBE), self._probe_logprobs, tolerance=r.server_check_tolerance,
+                                 seed=derive_seed(self.cfg.seed, 0, 3))
         return engine
+
+    def _probe_logprobs(self, policy: str, prompt_ids: list[int], completions: list, temperature: float) -> list[list[float]]:
+        """The trainer's log-probs of ``completions`` of ``prompt_ids`` (the start-up check compares the server's with them)."""
+        batch = build_token_batch([prompt_ids] * len(completions), [c.token_ids for c in completions], self.tokenizer.pad_token_id)
+        with self.router.policies[policy].generation_model() as model, torch.no_grad():
+            lp, _ = completion_logprobs(model, _to_device(batch, next(model.parameters()).device), temperature or 1.0)
+        return [lp[i, :len(c.token_ids)].tolist() for i, c in enumerate(completions)]
 
     def _build_policies(self) -> None:
         """The policies, the tokenizer and the role -> policy route (one process, one router)."""
