@@ -258,3 +258,10 @@ def test_an_unexpected_error_still_raises(capsys, tmp_path, monkeypatch):
         from teamrl.cli import main
 
         main(tiny_train(tmp_path))
+
+
+def test_eval_checks_the_reward_too(capsys, bad_tasks):
+    rc, err = run_cli(capsys, "eval", "model=tiny-random", "task.name=bad_reward", "task.returns=string",
+                      "rollout.max_new_tokens=4", "--method", "single", "--limit", "1")
+    err = "".join(line for line in err.splitlines(keepends=True) if not line.startswith("[teamrl eval]"))  # progress
+    assert_one_line_error(rc, err, "bad_reward", "'0.5'", "a number")
