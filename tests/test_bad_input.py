@@ -111,6 +111,32 @@ def test_hub_id_offline_fails_fast_and_lists_the_aliases(capsys, tmp_path, hub_c
     assert hub_calls == []
 
 
+def test_hub_is_offline_asks_the_endpoint_once(monkeypatch):
+    import socket
+
+    from huggingface_hub import constants
+
+    from teamrl.policies.models import hub_is_offline
+
+    for k in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{listening.getsockname()[1]}")
+        assert hub_is_offline() is False
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{port}")  # nothing listens there now
+    t0 = time.perf_counter()
+    assert hub_is_offline() is True
+    assert time.perf_counter() - t0 < 5
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    assert hub_is_offline() is True
+
+
 # ---- YAML ---------------------------------------------------------------------------------------
 
 def test_yaml_syntax_error_is_one_line(tmp_path):

@@ -105,7 +105,8 @@ class MAGRPO:
                                tags={"path": path}) for role in roles])
         joint = joint_indices(G, len(roles), self.s.joint_mode)
         outputs = [{role: groups[a][j].text for a, (role, j) in enumerate(zip(roles, idx))} for idx in joint]
-        rewards = checked_rewards(task.name, "rewards()", task.rewards(problem, outputs), len(outputs))
+        rewards = checked_rewards(task.name, f"rewards(problem {problem.id!r})", task.rewards(problem, outputs), len(outputs),
+                                  per="joint action")
         expand = [turn + 1 < self.s.num_turns and not self._terminated(r, task) for r in rewards]
         children = await asyncio.gather(*[
             self._node(ctx, task, problem, turn + 1, path + (k,), history + [outputs[k]],

@@ -29,14 +29,15 @@ def checked_reward(task_name: str, call: str, value: Any) -> float:
         raise InputError(f"task {task_name!r}: {call} returned {value!r}; expected a number (int or float): {e}") from None
 
 
-def checked_rewards(task_name: str, call: str, values: Any, expected: int) -> list[float]:
-    """``values``, the rewards a task's ``call`` returned for ``expected`` answers, as floats; a count
-    other than ``expected`` or a value that is not a number is an :class:`InputError` naming the task."""
+def checked_rewards(task_name: str, call: str, values: Any, expected: int, per: str = "answer") -> list[float]:
+    """``values``, the rewards a task's ``call`` returned for ``expected`` items (``per`` names one), as
+    floats; a count other than ``expected`` or a value that is not a number is an :class:`InputError`
+    naming the task."""
     if isinstance(values, (str, bytes, dict)) or not hasattr(values, "__len__"):
-        raise InputError(f"task {task_name!r}: {call} returned {values!r}; expected a list of {expected} numbers")
+        raise InputError(f"task {task_name!r}: {call} returned {values!r}; expected a list of {expected} numbers, one per {per}")
     if len(values) != expected:
-        raise InputError(f"task {task_name!r}: {call} returned {len(values)} values for {expected} answers; "
-                         f"expected {expected}, one per answer, in order")
+        raise InputError(f"task {task_name!r}: {call} returned {len(values)} values for {expected} {per}s; "
+                         f"expected {expected}, one per {per}, in order")
     return [checked_reward(task_name, f"{call}[{i}]", v) for i, v in enumerate(values)]
 
 

@@ -115,7 +115,8 @@ def evaluate(cfg: Config, methods: list[str], checkpoint: Path | None = None, li
             elif isinstance(task, Environment):
                 r = task.team_reward(out)
             else:
-                r = checked_reward(task.name, "reward()", task.reward(p, out["agent"]) if isinstance(task, Task) else task.reward(p, out))
+                r = task.reward(p, out["agent"]) if isinstance(task, Task) else task.reward(p, out)
+                r = checked_reward(task.name, f"reward(problem {p.id!r})", r)
             scores.append(r / max_reward)
         n = len(scores)
         mean = sum(scores) / n

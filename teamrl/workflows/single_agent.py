@@ -13,7 +13,7 @@ ROLES = ("agent",)
 async def single_agent(ctx: EpisodeContext, task: Task, problem: Problem) -> float:
     """Return the episode reward."""
     text = await ctx.generate("agent", task.prompt(problem))
-    return checked_reward(task.name, "reward()", task.reward(problem, text))
+    return checked_reward(task.name, f"reward(problem {problem.id!r})", task.reward(problem, text))
 
 
 async def single_solve(ctx: EpisodeContext, task: SolveTask, problem: Problem, settings: WorkflowSettings) -> EpisodeOutcome:
