@@ -7,6 +7,9 @@
   teamrl study STUDY.yaml [--table]                  # a workflow x policy x task x model x seed grid -> study.md
   teamrl serve --model NAME [--port 8000] [--lora NAME=PATH ...]   # OpenAI-compatible completions server
   teamrl bench [--only a,b,c,d] [--steps N] ...      # side-by-side benchmarks -> bench/RESULTS.md (= make bench)
+
+Bad input (a config, a data file, a model name, what a task's reward returned) ends in one line
+on stderr and exit code 2; any other error is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -42,7 +45,18 @@ def _bench(argv: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    """Run ``teamrl`` with ``argv`` (default: the process's arguments); returns the exit code."""
+    from teamrl.core.config import ConfigError, InputError
+
+    try:
+        return _main(sys.argv[1:] if argv is None else argv)
+    except InputError as e:  # only the user's input: anything else is a bug and keeps its traceback
+        kind = "config error: " if isinstance(e, ConfigError) else ""
+        print(f"teamrl: {kind}{' '.join(str(e).split())}", file=sys.stderr)
+        return 2
+
+
+def _main(argv: list[str]) -> int:
     if argv[:1] == ["bench"]:  # its options are the bench script's own
         return _bench(argv[1:])
     parser = argparse.ArgumentParser(prog="teamrl", description="Train teams of LLM agents with multi-agent RL.")
@@ -122,6 +136,9 @@ def main(argv: list[str] | None = None) -> int:
     if ns.command == "config":
         import yaml
 
+        from teamrl.tasks import make_task
+
+        make_task(cfg.task)  # the task's own options (and its data), as train checks them
         print(yaml.safe_dump(config_to_dict(cfg), sort_keys=False), end="")
         return 0
     if ns.command == "eval":
@@ -132,7 +149,8 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         trainer = make_trainer(cfg, resume=ns.resume)
-    except (RunExists, ConfigError, WorkerFailed, ServerError) as e:  # ServerError: the HTTP engine's start-up check refused
+    # a ConfigError (bad task options or data, a model name) goes to main; ServerError: the start-up check refused
+    except (RunExists, WorkerFailed, ServerError) as e:
         print(f"teamrl: {e}", file=sys.stderr)
         return 2
     try:

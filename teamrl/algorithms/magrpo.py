@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Awaitable, Callable, Hashable, Sequence
 
 from teamrl.core.sample import Sample
-from teamrl.tasks.task import Problem, TeamTask
+from teamrl.tasks.task import Problem, TeamTask, checked_rewards
 from teamrl.workflows.context import EpisodeContext
 
 JOINT_MODES = ("aligned", "cross")
@@ -105,7 +105,8 @@ class MAGRPO:
                                tags={"path": path}) for role in roles])
         joint = joint_indices(G, len(roles), self.s.joint_mode)
         outputs = [{role: groups[a][j].text for a, (role, j) in enumerate(zip(roles, idx))} for idx in joint]
-        rewards = [float(r) for r in task.rewards(problem, outputs)]
+        rewards = checked_rewards(task.name, f"rewards(problem {problem.id!r})", task.rewards(problem, outputs), len(outputs),
+                                  per="joint action")
         expand = [turn + 1 < self.s.num_turns and not self._terminated(r, task) for r in rewards]
         children = await asyncio.gather(*[
             self._node(ctx, task, problem, turn + 1, path + (k,), history + [outputs[k]],

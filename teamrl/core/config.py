@@ -17,8 +17,20 @@ from typing import Any
 import yaml
 
 
-class ConfigError(ValueError):
+class InputError(ValueError):
+    """Bad input from the user: a config, a data file, a model name, or what a task's code returned.
+
+    The message is one line that names the input and what would be accepted; ``teamrl`` prints it
+    and exits with code 2. Any other exception is a bug and keeps its traceback.
+    """
+
+
+class ConfigError(InputError):
     """A config key or value is not allowed; the message names the key and what is."""
+
+
+class InputFileMissing(InputError, FileNotFoundError):
+    """A file or folder that the input names does not exist (also a ``FileNotFoundError``)."""
 
 
 def option(default: Any = dataclasses.MISSING, *, choices: tuple | None = None, ge: float | None = None,
@@ -287,12 +299,48 @@ def parse_overrides(overrides: list[str]) -> list[tuple[str, Any]]:
     return out
 
 
+class _DuplicateKey(yaml.constructor.ConstructorError):
+    """A key given twice in one YAML mapping."""
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """The safe loader, except that a key given twice in one mapping is an error (PyYAML keeps the last one silently)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        first_line: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base` entries may be overridden on purpose
+                continue
+            key = self.construct_object(key_node, deep=True)
+            try:
+                if key in first_line:
+                    raise _DuplicateKey(None, None, f"duplicate key {key!r} (first given on line {first_line[key]}); "
+                                        "give each key once", key_node.start_mark)
+                first_line[key] = key_node.start_mark.line + 1
+            except TypeError:  # an unhashable key: the base loader reports it
+                pass
+        return super().construct_mapping(node, deep=deep)
+
+
 def read_yaml_mapping(path: str | Path, what: str = "config file") -> dict[str, Any]:
-    """The mapping at the top of a YAML file (empty file: ``{}``); errors name ``what`` and the path."""
+    """The mapping at the top of a YAML file; errors (missing, empty, not YAML, a duplicate key,
+    not a mapping) are one line that names ``what`` and the path."""
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"{what} {str(p)!r} does not exist")
-    loaded = yaml.safe_load(p.read_text()) or {}
+    try:
+        loaded = yaml.load(p.read_text(), Loader=_UniqueKeyLoader)
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "somewhere"
+        if isinstance(e, _DuplicateKey):
+            raise ConfigError(f"{what} {str(p)!r}, {where}: {e.problem}") from None
+        raise ConfigError(f"{what} {str(p)!r} is not valid YAML ({where}): {e.problem or e.context}") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{what} {str(p)!r}: not valid YAML: {' '.join(str(e).split())}") from None
+    if loaded is None:
+        raise ConfigError(f"{what} {str(p)!r} is empty; give at least one key (e.g. task), "
+                          "or leave the file out to use the defaults")
     if not isinstance(loaded, dict):
         raise ConfigError(f"{what} {str(p)!r}: expected a mapping at the top level")
     return loaded
@@ -310,6 +358,9 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
 
 def validate(cfg: Config) -> None:
     """Checks that span several fields."""
+    if not cfg.name or cfg.name in (".", "..") or "/" in cfg.name or "\\" in cfg.name:
+        raise ConfigError(f"name: {cfg.name!r} is not allowed; the run directory is run.dir/name, so give one folder name "
+                          "without '/' (and not '.' or '..'), e.g. name=lr1e-4")
     if cfg.policy.mode == "lora_per_role" and cfg.policy.lora is None:
         raise ConfigError("policy.lora: lora_per_role needs LoRA settings, got null; use mode shared or separate for full weights")
     if cfg.run.wandb:

@@ -16,13 +16,19 @@ with bf16 when a GPU is present, else CPU with fp32) into a torch device and dty
 
 from __future__ import annotations
 
+import difflib
 import importlib.util
 import os
+import re
+import socket
 import sys
 from pathlib import Path
+from urllib.parse import urlparse
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
+
+from teamrl.core.config import InputError
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 CHATML_TEMPLATE = (
@@ -48,8 +54,11 @@ DEVICES = ("auto", "cpu", "cuda")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-class ModelNotFound(ValueError):
-    """No source could provide the model; the message lists what was tried."""
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")  # "org/name", or a legacy "name"
+
+
+class ModelNotFound(InputError):
+    """No source could provide the model; the one-line message says what was tried and what is accepted."""
 
 
 def cache_dir() -> Path:
@@ -83,6 +92,60 @@ def resolve_device(device: str = "auto", dtype: str = "auto") -> tuple[torch.dev
     return dev, DTYPES[dtype]
 
 
+def hub_is_offline(timeout_s: float = 3.0) -> bool:
+    """Whether the model hub cannot be asked: ``HF_HUB_OFFLINE`` is set, or (no proxy configured) its
+    host does not accept a connection within ``timeout_s``. Checked once, so that an unreachable hub
+    fails in seconds instead of after the hub client's retries."""
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        return True
+    if any(os.environ.get(k) for k in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")):
+        return False  # the client goes through the proxy; a direct connection says nothing
+    url = urlparse(constants.ENDPOINT)
+    try:
+        with socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)), timeout=timeout_s):
+            return False
+    except OSError:
+        return True
+
+
+def _path_or_typo(name: str) -> ModelNotFound | None:
+    """The error for a name that is no alias and no folder, when it cannot be a hub id either: a path
+    (the folder does not exist) or a near-miss of an alias. None: ask the hub."""
+    aliases = ", ".join(MODEL_ALIASES)
+    if name.startswith(("/", ".", "~")) or not HUB_ID.match(name):
+        return ModelNotFound(f"model {name!r}: the local folder {str(Path(name).expanduser().resolve())!r} does not exist; "
+                             f"give a model folder, an alias ({aliases}) or a hub id (org/name)")
+    close = difflib.get_close_matches(name.lower(), MODEL_ALIASES, n=1, cutoff=0.75) if "/" not in name else []
+    if close:
+        return ModelNotFound(f"model {name!r} is not a known alias; did you mean {close[0]!r}? Aliases: {aliases}; "
+                             "or give a model folder or a hub id (org/name)")
+    return None
+
+
+def _from_hub(name: str, dtype: torch.dtype) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """A hub id, from the hub or, when it is offline, from its cache; fails at once (one line) when neither can help."""
+    error = _path_or_typo(name)
+    if error is not None:
+        raise error
+    offline = hub_is_offline()
+    what = f"model {name!r}: not an alias ({', '.join(MODEL_ALIASES)}), no local folder of that name, and"
+    if offline:
+        from huggingface_hub import try_to_load_from_cache
+
+        if not isinstance(try_to_load_from_cache(name, "config.json"), str):
+            raise ModelNotFound(f"{what} as a hub id it is not in the cache while the hub is offline "
+                                "(HF_HUB_OFFLINE, or no connection)")
+    try:
+        tok = AutoTokenizer.from_pretrained(name, local_files_only=offline)
+        model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype, local_files_only=offline)
+    except Exception as e:  # the hub client's errors are many: name the model and the first line of why
+        first = str(e).splitlines()[0] if str(e) else ""
+        raise ModelNotFound(f"{what} as a hub id the hub did not provide it ({type(e).__name__}: {first})") from None
+    return model, tok
+
+
 def load_model(name: str, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
                seed: int = 0) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load ``(model, tokenizer)`` from an alias, a local Hugging Face folder or a hub id.
@@ -91,7 +154,6 @@ def load_model(name: str, dtype: torch.dtype = torch.float32, device: str | torc
     initialisation of ``tiny-random`` and ``random:*`` models. The model is returned on
     ``device`` in ``dtype``.
     """
-    tried: list[str] = []
     if name in TINY_RANDOM:
         model, tok = _tiny_random(name, seed)
     elif name in RANDOM_SHAPES:
@@ -106,14 +168,7 @@ def load_model(name: str, dtype: torch.dtype = torch.float32, device: str | torc
         except Exception as e:  # say which folder failed and why
             raise ModelNotFound(f"model {name!r}: the local folder {str(path)!r} exists but did not load as a causal LM: {e}") from e
     else:
-        tried.append(f"alias (known: {', '.join(MODEL_ALIASES)}): no match")
-        tried.append(f"local folder {str(Path(name).expanduser().resolve())!r}: does not exist")
-        try:
-            tok = AutoTokenizer.from_pretrained(name)
-            model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype)
-        except Exception as e:
-            tried.append(f"hub id {name!r}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
-            raise ModelNotFound(f"model {name!r} could not be loaded. Tried:\n  - " + "\n  - ".join(tried)) from None
+        model, tok = _from_hub(name, dtype)
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     if not tok.chat_template:

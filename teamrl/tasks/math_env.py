@@ -51,7 +51,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, ClassVar
 
-from teamrl.core.config import option
+from teamrl.core.config import ConfigError, InputError, option
 from teamrl.sandbox import SandboxLimits, run_program
 from teamrl.tasks.code_data import extract_code
 from teamrl.tasks.environment import Environment
@@ -350,7 +350,7 @@ def load_gsm8k(path: str | Path, limit: int | None = None) -> list[Problem]:
     problems = []
     for i, row in enumerate(rows[:limit] if limit else rows):
         if "question" not in row or "answer" not in row or "####" not in str(row["answer"]):
-            raise ValueError(f"{path}: line {i + 1} needs `question` and an `answer` with `#### <final>`; found {sorted(row)}")
+            raise InputError(f"{path}: line {i + 1} needs `question` and an `answer` with `#### <final>`; found {sorted(row)}")
         final = normalize_answer(str(row["answer"]).rsplit("####", 1)[1].strip())
         problems.append(Problem(f"gsm8k/{stem}/{i}", {"question": row["question"], "answer": final, "source": "gsm8k"}))
     return problems
@@ -363,7 +363,7 @@ def load_math(path: str | Path, limit: int | None = None) -> list[Problem]:
     problems = []
     for i, row in enumerate(rows[:limit] if limit else rows):
         if "problem" not in row or "answer" not in row:
-            raise ValueError(f"{path}: line {i + 1} needs `problem` and `answer`; found {sorted(row)}")
+            raise InputError(f"{path}: line {i + 1} needs `problem` and `answer`; found {sorted(row)}")
         problems.append(Problem(f"math/{stem}/{row.get('unique_id', row.get('id', i))}",
                                 {"question": row["problem"], "answer": normalize_answer(row["answer"]), "source": "math"}))
     return problems
@@ -469,9 +469,9 @@ def load_math_problems(opts: MathOptions) -> list[Problem]:
         return load_reasoning_gym(src.split(":", 1)[1], n or GENERATED_DEFAULT, opts.seed)
     if src in ("gsm8k", "math"):
         if not opts.path:
-            raise ValueError(f"task.path: source {src!r} needs its JSONL file (see ../shared/data/README.md)")
+            raise ConfigError(f"task.path: source {src!r} needs its JSONL file (see ../shared/data/README.md)")
         return (load_gsm8k if src == "gsm8k" else load_math)(opts.path, n or None)
-    raise ValueError(f"task.source={src!r}: choose one of {list(SOURCES)}")
+    raise ConfigError(f"task.source={src!r}: choose one of {list(SOURCES)}")
 
 
 # --- the environment -----------------------------------------------------------------------------
@@ -521,9 +521,9 @@ class MathEnv(Environment):
     def __init__(self, opts: MathOptions | None = None) -> None:
         self.opts = opts or MathOptions()
         if isinstance(self.opts.max_turns, bool) or not isinstance(self.opts.max_turns, int) or self.opts.max_turns < 1:
-            raise ValueError(f"task.max_turns={self.opts.max_turns!r}: must be an int >= 1")
+            raise ConfigError(f"task.max_turns={self.opts.max_turns!r}: must be an int >= 1")
         if self.opts.final not in ("agreed", "reasoner"):
-            raise ValueError(f"task.final={self.opts.final!r}: choose agreed or reasoner")
+            raise ConfigError(f"task.final={self.opts.final!r}: choose agreed or reasoner")
         self.max_turns = self.opts.max_turns
         self.limits = SandboxLimits(wall_seconds=float(self.opts.wall_seconds), cpu_seconds=float(self.opts.wall_seconds))
         self._problems = load_math_problems(self.opts)

@@ -44,7 +44,7 @@ from collections import deque
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
-from teamrl.core.config import option
+from teamrl.core.config import ConfigError, option
 from teamrl.tasks.task import Problem
 from teamrl.tasks.tool_planner import DIRS, TOOL_RAN, TOOL_SOLVED, Pos, ToolPlannerEnvironment, TurnState, parse_moves, show_moves
 
@@ -176,7 +176,7 @@ class PlanPath(ToolPlannerEnvironment):
     def __init__(self, opts: PlanPathOptions | None = None) -> None:
         self.opts = opts or PlanPathOptions()
         if self.opts.min_size > self.opts.max_size:
-            raise ValueError(f"task.min_size={self.opts.min_size} > task.max_size={self.opts.max_size}")
+            raise ConfigError(f"task.min_size={self.opts.min_size} > task.max_size={self.opts.max_size}")
         super().__init__(self.opts.max_turns, self.opts.wall_seconds)
         self.roles = tuple(self.opts.agents.split(","))  # the planner alone never sees tool output
         self._problems = []

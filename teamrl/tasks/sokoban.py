@@ -51,7 +51,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import ClassVar
 
-from teamrl.core.config import option
+from teamrl.core.config import ConfigError, InputError, InputFileMissing, option
 from teamrl.tasks.tool_planner import (
     DIRS,
     TOOL_RAN,
@@ -307,10 +307,10 @@ def load_boxoban(path: str | Path, limit: int | None = None) -> list[tuple[str, 
     """
     root = Path(path)
     if not root.exists():
-        raise FileNotFoundError(f"load_boxoban: {str(path)!r} does not exist; give a Boxoban .txt file or a folder of them")
+        raise InputFileMissing(f"load_boxoban: {str(path)!r} does not exist; give a Boxoban .txt file or a folder of them")
     files = [root] if root.is_file() else sorted(root.rglob("*.txt"))
     if not files:
-        raise ValueError(f"load_boxoban: no .txt files under {str(path)!r}")
+        raise InputError(f"load_boxoban: no .txt files under {str(path)!r}")
     levels: list[tuple[str, tuple[str, ...]]] = []
     for f in files:
         stem = f.stem if f == root else f.relative_to(root).with_suffix("").as_posix()
@@ -362,15 +362,15 @@ class Sokoban(ToolPlannerEnvironment):
         self._problems: list[Problem] = []
         if o.source == "boxoban":
             if not o.path:
-                raise ValueError("task.path: source=boxoban needs a Boxoban .txt file or folder "
+                raise ConfigError("task.path: source=boxoban needs a Boxoban .txt file or folder "
                                  "(e.g. ../shared/data/boxoban/unfiltered/test)")
             for lid, rows in load_boxoban(o.path, o.num_problems):
                 self._problems.append(Problem(f"boxoban/{lid}", {"rows": rows, "optimal": None}))
         elif o.source == "generated":
             if o.min_boxes > o.max_boxes:
-                raise ValueError(f"task.min_boxes={o.min_boxes} > task.max_boxes={o.max_boxes}")
+                raise ConfigError(f"task.min_boxes={o.min_boxes} > task.max_boxes={o.max_boxes}")
             if (o.height - 2) * (o.width - 2) < 2 * o.max_boxes + 2:
-                raise ValueError(f"task.height={o.height}, task.width={o.width}: too small a room for "
+                raise ConfigError(f"task.height={o.height}, task.width={o.width}: too small a room for "
                                  f"task.max_boxes={o.max_boxes}")
             for i in range(o.num_problems):
                 rng = random.Random(f"sokoban:{o.seed}:{i}")  # problem i does not depend on num_problems
@@ -379,7 +379,7 @@ class Sokoban(ToolPlannerEnvironment):
                                               o.min_moves)
                 self._problems.append(Problem(f"sokoban/{o.seed}/{i}", {"rows": rows, "optimal": fewest}))
         else:
-            raise ValueError(f"task.source={o.source!r}: choose 'generated' or 'boxoban'")
+            raise ConfigError(f"task.source={o.source!r}: choose 'generated' or 'boxoban'")
 
     def problems(self) -> list[Problem]:
         return list(self._problems)

@@ -24,7 +24,7 @@ import re
 from dataclasses import dataclass
 from typing import ClassVar, Sequence
 
-from teamrl.core.config import option
+from teamrl.core.config import ConfigError, option
 from teamrl.tasks.code_data import CodeProblem, extract_code, prompt_imports
 from teamrl.tasks.code_team import CodeProblems, CodeProblemsOptions
 from teamrl.tasks.math_env import MathOptions, answers_equal, extract_answer, load_math_problems
@@ -36,9 +36,9 @@ SPLITS = ("train", "test")
 def split_problems(problems: list[Problem], split: str, test_size: int, what: str) -> list[Problem]:
     """The train part (all but the last ``test_size``) or the test part (the last ``test_size``)."""
     if split not in SPLITS:
-        raise ValueError(f"task.split={split!r}: choose one of {list(SPLITS)}")
+        raise ConfigError(f"task.split={split!r}: choose one of {list(SPLITS)}")
     if not 0 <= test_size < len(problems):
-        raise ValueError(f"task.test_size={test_size}: must be >= 0 and below the {len(problems)} problems of {what}")
+        raise ConfigError(f"task.test_size={test_size}: must be >= 0 and below the {len(problems)} problems of {what}")
     if split == "test":
         return problems[len(problems) - test_size:] if test_size else []
     return problems[:len(problems) - test_size]

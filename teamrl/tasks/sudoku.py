@@ -46,7 +46,7 @@ from dataclasses import dataclass, replace
 from math import isqrt
 from typing import ClassVar
 
-from teamrl.core.config import option
+from teamrl.core.config import ConfigError, option
 from teamrl.tasks.tool_planner import TOOL_RAN, TOOL_SOLVED, ToolPlannerEnvironment, TurnState
 from teamrl.tasks.task import Problem
 
@@ -240,7 +240,7 @@ class Sudoku(ToolPlannerEnvironment):
     def __init__(self, opts: SudokuOptions | None = None) -> None:
         self.opts = o = opts or SudokuOptions()
         if o.size not in (4, 9):
-            raise ValueError(f"task.size={o.size!r}: choose 4 or 9")
+            raise ConfigError(f"task.size={o.size!r}: choose 4 or 9")
         super().__init__(o.max_turns, o.wall_seconds)
         self._problems = []
         for i in range(o.num_problems):

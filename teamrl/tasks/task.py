@@ -6,6 +6,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Sequence
 
+from teamrl.core.config import InputError
+
 
 @dataclass(frozen=True)
 class Problem:
@@ -13,6 +15,30 @@ class Problem:
 
     id: str
     data: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
+
+
+def checked_reward(task_name: str, call: str, value: Any) -> float:
+    """``value``, one reward a task's ``call`` returned, as a float; anything but a number (None, a
+    string, a list) is an :class:`InputError` naming the task, the call and the value (``float``
+    would turn the string "0.5" into 0.5 silently, and fail on None deep inside the trainer)."""
+    if isinstance(value, (str, bytes)) or not hasattr(type(value), "__float__"):
+        raise InputError(f"task {task_name!r}: {call} returned {value!r} ({type(value).__name__}); expected a number (int or float)")
+    try:
+        return float(value)
+    except (TypeError, ValueError) as e:  # e.g. a tensor of several values
+        raise InputError(f"task {task_name!r}: {call} returned {value!r}; expected a number (int or float): {e}") from None
+
+
+def checked_rewards(task_name: str, call: str, values: Any, expected: int, per: str = "answer") -> list[float]:
+    """``values``, the rewards a task's ``call`` returned for ``expected`` items (``per`` names one), as
+    floats; a count other than ``expected`` or a value that is not a number is an :class:`InputError`
+    naming the task."""
+    if isinstance(values, (str, bytes, dict)) or not hasattr(values, "__len__"):
+        raise InputError(f"task {task_name!r}: {call} returned {values!r}; expected a list of {expected} numbers, one per {per}")
+    if len(values) != expected:
+        raise InputError(f"task {task_name!r}: {call} returned {len(values)} values for {expected} {per}s; "
+                         f"expected {expected}, one per {per}, in order")
+    return [checked_reward(task_name, f"{call}[{i}]", v) for i, v in enumerate(values)]
 
 
 class Task(ABC):

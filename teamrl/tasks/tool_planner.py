@@ -13,6 +13,7 @@ from abc import abstractmethod
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
+from teamrl.core.config import ConfigError
 from teamrl.sandbox import ExecutionResult, SandboxLimits, run_program
 from teamrl.tasks.code_data import extract_code
 from teamrl.tasks.environment import Environment
@@ -140,7 +141,7 @@ class ToolPlannerEnvironment(Environment):
 
     def __init__(self, max_turns: int, wall_seconds: float) -> None:
         if isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1:
-            raise ValueError(f"task.max_turns={max_turns!r}: must be an int >= 1")
+            raise ConfigError(f"task.max_turns={max_turns!r}: must be an int >= 1")
         self.max_turns = max_turns
         self.limits = SandboxLimits(wall_seconds=float(wall_seconds), cpu_seconds=float(wall_seconds))
 

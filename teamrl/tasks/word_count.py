@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from teamrl.core.config import option
+from teamrl.core.config import ConfigError, option
 from teamrl.tasks.task import Problem, Task
 
 TOPICS = (
@@ -43,7 +43,7 @@ class WordCountTask(Task):
     def __init__(self, opts: WordCountOptions | None = None) -> None:
         self.opts = opts or WordCountOptions()
         if self.opts.min_words > self.opts.max_words:
-            raise ValueError(f"task.min_words={self.opts.min_words} > task.max_words={self.opts.max_words}")
+            raise ConfigError(f"task.min_words={self.opts.min_words} > task.max_words={self.opts.max_words}")
         rng = random.Random(self.opts.seed)
         self._problems = [
             Problem(f"wc{i}", {"topic": rng.choice(TOPICS), "n": rng.randint(self.opts.min_words, self.opts.max_words)})

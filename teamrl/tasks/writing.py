@@ -53,7 +53,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Mapping, Sequence
 
-from teamrl.core.config import option
+from teamrl.core.config import ConfigError, InputError, option
 from teamrl.tasks.task import Problem, TeamTask
 from teamrl.tasks.jsonl import read_jsonl_lines
 
@@ -119,22 +119,22 @@ def _as_text(value: Any, key: str, where: str) -> str:
         return value
     if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
         return " ".join(value)  # aclsum's own format: a list of sentences
-    raise ValueError(f"{where}: field {key!r} must be a string or a list of strings, got {type(value).__name__}")
+    raise InputError(f"{where}: field {key!r} must be a string or a list of strings, got {type(value).__name__}")
 
 
 def _record(row: Mapping[str, Any], where: str) -> dict[str, Any]:
     """Check one paper record and return it with text fields as strings."""
     if not isinstance(row, Mapping):
-        raise ValueError(f"{where}: expected a JSON object with fields {list(FIELDS)}, got {type(row).__name__}")
+        raise InputError(f"{where}: expected a JSON object with fields {list(FIELDS)}, got {type(row).__name__}")
     missing = [f for f in FIELDS if f not in row]
     if missing:
-        raise ValueError(f"{where}: missing field(s) {missing}; each record needs {list(FIELDS)}")
+        raise InputError(f"{where}: missing field(s) {missing}; each record needs {list(FIELDS)}")
     summaries = row["summaries"]
     if not isinstance(summaries, Mapping):
-        raise ValueError(f"{where}: field 'summaries' must be an object with keys {list(ASPECTS)}")
+        raise InputError(f"{where}: field 'summaries' must be an object with keys {list(ASPECTS)}")
     missing = [a for a in ASPECTS if a not in summaries]
     if missing:
-        raise ValueError(f"{where}: missing field(s) {['summaries.' + a for a in missing]}; "
+        raise InputError(f"{where}: missing field(s) {['summaries.' + a for a in missing]}; "
                          f"'summaries' needs keys {list(ASPECTS)}")
     rec: dict[str, Any] = {"id": str(row["id"])}
     for key in ("title", "abstract", "introduction", "conclusion"):
@@ -149,7 +149,7 @@ def _load_aclsum(split: str | None) -> list[dict[str, Any]]:
     except ImportError as e:  # pragma: no cover - aclsum is a declared dependency
         raise ImportError("source 'aclsum' needs the aclsum package (pip install aclsum==0.1.2)") from e
     if split is not None and split not in ACLSUM_SPLITS:
-        raise ValueError(f"split {split!r} is not an aclsum split; choose one of {list(ACLSUM_SPLITS)} or None for all 250 papers")
+        raise ConfigError(f"task.split: {split!r} is not an aclsum split; choose one of {list(ACLSUM_SPLITS)} or None for all 250 papers")
     out = []
     for s in ACLSUM_SPLITS if split is None else (split,):
         for doc in ACLSum(s):  # the package's loader reads the JSONL shipped inside it: offline
@@ -160,7 +160,7 @@ def _load_aclsum(split: str | None) -> list[dict[str, Any]]:
 
 
 def _load_jsonl(path: Path) -> list[dict[str, Any]]:
-    return [_record(row, f"{path} line {n}") for n, row in read_jsonl_lines(path, "source")]
+    return [_record(row, f"{path} line {n}") for n, row in read_jsonl_lines(path, "task.source", "give 'aclsum', a .jsonl file of papers, or a Hugging Face data set name")]
 
 
 def _load_hf(name: str, split: str | None) -> list[dict[str, Any]]:
@@ -190,7 +190,7 @@ def load_papers(source: str = "aclsum", split: str | None = None, limit: int | N
         papers = _load_aclsum(split)
     elif source.lower().endswith(".jsonl"):
         if split is not None:
-            raise ValueError(f"split={split!r} applies to aclsum and Hugging Face sources, not to the JSONL file {source!r}")
+            raise ConfigError(f"task.split={split!r} applies to aclsum and Hugging Face sources, not to the JSONL file {source!r}; leave it empty (task.split=)")
         papers = _load_jsonl(Path(source))
     else:
         papers = _load_hf(source, split)
@@ -362,15 +362,15 @@ class _WritingTask(TeamTask):
         for role in self.roles:
             lo, hi = getattr(opts, f"{role}_min_words"), getattr(opts, f"{role}_max_words")
             if lo > hi:
-                raise ValueError(f"{p}{role}_min_words={lo} > {p}{role}_max_words={hi}; the minimum must not exceed the maximum")
+                raise ConfigError(f"{p}{role}_min_words={lo} > {p}{role}_max_words={hi}; the minimum must not exceed the maximum")
             self.bounds[role] = (lo, hi)
         if opts.ratio_min > opts.ratio_max:
-            raise ValueError(f"{p}ratio_min={opts.ratio_min} > {p}ratio_max={opts.ratio_max}; give a band lo <= hi")
+            raise ConfigError(f"{p}ratio_min={opts.ratio_min} > {p}ratio_max={opts.ratio_max}; give a band lo <= hi")
         if opts.overlap_min > opts.overlap_max:
-            raise ValueError(f"{p}overlap_min={opts.overlap_min} > {p}overlap_max={opts.overlap_max}; give a band lo <= hi")
+            raise ConfigError(f"{p}overlap_min={opts.overlap_min} > {p}overlap_max={opts.overlap_max}; give a band lo <= hi")
         papers = load_papers(opts.source, opts.split or None)
         if opts.num_problems > len(papers):
-            raise ValueError(f"{p}num_problems={opts.num_problems} but source {opts.source!r} has {len(papers)} papers; "
+            raise ConfigError(f"{p}num_problems={opts.num_problems} but source {opts.source!r} has {len(papers)} papers; "
                              f"give at most {len(papers)}, or 0 for all")
         if 0 < opts.num_problems < len(papers):
             keep = sorted(random.Random(opts.seed).sample(range(len(papers)), opts.num_problems))

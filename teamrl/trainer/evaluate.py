@@ -20,7 +20,7 @@ from teamrl.rollout.scheduler import GenerationScheduler
 from teamrl.tasks import make_task
 from teamrl.tasks.environment import Environment
 from teamrl.tasks.research import ResearchEnv
-from teamrl.tasks.task import Task, TeamTask
+from teamrl.tasks.task import Task, TeamTask, checked_reward
 from teamrl.trainer.checkpoint import list_checkpoints, load_checkpoint
 from teamrl.workflows.context import EpisodeContext
 from teamrl.workflows.env_episode import play
@@ -116,6 +116,7 @@ def evaluate(cfg: Config, methods: list[str], checkpoint: Path | None = None, li
                 r = task.team_reward(out)
             else:
                 r = task.reward(p, out["agent"]) if isinstance(task, Task) else task.reward(p, out)
+                r = checked_reward(task.name, f"reward(problem {p.id!r})", r)
             scores.append(r / max_reward)
         n = len(scores)
         mean = sum(scores) / n

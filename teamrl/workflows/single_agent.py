@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from teamrl.tasks.solve import SolveTask
-from teamrl.tasks.task import Problem, Task
+from teamrl.tasks.task import Problem, Task, checked_reward
 from teamrl.workflows.context import EpisodeContext
 from teamrl.workflows.outcome import EpisodeOutcome, WorkflowSettings
 
@@ -13,7 +13,7 @@ ROLES = ("agent",)
 async def single_agent(ctx: EpisodeContext, task: Task, problem: Problem) -> float:
     """Return the episode reward."""
     text = await ctx.generate("agent", task.prompt(problem))
-    return task.reward(problem, text)
+    return checked_reward(task.name, f"reward(problem {problem.id!r})", task.reward(problem, text))
 
 
 async def single_solve(ctx: EpisodeContext, task: SolveTask, problem: Problem, settings: WorkflowSettings) -> EpisodeOutcome:
