@@ -30,7 +30,7 @@ def make_update_settings(cfg: Config) -> UpdateSettings:
     t = cfg.train
     return UpdateSettings(
         loss=LossConfig(eps_low=t.loss.eps_low, eps_high=t.loss.eps_high, dual_clip=t.loss.dual_clip,
-                        kl_coef=t.loss.kl_coef, aggregation=t.loss.aggregation,
+                        kl_coef=t.loss.kl_coef, kl_bias_correction=t.loss.kl_bias_correction, aggregation=t.loss.aggregation,
                         max_completion_length=cfg.rollout.max_new_tokens if t.loss.aggregation == "dr_grpo" else None),
         ppo_epochs=t.ppo_epochs, micro_batch_size=t.micro_batch_size, max_grad_norm=t.max_grad_norm,
         role_stats=t.role_grad_norms)
