@@ -27,7 +27,7 @@ from teamrl.tasks import Problem, make_task
 from teamrl.tasks.solve import SolveTask
 from teamrl.trainer.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
 from teamrl.trainer.diagnostics import CliffDetector, role_capture
-from teamrl.trainer.update import make_update_settings, update_policy
+from teamrl.trainer.update import make_update_settings, update_policy_steps
 from teamrl.tasks.task import TeamTask
 from teamrl.workflows.context import EpisodeContext
 
@@ -255,8 +255,9 @@ class Trainer:
             own = [s for s in train_samples if s.policy == name]
             # One optimizer step per policy, or (equalize_steps false) one per role instance in turn.
             parts = [own] if self.cfg.policy.equalize_steps else [[s for s in own if s.role == r] for r in dict.fromkeys(s.role for s in own)]
-            for part in parts:
-                for k, v in update_policy(policy, part, self.update_settings, self.tokenizer.pad_token_id, self.eos_ids).items():
+            # with several steps, each is clipped against the weights that sampled (old log-probs taken before the first)
+            for part_stats in update_policy_steps(policy, parts, self.update_settings, self.tokenizer.pad_token_id, self.eos_ids):
+                for k, v in part_stats.items():
                     if "@" in k:
                         role_stats.setdefault(k, []).append(v)
                     else:

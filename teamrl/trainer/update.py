@@ -96,14 +96,54 @@ def _logprobs(model, batch, temperature: float, with_entropy: bool = False):
     return completion_logprobs(model, batch, temperature, with_entropy)
 
 
+def policy_logprobs(policy: Policy, samples: Sequence[Sample], settings: UpdateSettings, pad_id: int) -> list[torch.Tensor]:
+    """Each sample's completion log-probs under ``policy``'s current weights (1-D, no gradient).
+
+    Taken before a policy's first optimizer step of an iteration, they are the sampling
+    policy's log-probs that every later step's ratio and clip are measured against.
+    """
+    out: list[torch.Tensor] = []
+    if not samples:
+        return out
+    temperature = samples[0].temperature or 1.0
+    dev = next(iter(policy.parameters())).device
+    with policy.active() as model, torch.no_grad():
+        model.train()  # the mode update_policy computes its log-probs in
+        for start in range(0, len(samples), settings.micro_batch_size):
+            part = samples[start:start + settings.micro_batch_size]
+            batch = _pack([s.prompt_ids for s in part], [s.completion_ids for s in part], pad_id)
+            if dev.type != "cpu":
+                batch = _to_device(batch, dev)
+            logp = _logprobs(model, batch, temperature)[0].float().cpu()
+            out += [row[:len(s.completion_ids)] for row, s in zip(logp, part)]
+    return out
+
+
+def update_policy_steps(policy: Policy, parts: Sequence[Sequence[Sample]], settings: UpdateSettings, pad_id: int,
+                        eos_ids: Sequence[int]) -> list[dict[str, float]]:
+    """One :func:`update_policy` step per non-empty part, in order; returns each step's statistics.
+
+    With several steps, the old log-probs of every part are computed once, before the first
+    step, so that each later step's ratio and clip are measured against the policy that sampled
+    (not against weights the earlier steps already moved).
+    """
+    parts = [list(p) for p in parts if any(s.completion_ids for s in p)]
+    if len(parts) < 2:
+        return [update_policy(policy, p, settings, pad_id, eos_ids) for p in parts]
+    old = [policy_logprobs(policy, p, settings, pad_id) for p in parts]
+    return [update_policy(policy, p, settings, pad_id, eos_ids, old_logprobs=o) for p, o in zip(parts, old)]
+
+
 def update_policy(policy: Policy, samples: Sequence[Sample], settings: UpdateSettings, pad_id: int,
-                  eos_ids: Sequence[int]) -> dict[str, float]:
+                  eos_ids: Sequence[int], old_logprobs: Sequence[torch.Tensor] | None = None) -> dict[str, float]:
     """Train ``policy`` on ``samples`` (which must all be its own) and return loss statistics.
 
     Micro-batches accumulate gradients with weights that make the result equal to one
     full-batch loss for every aggregation (token counts for ``token_mean``, sequence counts
-    otherwise). With one PPO epoch the old log-probs are the detached current ones (ratio 1,
-    as TRL does); with more, they are computed once before the first update.
+    otherwise). ``old_logprobs`` (one 1-D tensor per sample, e.g. from :func:`policy_logprobs`
+    before an earlier step of the same iteration) are the sampling policy's log-probs for every
+    epoch. Without them: with one PPO epoch the old log-probs are the detached current ones
+    (ratio 1, as TRL does); with more, they are computed once before the first update.
 
     With ``settings.role_stats`` the micro-batches never mix role types, and the gradient
     accumulated by each role type's micro-batches (its part of the joint gradient: the parts
@@ -114,6 +154,14 @@ def update_policy(policy: Policy, samples: Sequence[Sample], settings: UpdateSet
     foreign = {s.policy for s in samples} - {policy.name}
     if foreign:
         raise ValueError(f"policy {policy.name!r} was given samples of {sorted(foreign)}")
+    given_old: dict[int, torch.Tensor] = {}
+    if old_logprobs is not None:
+        if len(old_logprobs) != len(samples):
+            raise ValueError(f"old_logprobs: {len(old_logprobs)} tensors for {len(samples)} samples")
+        for s, o in zip(samples, old_logprobs):
+            if len(o) != len(s.completion_ids):
+                raise ValueError(f"old_logprobs: {len(o)} log-probs for a completion of {len(s.completion_ids)} tokens")
+            given_old[id(s)] = o
     samples = [s for s in samples if s.completion_ids]
     if not samples:
         return {}
@@ -151,8 +199,12 @@ def update_policy(policy: Policy, samples: Sequence[Sample], settings: UpdateSet
         old: list[torch.Tensor | None] = [None] * len(batches)
         ref: list[torch.Tensor | None] = [None] * len(batches)
         with torch.no_grad():
-            for i, b in enumerate(batches):
-                if settings.ppo_epochs > 1:
+            for i, (sl, b) in enumerate(zip(parts, batches)):
+                if given_old:
+                    rows = [given_old[id(s)] for s in samples[sl]]
+                    old[i] = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True).to(device=dev)
+                    old[i] = torch.nn.functional.pad(old[i], (0, b.completion_len - old[i].shape[1]))
+                elif settings.ppo_epochs > 1:
                     old[i] = _logprobs(model, b, temperature)[0]
                 if cfg.kl_coef > 0:
                     with policy.reference() as ref_model:
