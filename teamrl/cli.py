@@ -120,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         return _eval(cfg, ns)
     from teamrl.trainer.decoupled import WorkerFailed
     from teamrl.trainer.trainer import RunExists, make_trainer
+    from teamrl.trainer.update import NonFiniteReward
 
     try:
         trainer = make_trainer(cfg, resume=ns.resume)
@@ -128,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         everything = trainer.train()
-    except WorkerFailed as e:
+    except (WorkerFailed, NonFiniteReward) as e:
         print(f"teamrl: {e}", file=sys.stderr)
         return 1
     from teamrl.core.metrics import accuracy_summary, training_records

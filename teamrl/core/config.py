@@ -8,6 +8,7 @@ out-of-range value fails with one line that names the key and what is allowed.
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -96,6 +97,9 @@ class TrainConfig:
     micro_batch_size: int = option(16, ge=1, doc="sequences per forward/backward (gradient accumulation)")
     advantage: str = option("group", choices=("group", "mean", "batch", "none", "rloo", "max"), doc="group normalisation mode")
     advantage_eps: float = option(1e-4, gt=0, doc="epsilon added to the std")
+    nonfinite_reward: str = option("error", choices=("error", "drop_group"),
+                                   doc="a NaN/inf reward: error (names task, problem and role) or drop_group (its comparison "
+                                       "group is left out of the update and counted in nonfinite_groups_dropped)")
     loss: LossSettings = option(factory=LossSettings)
     role_grad_norms: bool = option(False, doc="log each role type's loss, entropy and gradient norm on a shared policy "
                                               "(role capture); costs a gradient copy per role")
@@ -222,6 +226,8 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
                 pass
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{key}: expected a number, got {value!r}")
+        if not math.isfinite(value):  # .inf / .nan would reach the weights (lr, eps, coefficients)
+            raise ConfigError(f"{key}: expected a finite number, got {value!r}")
         return float(value)
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):

@@ -27,7 +27,7 @@ from teamrl.tasks import Problem, make_task
 from teamrl.tasks.solve import SolveTask
 from teamrl.trainer.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
 from teamrl.trainer.diagnostics import CliffDetector, role_capture
-from teamrl.trainer.update import make_update_settings, update_policy_steps
+from teamrl.trainer.update import NonFiniteReward, make_update_settings, nonfinite_reward_groups, update_policy_steps
 from teamrl.tasks.task import TeamTask
 from teamrl.workflows.context import EpisodeContext
 
@@ -68,6 +68,7 @@ class Trainer:
         self.greedy_params = dataclasses.replace(self.params, temperature=0.0)  # baselines and evaluation
         self.update_settings = make_update_settings(cfg)
         self.last_role_stats: dict[str, float] = {}
+        self.nonfinite_groups_dropped = 0  # groups left out of the last step for a NaN/inf reward
         self.eos_ids = [self.tokenizer.eos_token_id]
         self.problems = self.task.problems()
         if not self.problems:
@@ -250,6 +251,8 @@ class Trainer:
         """Advantages and the updates (stats into ``record``, per-role statistics into
         ``last_role_stats``); returns (samples to log, trained samples)."""
         train_samples = self._assign_advantages(samples)
+        if self.cfg.train.nonfinite_reward == "drop_group":
+            record["nonfinite_groups_dropped"] = self.nonfinite_groups_dropped
         role_stats: dict[str, list[float]] = {}
         for name, policy in self.router.policies.items():
             own = [s for s in train_samples if s.policy == name]
@@ -260,6 +263,8 @@ class Trainer:
                 for k, v in part_stats.items():
                     if "@" in k:
                         role_stats.setdefault(k, []).append(v)
+                    elif k == "skipped_steps":
+                        record[f"{k}/{name}"] = record.get(f"{k}/{name}", 0.0) + v
                     else:
                         record[f"{k}/{name}"] = v
             record[f"optimizer_steps/{name}"] = len([p for p in parts if p])
@@ -271,9 +276,19 @@ class Trainer:
     def _assign_advantages(self, samples: list[Sample]) -> list[Sample]:
         """Group-relative advantages over the trainable samples; returns them.
 
-        Left out: greedy baselines and samples tagged ``no_update`` (a frozen agent's, or
-        sub-trajectories dropped by M-GRPO's alignment)."""
+        Left out: greedy baselines, samples tagged ``no_update`` (a frozen agent's, or
+        sub-trajectories dropped by M-GRPO's alignment) and, with ``train.nonfinite_reward:
+        drop_group``, every group holding a NaN/inf reward (their count in ``nonfinite_groups_dropped``;
+        by default such a reward raises :class:`NonFiniteReward`)."""
         train = [s for s in samples if not s.tags.get("baseline") and not s.tags.get("no_update")]
+        scored = train + [s for s in samples if s.tags.get("baseline")]  # a greedy baseline's reward enters 'max' advantages
+        dropped = nonfinite_reward_groups(scored, self.task.name, self.cfg.train.nonfinite_reward)
+        self.nonfinite_groups_dropped = len(dropped)
+        if dropped:
+            train = [s for s in train if s.group not in dropped]
+            if not train:
+                raise NonFiniteReward(f"task {self.task.name!r}: every group of step {self.step + 1} has a NaN/inf reward; "
+                                      "nothing is left to train on")
         rewards = torch.tensor([s.reward for s in train], dtype=torch.float32)
         ids = group_ids_from_keys([s.group for s in train])
         baselines = None

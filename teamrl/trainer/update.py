@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import math
+import sys
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Hashable, Sequence
 
 import torch
 
@@ -34,6 +36,26 @@ def make_update_settings(cfg: Config) -> UpdateSettings:
                         max_completion_length=cfg.rollout.max_new_tokens if t.loss.aggregation == "dr_grpo" else None),
         ppo_epochs=t.ppo_epochs, micro_batch_size=t.micro_batch_size, max_grad_norm=t.max_grad_norm,
         role_stats=t.role_grad_norms)
+
+
+class NonFiniteReward(ValueError):
+    """A reward is NaN or infinite (with ``train.nonfinite_reward: error``, the default)."""
+
+
+def nonfinite_reward_groups(samples: Sequence[Sample], task: str, mode: str) -> set[Hashable]:
+    """The comparison groups of ``samples`` that hold a NaN or infinite reward.
+
+    One such reward makes its whole group's advantages NaN (the batch's, in ``batch`` mode), so
+    with ``mode`` ``"error"`` the first one raises :class:`NonFiniteReward` naming the task,
+    problem and role; with ``"drop_group"`` the groups are returned for the caller to leave out.
+    """
+    bad = [s for s in samples if isinstance(s.reward, (int, float)) and not math.isfinite(s.reward)]
+    if bad and mode == "error":
+        s = bad[0]
+        raise NonFiniteReward(f"task {task!r}: reward {s.reward} for problem {s.problem_id!r}, role {s.role!r} (episode "
+                              f"{s.episode}, turn {s.turn}); rewards must be finite ({len(bad)} of {len(samples)} are not); "
+                              "train.nonfinite_reward=drop_group leaves their groups out of the update instead")
+    return {s.group for s in bad}
 
 
 # A micro-batch in which prompt padding would be more than this share of its token positions is split instead.
@@ -210,16 +232,19 @@ def update_policy(policy: Policy, samples: Sequence[Sample], settings: UpdateSet
                     with policy.reference() as ref_model:
                         ref[i] = _logprobs(ref_model, b, temperature)[0]
         grad_norms = []
+        skipped = False
         params = [p for p in policy.parameters()]
         for epoch in range(settings.ppo_epochs):
             policy.optimizer.zero_grad(set_to_none=True)
             last = epoch == settings.ppo_epochs - 1
             before = None
+            losses_finite = True
             for i, (sl, b, m) in enumerate(zip(parts, batches, masks)):
                 role = names[sl.start]
                 logp, ent = _logprobs(model, b, temperature, with_entropy=epoch == 0)
                 old_lp = logp.detach() if old[i] is None else old[i]
                 loss, st = policy_loss(logp, old_lp, adv[sl], m, cfg, ref_logprobs=ref[i])
+                losses_finite = losses_finite and math.isfinite(st["loss"])
                 weight = (int(m.sum()) / total_tokens) if cfg.aggregation == "token_mean" else (len(range(*sl.indices(len(samples)))) / len(samples))
                 (loss * weight).backward()
                 if last:
@@ -236,11 +261,23 @@ def update_policy(policy: Policy, samples: Sequence[Sample], settings: UpdateSet
                     now = _flat_grad(params)
                     stats[f"grad_norm@{role}"] = float((now - before).norm() if before is not None else now.norm())
                     before = now
-            grad_norms.append(float(torch.nn.utils.clip_grad_norm_(policy.parameters(), settings.max_grad_norm)))
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(policy.parameters(), settings.max_grad_norm))
+            if not (losses_finite and math.isfinite(grad_norm)):
+                # A NaN/inf would reach every weight (and the optimizer's moments): skip the step instead.
+                from tqdm import tqdm
+
+                tqdm.write(f"warning: policy {policy.name!r}: non-finite loss or gradient (gradient norm {grad_norm}, "
+                           f"PPO epoch {epoch + 1}); optimizer step skipped, weights unchanged", file=sys.stderr)
+                skipped = True
+                break
+            grad_norms.append(grad_norm)
             policy.step()
         policy.optimizer.zero_grad(set_to_none=True)
+    if skipped:  # the other statistics would be NaN or describe a step that was not taken
+        return {"skipped_steps": 1.0, "tokens": float(total_tokens)}
     for key in [k for k in stats if k.startswith("entropy@")]:
         stats[key] /= max(1.0, stats["tokens@" + key.split("@", 1)[1]])
     stats["grad_norm"] = grad_norms[-1]
     stats["tokens"] = float(total_tokens)
+    stats["skipped_steps"] = 0.0
     return stats
