@@ -143,3 +143,22 @@ def test_decoupled_workers_check_rewards_too(tmp_path, monkeypatch) -> None:
     rec = tr.train_step()
     assert rec["nonfinite_groups_dropped/main"] == 1
     assert all(torch.isfinite(v).all() for w in tr.workers.values() for v in w.call("named_state").values())
+
+
+def test_trainer_logs_a_skipped_step_and_saves_finite_weights(tmp_path, monkeypatch) -> None:
+    assign = Trainer._assign_advantages
+
+    def nan_advantage(self, samples):  # past the reward check, e.g. a loss that overflows
+        train = assign(self, samples)
+        train[0].advantage = float("nan")
+        return train
+
+    monkeypatch.setattr(Trainer, "_assign_advantages", nan_advantage)
+    tr = _trainer(tmp_path, "train.steps=1", "run.save_every=1")
+    before = _weights(tr)
+    rec = tr.train_step()
+    assert rec["skipped_steps/shared"] == 1 and rec["optimizer_steps/shared"] == 0
+    assert "loss/shared" not in rec and "grad_norm/shared" not in rec  # no NaN in the metrics
+    assert all(torch.equal(a, b) for a, b in zip(before, _weights(tr)))
+    ckpt = torch.load(tr.ckpt_dir / "step_000001" / "policy_shared.pt")
+    assert all(torch.isfinite(v).all() for v in ckpt.values())

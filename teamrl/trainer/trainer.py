@@ -267,7 +267,7 @@ class Trainer:
                         record[f"{k}/{name}"] = record.get(f"{k}/{name}", 0.0) + v
                     else:
                         record[f"{k}/{name}"] = v
-            record[f"optimizer_steps/{name}"] = len([p for p in parts if p])
+            record[f"optimizer_steps/{name}"] = len([p for p in parts if p]) - int(record.get(f"skipped_steps/{name}", 0))
             self.engine.sync_weights(name)
         # per-role statistics add up over the instances' steps (entropy: their mean)
         self.last_role_stats = {k: (sum(v) / len(v) if k.startswith("entropy@") else sum(v)) for k, v in role_stats.items()}
