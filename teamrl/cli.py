@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     metrics = training_records(everything)
     key = "normalised_return" if "normalised_return" in metrics[-1] else "reward_mean"
     label = "normalised return" if key == "normalised_return" else "reward"
-    values = [m[key] for m in metrics]
+    values = [m[key] for m in metrics if key in m]  # a step whose turn-0 groups were all dropped has no normalised_return
     k = min(3, len(values))
     first, last = sum(values[:k]) / k, sum(values[-k:]) / k
     secs = sum(m["rollout_s"] + m["update_s"] for m in metrics) / len(metrics)

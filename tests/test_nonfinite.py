@@ -162,3 +162,26 @@ def test_trainer_logs_a_skipped_step_and_saves_finite_weights(tmp_path, monkeypa
     assert all(torch.equal(a, b) for a, b in zip(before, _weights(tr)))
     ckpt = torch.load(tr.ckpt_dir / "step_000001" / "policy_shared.pt")
     assert all(torch.isfinite(v).all() for v in ckpt.values())
+
+
+def test_drop_group_in_a_magrpo_tree_whose_root_groups_are_dropped(tmp_path, monkeypatch) -> None:
+    """A NaN return reaches the root joint actions: turn 0 is dropped, the later turn still trains."""
+    from pathlib import Path
+
+    rollout = Trainer._rollout
+
+    def poisoned(self, problems, make_ctx, scheduler):
+        samples = rollout(self, problems, make_ctx, scheduler)
+        for s in samples:
+            if s.turn == 0:
+                s.reward = float("nan")
+        return samples
+
+    monkeypatch.setattr(Trainer, "_rollout", poisoned)
+    config = str(Path(__file__).resolve().parents[1] / "configs" / "magrpo_writing_expand.yaml")
+    tr = Trainer(load_config(config, ["model=tiny-random", "threads=1", "rollout.max_new_tokens=4", "rollout.batch_size=1",
+                                      "rollout.group_size=2", "magrpo.num_turns=2", "run.progress=false", "run.tensorboard=false",
+                                      f"run.dir={tmp_path}", "train.nonfinite_reward=drop_group", "policy.lora.r=4"]))
+    rec = tr.train_step()
+    assert rec["nonfinite_groups_dropped"] == len(tr.roles)  # one turn-0 group per agent
+    assert "normalised_return" not in rec and math.isfinite(rec["normalised_return_last_turn"])

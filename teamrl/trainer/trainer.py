@@ -172,7 +172,8 @@ class Trainer:
             last = max(s.turn for s in train_samples)
             for name, turn in (("normalised_return", 0), ("normalised_return_last_turn", last)):
                 first_role = [s for s in train_samples if s.turn == turn and s.role == self.roles[0]]
-                record[name] = sum(s.tags["normalised_reward"] for s in first_role) / len(first_role)
+                if first_role:  # none when train.nonfinite_reward=drop_group dropped that turn's groups
+                    record[name] = sum(s.tags["normalised_reward"] for s in first_role) / len(first_role)
         if hasattr(self.algorithm, "metrics"):
             record.update(self.algorithm.metrics(train_samples))
         baselines = [s for s in samples if s.tags.get("baseline")]
