@@ -146,6 +146,7 @@ def _main(argv: list[str]) -> int:
     from teamrl.rollout.http_engine import ServerError
     from teamrl.trainer.decoupled import WorkerFailed
     from teamrl.trainer.trainer import RunExists, make_trainer
+    from teamrl.trainer.update import NonFiniteReward
 
     try:
         trainer = make_trainer(cfg, resume=ns.resume)
@@ -155,7 +156,7 @@ def _main(argv: list[str]) -> int:
         return 2
     try:
         everything = trainer.train()
-    except WorkerFailed as e:
+    except (WorkerFailed, NonFiniteReward) as e:
         print(f"teamrl: {e}", file=sys.stderr)
         return 1
     from teamrl.core.metrics import accuracy_summary, training_records
@@ -163,7 +164,7 @@ def _main(argv: list[str]) -> int:
     metrics = training_records(everything)
     key = "normalised_return" if "normalised_return" in metrics[-1] else "reward_mean"
     label = "normalised return" if key == "normalised_return" else "reward"
-    values = [m[key] for m in metrics]
+    values = [m[key] for m in metrics if key in m]  # a step whose turn-0 groups were all dropped has no normalised_return
     k = min(3, len(values))
     first, last = sum(values[:k]) / k, sum(values[-k:]) / k
     secs = sum(m["rollout_s"] + m["update_s"] for m in metrics) / len(metrics)

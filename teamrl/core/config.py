@@ -8,6 +8,7 @@ out-of-range value fails with one line that names the key and what is allowed.
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -34,9 +35,13 @@ class InputFileMissing(InputError, FileNotFoundError):
 
 
 def option(default: Any = dataclasses.MISSING, *, choices: tuple | None = None, ge: float | None = None,
-       gt: float | None = None, le: float | None = None, doc: str = "", factory: Any = None) -> Any:
-    """A config field with its allowed values or range and a one-line doc for the reference."""
-    meta = {"choices": choices, "ge": ge, "gt": gt, "le": le, "doc": doc}
+       gt: float | None = None, le: float | None = None, doc: str = "", factory: Any = None,
+       hints: dict[str, str] | None = None) -> Any:
+    """A config field with its allowed values or range and a one-line doc for the reference.
+
+    ``hints`` maps a value that is not allowed but likely meant (another tool's name) to a short
+    note appended to its error."""
+    meta = {"choices": choices, "ge": ge, "gt": gt, "le": le, "doc": doc, "hints": hints or {}}
     if factory is not None:
         return field(default_factory=factory, metadata=meta)
     return field(default=default, metadata=meta)
@@ -91,8 +96,13 @@ class LossSettings:
     eps_high: float = option(0.2, ge=0, doc="upper PPO clip: ratio <= 1 + eps_high (DAPO clip-higher when > eps_low)")
     dual_clip: float | None = option(None, gt=1, doc="dual-clip constant c > 1 for negative advantages; null disables")
     kl_coef: float = option(0.0, ge=0, doc="weight of the k3 KL to the reference (base with adapters off)")
+    kl_bias_correction: bool = option(False, doc="multiply k3 by the importance ratio (unbiased KL gradient; TRL 1.16's "
+                                                 "use_bias_correction_kl, default true there); false: plain k3")
     aggregation: str = option("token_mean", choices=("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "dr_grpo"),
-                          doc="how token losses become one number")
+                          doc="how token losses become one number (token_mean is TRL's dapo, seq_mean_token_mean TRL's grpo)",
+                          hints={"dapo": "TRL's 'dapo' is 'token_mean' here", "grpo": "TRL's 'grpo' is 'seq_mean_token_mean' here",
+                                 "bnpo": "TRL's 'bnpo' (mean of each micro-batch's token mean) is not offered; "
+                                         "'token_mean' is TRL's 'dapo'"})
 
 
 @dataclass
@@ -105,6 +115,9 @@ class TrainConfig:
     micro_batch_size: int = option(16, ge=1, doc="sequences per forward/backward (gradient accumulation)")
     advantage: str = option("group", choices=("group", "mean", "batch", "none", "rloo", "max"), doc="group normalisation mode")
     advantage_eps: float = option(1e-4, gt=0, doc="epsilon added to the std")
+    nonfinite_reward: str = option("error", choices=("error", "drop_group"),
+                                   doc="a NaN/inf reward: error (names task, problem and role) or drop_group (its comparison "
+                                       "group is left out of the update and counted in nonfinite_groups_dropped)")
     loss: LossSettings = option(factory=LossSettings)
     role_grad_norms: bool = option(False, doc="log each role type's loss, entropy and gradient norm on a shared policy "
                                               "(role capture); costs a gradient copy per role")
@@ -231,6 +244,8 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
                 pass
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{key}: expected a number, got {value!r}")
+        if not math.isfinite(value):  # .inf / .nan would reach the weights (lr, eps, coefficients)
+            raise ConfigError(f"{key}: expected a finite number, got {value!r}")
         return float(value)
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
@@ -252,7 +267,8 @@ def _check_range(f: dataclasses.Field, value: Any, key: str) -> None:
     if value is None:
         return
     if m.get("choices") and value not in m["choices"]:
-        raise ConfigError(f"{key}: {value!r} is not allowed; choose one of {list(m['choices'])}")
+        hint = m.get("hints", {}).get(value) if isinstance(value, str) else None
+        raise ConfigError(f"{key}: {value!r} is not allowed; choose one of {list(m['choices'])}" + (f" ({hint})" if hint else ""))
     for bound, ok, word in (("ge", lambda v, b: v >= b, ">="), ("gt", lambda v, b: v > b, ">"), ("le", lambda v, b: v <= b, "<=")):
         b = m.get(bound)
         if b is not None and not ok(value, b):

@@ -1,12 +1,13 @@
 """Losses: group-relative advantages and the clipped token-level policy loss."""
 
 from teamrl.losses.advantages import ADVANTAGE_MODES, group_advantages, group_ids_from_keys
-from teamrl.losses.policy_loss import AGGREGATIONS, LossConfig, completion_mask, policy_loss
+from teamrl.losses.policy_loss import AGGREGATIONS, TRL_LOSS_TYPES, LossConfig, completion_mask, policy_loss
 
 __all__ = [
     "ADVANTAGE_MODES",
     "AGGREGATIONS",
     "LossConfig",
+    "TRL_LOSS_TYPES",
     "completion_mask",
     "group_advantages",
     "group_ids_from_keys",

@@ -2,7 +2,8 @@
 
 One loss serves every algorithm: the per-token clipped surrogate of PPO/GRPO, optionally with
 the dual clip of Ye et al. (2020) for negative advantages and a k3 KL penalty to a reference
-policy, reduced over tokens by one of ``AGGREGATIONS`` (each matching a TRL ``loss_type``).
+policy (optionally bias-corrected by the importance ratio), reduced over tokens by one of
+``AGGREGATIONS`` (``TRL_LOSS_TYPES`` maps TRL's ``loss_type`` names to them).
 
 Masked positions (prompt, padding, everything after the first EOS) never contribute loss or
 gradient: their inputs are replaced with ``torch.where`` *before* any ``exp``, so even garbage
@@ -17,9 +18,16 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["AGGREGATIONS", "LossConfig", "completion_mask", "policy_loss"]
+__all__ = ["AGGREGATIONS", "TRL_LOSS_TYPES", "LossConfig", "completion_mask", "policy_loss"]
 
 AGGREGATIONS: tuple[str, ...] = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "dr_grpo")
+
+# TRL GRPOTrainer ``loss_type`` -> the aggregation here that computes the same (None: not offered).
+# ``token_mean`` is weighted by tokens across micro-batches, i.e. one token mean over the whole
+# batch: TRL's ``dapo``. TRL's ``bnpo`` averages each micro-batch's own token mean, so its result
+# depends on the micro-batch size; it is not offered.
+TRL_LOSS_TYPES: dict[str, str | None] = {"dapo": "token_mean", "grpo": "seq_mean_token_mean", "dr_grpo": "dr_grpo",
+                                         "bnpo": None}
 
 
 def completion_mask(
@@ -76,6 +84,10 @@ class LossConfig:
         dual_clip: ``None`` or a constant ``c > 1``; for negative advantages the token loss is capped
             at ``-c * A`` (Ye et al. 2020, verl's ``clip_ratio_c``).
         kl_coef: weight of the k3 KL penalty to the reference policy; ``>= 0``.
+        kl_bias_correction: multiply k3 by the (differentiable, unclipped) importance ratio, which
+            makes its gradient the unbiased reverse-KL gradient (DeepSeek-V3.2; TRL 1.16's
+            ``use_bias_correction_kl``, default True there). Default False: plain k3, as in the
+            GRPO paper. It changes the gradient even on-policy, where the ratio's value is 1.
         aggregation: one of ``AGGREGATIONS``.
         max_completion_length: the constant denominator of ``"dr_grpo"`` (required there).
     """
@@ -84,6 +96,7 @@ class LossConfig:
     eps_high: float = 0.2
     dual_clip: float | None = None
     kl_coef: float = 0.0
+    kl_bias_correction: bool = False
     aggregation: str = "token_mean"
     max_completion_length: int | None = None
 
@@ -101,6 +114,12 @@ class LossConfig:
             raise ValueError(f"LossConfig.dual_clip must be None or > 1; got {self.dual_clip!r}")
         if finite("kl_coef", self.kl_coef) < 0.0:
             raise ValueError(f"LossConfig.kl_coef must be >= 0; got {self.kl_coef!r}")
+        if not isinstance(self.kl_bias_correction, bool):
+            raise ValueError(f"LossConfig.kl_bias_correction must be True or False; got {self.kl_bias_correction!r}")
+        if self.aggregation in TRL_LOSS_TYPES and self.aggregation not in AGGREGATIONS:
+            ours = TRL_LOSS_TYPES[self.aggregation]
+            raise ValueError(f"LossConfig.aggregation {self.aggregation!r} is TRL's loss_type name; "
+                             + (f"here it is {ours!r}" if ours else f"it is not offered (one of {', '.join(AGGREGATIONS)})"))
         if self.aggregation not in AGGREGATIONS:
             raise ValueError(
                 f"LossConfig.aggregation must be one of {', '.join(AGGREGATIONS)}; got {self.aggregation!r}"
@@ -153,11 +172,15 @@ def policy_loss(
         ratio   = exp(logprobs - old_logprobs)
         loss_t  = -min(ratio * A, clamp(ratio, 1 - eps_low, 1 + eps_high) * A)
         loss_t  = min(loss_t, -dual_clip * A)          where A < 0, if dual_clip is set
-        loss_t += kl_coef * (exp(ref - logprobs) - (ref - logprobs) - 1)   (k3, as TRL)
+        k3      = exp(ref - logprobs) - (ref - logprobs) - 1
+        loss_t += kl_coef * k3                     (kl_bias_correction False, the default)
+        loss_t += kl_coef * ratio * k3             (kl_bias_correction True: TRL 1.16's default)
 
     Aggregation (``m`` the mask, ``B`` the batch size):
 
-    * ``token_mean``: ``sum(loss_t * m) / max(sum(m), 1)`` (TRL ``"bnpo"``; ``"dapo"`` on one process);
+    * ``token_mean``: ``sum(loss_t * m) / max(sum(m), 1)``; :func:`teamrl.trainer.update.update_policy`
+      weights micro-batches by their tokens, so this is one token mean over the whole batch (TRL
+      ``"dapo"``; not TRL ``"bnpo"``, which averages each micro-batch's own token mean);
     * ``seq_mean_token_mean``: mean over sequences of ``sum_t(loss_t * m) / max(sum_t m, 1)`` (TRL ``"grpo"``);
     * ``seq_mean_token_sum``: mean over sequences of ``sum_t(loss_t * m)``;
     * ``dr_grpo``: ``sum(loss_t * m) / (B * max_completion_length)`` (TRL ``"dr_grpo"``).
@@ -174,7 +197,8 @@ def policy_loss(
         ``(loss, stats)``: the scalar loss and python floats ``"loss"``, ``"clip_frac"`` (fraction of
         masked tokens where the PPO clip is active, i.e. its gradient is cut: ratio above
         ``1 + eps_high`` with ``A > 0`` or below ``1 - eps_low`` with ``A < 0``, as TRL's
-        ``clip_ratio``), ``"kl"`` (masked mean of k3, 0.0 without ``ref_logprobs``) and
+        ``clip_ratio``), ``"kl"`` (masked mean of the KL estimate used, k3 or ratio * k3, as TRL logs
+        it; 0.0 without ``ref_logprobs``) and
         ``"ratio_mean"`` (masked mean ratio).
 
     Positions where ``mask`` is False contribute neither loss nor gradient, whatever their values.
@@ -203,6 +227,9 @@ def policy_loss(
     if ref_logprobs is not None:
         delta = torch.where(m, ref_logprobs.detach() - logprobs, zero)
         kl_t = torch.exp(delta) - delta - 1.0  # k3: unbiased, non-negative estimate of KL(pi || ref)
+        if cfg.kl_bias_correction:
+            # samples come from the old policy: reweight to the current one (the ratio keeps its gradient)
+            kl_t = kl_t * ratio
         if cfg.kl_coef > 0:
             loss_t = loss_t + cfg.kl_coef * kl_t
     else:

@@ -266,7 +266,8 @@ def _sample(logits: torch.Tensor, temp: torch.Tensor, top_k: torch.Tensor, top_p
     """Draw one token per row; return (tokens, their log-probs under softmax(logits / temp)).
 
     One exp pass gives the unnormalised weights; the log-prob of the drawn token is
-    ``scaled[tok] - max - log(sum)``. Rows with top-k/top-p are sorted (only those rows).
+    ``scaled[tok] - max - log(sum)``. Rows with top-k/top-p are sorted (only those rows); top-p
+    applies to the top-k-renormalised distribution, as in HF and vLLM.
     """
     scaled = logits.float()
     greedy = temp == 0
@@ -284,8 +285,10 @@ def _sample(logits: torch.Tensor, temp: torch.Tensor, top_k: torch.Tensor, top_p
         rank = torch.arange(V, device=sub.device).unsqueeze(0)
         k, p = top_k.index_select(0, rows), top_p.index_select(0, rows)
         drop = (k > 0).unsqueeze(1) & (rank >= k.unsqueeze(1))
-        # Keep the smallest prefix whose mass reaches top_p (the token that crosses it stays).
-        mass_before = (sorted_w.cumsum(-1) - sorted_w) / sorted_w.sum(-1, keepdim=True)
+        # top-p on the top-k-renormalised distribution (HF's and vLLM's order): keep the smallest
+        # prefix whose mass reaches top_p (the token that crosses it stays).
+        kept = sorted_w.masked_fill(drop, 0.0)
+        mass_before = (kept.cumsum(-1) - kept) / kept.sum(-1, keepdim=True)
         drop |= mass_before >= p.unsqueeze(1)
         sub = torch.zeros_like(sub).scatter_(-1, order, sorted_w.masked_fill(drop, 0.0))
         weights = weights.index_copy(0, rows, sub)

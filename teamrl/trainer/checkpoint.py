@@ -1,7 +1,8 @@
 """Checkpoints: each policy's own weights and optimizer, RNG states, step and data position.
 
 A checkpoint is written to a temporary folder and renamed into place, so a run killed
-mid-save never leaves a half-written checkpoint that ``--resume`` would pick up.
+mid-save never leaves a half-written checkpoint that ``--resume`` would pick up. A weight or
+optimizer state holding a NaN/inf is refused before anything is written: no checkpoint holds one.
 """
 
 from __future__ import annotations
@@ -19,16 +20,37 @@ from teamrl.policies.router import PolicyRouter
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 
 
+def _first_nonfinite(tree: Any, path: str = "") -> str | None:
+    """The path of the first tensor in a nested dict/list that holds a NaN or inf, else None."""
+    if isinstance(tree, torch.Tensor):
+        return path if tree.is_floating_point() and not bool(torch.isfinite(tree).all()) else None
+    items = tree.items() if isinstance(tree, dict) else enumerate(tree) if isinstance(tree, (list, tuple)) else ()
+    for k, v in items:
+        found = _first_nonfinite(v, f"{path}.{k}" if path else str(k))
+        if found is not None:
+            return found
+    return None
+
+
 def save_checkpoint(folder: Path, step: int, router: PolicyRouter, state: dict[str, Any], keep: int = 2) -> Path:
-    """Write ``folder/step_N`` and keep only the ``keep`` newest checkpoints."""
+    """Write ``folder/step_N`` and keep only the ``keep`` newest checkpoints.
+
+    Raises ValueError, writing nothing, when a policy's weights or optimizer state hold a NaN/inf.
+    """
+    saved = {name: (pol.named_state(), pol.optimizer.state_dict()) for name, pol in router.policies.items()}
+    for name, (weights, optim) in saved.items():
+        for what, tree in (("weight", weights), ("optimizer state", optim)):
+            bad = _first_nonfinite(tree)
+            if bad is not None:
+                raise ValueError(f"checkpoint step {step}: policy {name!r} {what} {bad} holds a NaN/inf; refusing to save it")
     folder.mkdir(parents=True, exist_ok=True)
     final = folder / f"step_{step:06d}"
     tmp = folder / f".tmp_step_{step:06d}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    for name, pol in router.policies.items():
-        torch.save(pol.named_state(), tmp / f"policy_{name}.pt")
-        torch.save(pol.optimizer.state_dict(), tmp / f"optimizer_{name}.pt")
+    for name, (weights, optim) in saved.items():
+        torch.save(weights, tmp / f"policy_{name}.pt")
+        torch.save(optim, tmp / f"optimizer_{name}.pt")
     torch.save({**state, "step": step, "rng": rng_state()}, tmp / "trainer_state.pt")
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)

@@ -44,7 +44,7 @@ from teamrl.rollout.engine import Completion, Engine, GenerationRequest
 from teamrl.rollout.hf_engine import HFEngine
 from teamrl.tasks.task import Problem
 from teamrl.trainer.trainer import Trainer
-from teamrl.trainer.update import make_update_settings, update_policy
+from teamrl.trainer.update import NonFiniteReward, make_update_settings, nonfinite_reward_groups, update_policy
 
 DECOUPLED_MODES = ("inprocess", "ray")
 AGENT_INDEX = {"main": 0, "sub": 1}  # seeds each worker's initialisation
@@ -160,15 +160,21 @@ class PolicyWorker:
             samples = prepare_sub_samples(samples, stats["outcomes"], m.d_max, m.sub_reward, stats["seed"],
                                           frozen=m.sub_agent == "frozen")
         train = [s for s in samples if not s.tags.get("no_update")]
+        dropped = nonfinite_reward_groups(train, self.cfg.task["name"], self.cfg.train.nonfinite_reward)
+        for s in train:
+            if s.group in dropped:
+                s.tags["no_update"] = True  # left out of the update and of the trained samples' metrics
+        train = [s for s in train if s.group not in dropped]
+        dropped_stats = {"nonfinite_groups_dropped": float(len(dropped))} if self.cfg.train.nonfinite_reward == "drop_group" else {}
         if not train:
-            return {"stats": {}, "samples": samples}
+            return {"stats": dropped_stats, "samples": samples}
         rewards = torch.tensor([s.reward for s in train], dtype=torch.float32)
         adv = group_advantages(rewards, group_ids_from_keys([s.group for s in train]), self.cfg.train.advantage,
                                eps=self.cfg.train.advantage_eps)
         for s, a in zip(train, adv.tolist()):
             s.advantage = a
         stats = update_policy(self.policy, train, self.settings, self.tokenizer.pad_token_id, [self.tokenizer.eos_token_id])
-        return {"stats": stats, "samples": samples}
+        return {"stats": {**stats, **dropped_stats}, "samples": samples}
 
     def named_state(self) -> dict[str, torch.Tensor]:
         """This agent's trainable weights (copies)."""
@@ -273,7 +279,11 @@ class DecoupledTrainer(Trainer):
             out = self.workers[a].result(fut)
             record.update({f"{k}/{a}": v for k, v in out["stats"].items()})
             logged += out["samples"]
-        return logged, [s for s in logged if not s.tags.get("no_update")]
+        trained = [s for s in logged if not s.tags.get("no_update")]
+        if not trained and any(record.get(f"nonfinite_groups_dropped/{a}") for a in futures):
+            raise NonFiniteReward(f"task {self.task.name!r}: every group of step {step} has a NaN/inf reward; "
+                                  "nothing is left to train on")
+        return logged, trained
 
     def train(self) -> list[dict[str, Any]]:
         """Run until ``train.steps``, then stop the Ray actors."""

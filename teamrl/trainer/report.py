@@ -72,10 +72,11 @@ def write_report(run_dir: str | Path) -> Path:
     out = run_dir / "report"
     out.mkdir(exist_ok=True)
     page = [f"# Run report: {run_dir.name}", ""]
-    k = min(3, len(metrics))
     main = "normalised_return" if "normalised_return" in metrics[0] else "reward_mean"
-    first = sum(m[main] for m in metrics[:k]) / k
-    last = sum(m[main] for m in metrics[-k:]) / k
+    values = [m[main] for m in metrics if main in m]  # a step whose turn-0 groups were all dropped has no normalised_return
+    k = min(3, len(values))
+    first = sum(values[:k]) / k
+    last = sum(values[-k:]) / k
     secs = sum(m.get("rollout_s", 0) + m.get("update_s", 0) for m in metrics)
     page += ["| steps | " + main + f", first {k} | " + main + f", last {k} | seconds per step |", "|---|---|---|---|",
              f"| {len(metrics)} | {first:.3f} | {last:.3f} | {secs / len(metrics):.1f} |", ""]

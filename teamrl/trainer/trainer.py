@@ -30,7 +30,8 @@ from teamrl.tasks import Problem, make_task
 from teamrl.tasks.solve import SolveTask
 from teamrl.trainer.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
 from teamrl.trainer.diagnostics import CliffDetector, role_capture
-from teamrl.trainer.update import _to_device, make_update_settings, update_policy
+from teamrl.trainer.update import (NonFiniteReward, _to_device, make_update_settings, nonfinite_reward_groups,
+                                   update_policy_steps)
 from teamrl.tasks.task import TeamTask
 from teamrl.workflows.context import EpisodeContext
 
@@ -75,6 +76,7 @@ class Trainer:
         self.greedy_params = dataclasses.replace(self.params, temperature=0.0)  # baselines and evaluation
         self.update_settings = make_update_settings(cfg)
         self.last_role_stats: dict[str, float] = {}
+        self.nonfinite_groups_dropped = 0  # groups left out of the last step for a NaN/inf reward
         # the tokenizer's EOS and generation_config's (vLLM stops at both): one set for every engine and the loss mask
         # (the decoupled trainer's policy views hold no model: its workers keep the tokenizer's EOS)
         self.eos_ids = generation_eos_ids(getattr(next(iter(self.router.policies.values())), "model", None), self.tokenizer)
@@ -193,7 +195,8 @@ class Trainer:
             last = max(s.turn for s in train_samples)
             for name, turn in (("normalised_return", 0), ("normalised_return_last_turn", last)):
                 first_role = [s for s in train_samples if s.turn == turn and s.role == self.roles[0]]
-                record[name] = sum(s.tags["normalised_reward"] for s in first_role) / len(first_role)
+                if first_role:  # none when train.nonfinite_reward=drop_group dropped that turn's groups
+                    record[name] = sum(s.tags["normalised_reward"] for s in first_role) / len(first_role)
         if hasattr(self.algorithm, "metrics"):
             record.update(self.algorithm.metrics(train_samples))
         baselines = [s for s in samples if s.tags.get("baseline")]
@@ -272,18 +275,23 @@ class Trainer:
         """Advantages and the updates (stats into ``record``, per-role statistics into
         ``last_role_stats``); returns (samples to log, trained samples)."""
         train_samples = self._assign_advantages(samples)
+        if self.cfg.train.nonfinite_reward == "drop_group":
+            record["nonfinite_groups_dropped"] = self.nonfinite_groups_dropped
         role_stats: dict[str, list[float]] = {}
         for name, policy in self.router.policies.items():
             own = [s for s in train_samples if s.policy == name]
             # One optimizer step per policy, or (equalize_steps false) one per role instance in turn.
             parts = [own] if self.cfg.policy.equalize_steps else [[s for s in own if s.role == r] for r in dict.fromkeys(s.role for s in own)]
-            for part in parts:
-                for k, v in update_policy(policy, part, self.update_settings, self.tokenizer.pad_token_id, self.eos_ids).items():
+            # with several steps, each is clipped against the weights that sampled (old log-probs taken before the first)
+            for part_stats in update_policy_steps(policy, parts, self.update_settings, self.tokenizer.pad_token_id, self.eos_ids):
+                for k, v in part_stats.items():
                     if "@" in k:
                         role_stats.setdefault(k, []).append(v)
+                    elif k == "skipped_steps":
+                        record[f"{k}/{name}"] = record.get(f"{k}/{name}", 0.0) + v
                     else:
                         record[f"{k}/{name}"] = v
-            record[f"optimizer_steps/{name}"] = len([p for p in parts if p])
+            record[f"optimizer_steps/{name}"] = len([p for p in parts if p]) - int(record.get(f"skipped_steps/{name}", 0))
             self.engine.sync_weights(name)
         # per-role statistics add up over the instances' steps (entropy: their mean)
         self.last_role_stats = {k: (sum(v) / len(v) if k.startswith("entropy@") else sum(v)) for k, v in role_stats.items()}
@@ -292,9 +300,19 @@ class Trainer:
     def _assign_advantages(self, samples: list[Sample]) -> list[Sample]:
         """Group-relative advantages over the trainable samples; returns them.
 
-        Left out: greedy baselines and samples tagged ``no_update`` (a frozen agent's, or
-        sub-trajectories dropped by M-GRPO's alignment)."""
+        Left out: greedy baselines, samples tagged ``no_update`` (a frozen agent's, or
+        sub-trajectories dropped by M-GRPO's alignment) and, with ``train.nonfinite_reward:
+        drop_group``, every group holding a NaN/inf reward (their count in ``nonfinite_groups_dropped``;
+        by default such a reward raises :class:`NonFiniteReward`)."""
         train = [s for s in samples if not s.tags.get("baseline") and not s.tags.get("no_update")]
+        scored = train + [s for s in samples if s.tags.get("baseline")]  # a greedy baseline's reward enters 'max' advantages
+        dropped = nonfinite_reward_groups(scored, self.task.name, self.cfg.train.nonfinite_reward)
+        self.nonfinite_groups_dropped = len(dropped)
+        if dropped:
+            train = [s for s in train if s.group not in dropped]
+            if not train:
+                raise NonFiniteReward(f"task {self.task.name!r}: every group of step {self.step + 1} has a NaN/inf reward; "
+                                      "nothing is left to train on")
         rewards = torch.tensor([s.reward for s in train], dtype=torch.float32)
         ids = group_ids_from_keys([s.group for s in train])
         baselines = None

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import math
+import sys
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Hashable, Sequence
 
 import torch
 
@@ -30,10 +32,30 @@ def make_update_settings(cfg: Config) -> UpdateSettings:
     t = cfg.train
     return UpdateSettings(
         loss=LossConfig(eps_low=t.loss.eps_low, eps_high=t.loss.eps_high, dual_clip=t.loss.dual_clip,
-                        kl_coef=t.loss.kl_coef, aggregation=t.loss.aggregation,
+                        kl_coef=t.loss.kl_coef, kl_bias_correction=t.loss.kl_bias_correction, aggregation=t.loss.aggregation,
                         max_completion_length=cfg.rollout.max_new_tokens if t.loss.aggregation == "dr_grpo" else None),
         ppo_epochs=t.ppo_epochs, micro_batch_size=t.micro_batch_size, max_grad_norm=t.max_grad_norm,
         role_stats=t.role_grad_norms)
+
+
+class NonFiniteReward(ValueError):
+    """A reward is NaN or infinite (with ``train.nonfinite_reward: error``, the default)."""
+
+
+def nonfinite_reward_groups(samples: Sequence[Sample], task: str, mode: str) -> set[Hashable]:
+    """The comparison groups of ``samples`` that hold a NaN or infinite reward.
+
+    One such reward makes its whole group's advantages NaN (the batch's, in ``batch`` mode), so
+    with ``mode`` ``"error"`` the first one raises :class:`NonFiniteReward` naming the task,
+    problem and role; with ``"drop_group"`` the groups are returned for the caller to leave out.
+    """
+    bad = [s for s in samples if isinstance(s.reward, (int, float)) and not math.isfinite(s.reward)]
+    if bad and mode == "error":
+        s = bad[0]
+        raise NonFiniteReward(f"task {task!r}: reward {s.reward} for problem {s.problem_id!r}, role {s.role!r} (episode "
+                              f"{s.episode}, turn {s.turn}); rewards must be finite ({len(bad)} of {len(samples)} are not); "
+                              "train.nonfinite_reward=drop_group leaves their groups out of the update instead")
+    return {s.group for s in bad}
 
 
 # A micro-batch in which prompt padding would be more than this share of its token positions is split instead.
@@ -96,14 +118,54 @@ def _logprobs(model, batch, temperature: float, with_entropy: bool = False):
     return completion_logprobs(model, batch, temperature, with_entropy)
 
 
+def policy_logprobs(policy: Policy, samples: Sequence[Sample], settings: UpdateSettings, pad_id: int) -> list[torch.Tensor]:
+    """Each sample's completion log-probs under ``policy``'s current weights (1-D, no gradient).
+
+    Taken before a policy's first optimizer step of an iteration, they are the sampling
+    policy's log-probs that every later step's ratio and clip are measured against.
+    """
+    out: list[torch.Tensor] = []
+    if not samples:
+        return out
+    temperature = samples[0].temperature or 1.0
+    dev = next(iter(policy.parameters())).device
+    with policy.active() as model, torch.no_grad():
+        model.train()  # the mode update_policy computes its log-probs in
+        for start in range(0, len(samples), settings.micro_batch_size):
+            part = samples[start:start + settings.micro_batch_size]
+            batch = _pack([s.prompt_ids for s in part], [s.completion_ids for s in part], pad_id)
+            if dev.type != "cpu":
+                batch = _to_device(batch, dev)
+            logp = _logprobs(model, batch, temperature)[0].float().cpu()
+            out += [row[:len(s.completion_ids)] for row, s in zip(logp, part)]
+    return out
+
+
+def update_policy_steps(policy: Policy, parts: Sequence[Sequence[Sample]], settings: UpdateSettings, pad_id: int,
+                        eos_ids: Sequence[int]) -> list[dict[str, float]]:
+    """One :func:`update_policy` step per non-empty part, in order; returns each step's statistics.
+
+    With several steps, the old log-probs of every part are computed once, before the first
+    step, so that each later step's ratio and clip are measured against the policy that sampled
+    (not against weights the earlier steps already moved).
+    """
+    parts = [list(p) for p in parts if any(s.completion_ids for s in p)]
+    if len(parts) < 2:
+        return [update_policy(policy, p, settings, pad_id, eos_ids) for p in parts]
+    old = [policy_logprobs(policy, p, settings, pad_id) for p in parts]
+    return [update_policy(policy, p, settings, pad_id, eos_ids, old_logprobs=o) for p, o in zip(parts, old)]
+
+
 def update_policy(policy: Policy, samples: Sequence[Sample], settings: UpdateSettings, pad_id: int,
-                  eos_ids: Sequence[int]) -> dict[str, float]:
+                  eos_ids: Sequence[int], old_logprobs: Sequence[torch.Tensor] | None = None) -> dict[str, float]:
     """Train ``policy`` on ``samples`` (which must all be its own) and return loss statistics.
 
     Micro-batches accumulate gradients with weights that make the result equal to one
     full-batch loss for every aggregation (token counts for ``token_mean``, sequence counts
-    otherwise). With one PPO epoch the old log-probs are the detached current ones (ratio 1,
-    as TRL does); with more, they are computed once before the first update.
+    otherwise). ``old_logprobs`` (one 1-D tensor per sample, e.g. from :func:`policy_logprobs`
+    before an earlier step of the same iteration) are the sampling policy's log-probs for every
+    epoch. Without them: with one PPO epoch the old log-probs are the detached current ones
+    (ratio 1, as TRL does); with more, they are computed once before the first update.
 
     With ``settings.role_stats`` the micro-batches never mix role types, and the gradient
     accumulated by each role type's micro-batches (its part of the joint gradient: the parts
@@ -114,6 +176,14 @@ def update_policy(policy: Policy, samples: Sequence[Sample], settings: UpdateSet
     foreign = {s.policy for s in samples} - {policy.name}
     if foreign:
         raise ValueError(f"policy {policy.name!r} was given samples of {sorted(foreign)}")
+    given_old: dict[int, torch.Tensor] = {}
+    if old_logprobs is not None:
+        if len(old_logprobs) != len(samples):
+            raise ValueError(f"old_logprobs: {len(old_logprobs)} tensors for {len(samples)} samples")
+        for s, o in zip(samples, old_logprobs):
+            if len(o) != len(s.completion_ids):
+                raise ValueError(f"old_logprobs: {len(o)} log-probs for a completion of {len(s.completion_ids)} tokens")
+            given_old[id(s)] = o
     samples = [s for s in samples if s.completion_ids]
     if not samples:
         return {}
@@ -151,23 +221,30 @@ def update_policy(policy: Policy, samples: Sequence[Sample], settings: UpdateSet
         old: list[torch.Tensor | None] = [None] * len(batches)
         ref: list[torch.Tensor | None] = [None] * len(batches)
         with torch.no_grad():
-            for i, b in enumerate(batches):
-                if settings.ppo_epochs > 1:
+            for i, (sl, b) in enumerate(zip(parts, batches)):
+                if given_old:
+                    rows = [given_old[id(s)] for s in samples[sl]]
+                    old[i] = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True).to(device=dev)
+                    old[i] = torch.nn.functional.pad(old[i], (0, b.completion_len - old[i].shape[1]))
+                elif settings.ppo_epochs > 1:
                     old[i] = _logprobs(model, b, temperature)[0]
                 if cfg.kl_coef > 0:
                     with policy.reference() as ref_model:
                         ref[i] = _logprobs(ref_model, b, temperature)[0]
         grad_norms = []
+        skipped = False
         params = [p for p in policy.parameters()]
         for epoch in range(settings.ppo_epochs):
             policy.optimizer.zero_grad(set_to_none=True)
             last = epoch == settings.ppo_epochs - 1
             before = None
+            losses_finite = True
             for i, (sl, b, m) in enumerate(zip(parts, batches, masks)):
                 role = names[sl.start]
                 logp, ent = _logprobs(model, b, temperature, with_entropy=epoch == 0)
                 old_lp = logp.detach() if old[i] is None else old[i]
                 loss, st = policy_loss(logp, old_lp, adv[sl], m, cfg, ref_logprobs=ref[i])
+                losses_finite = losses_finite and math.isfinite(st["loss"])
                 weight = (int(m.sum()) / total_tokens) if cfg.aggregation == "token_mean" else (len(range(*sl.indices(len(samples)))) / len(samples))
                 (loss * weight).backward()
                 if last:
@@ -184,11 +261,23 @@ def update_policy(policy: Policy, samples: Sequence[Sample], settings: UpdateSet
                     now = _flat_grad(params)
                     stats[f"grad_norm@{role}"] = float((now - before).norm() if before is not None else now.norm())
                     before = now
-            grad_norms.append(float(torch.nn.utils.clip_grad_norm_(policy.parameters(), settings.max_grad_norm)))
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(policy.parameters(), settings.max_grad_norm))
+            if not (losses_finite and math.isfinite(grad_norm)):
+                # A NaN/inf would reach every weight (and the optimizer's moments): skip the step instead.
+                from tqdm import tqdm
+
+                tqdm.write(f"warning: policy {policy.name!r}: non-finite loss or gradient (gradient norm {grad_norm}, "
+                           f"PPO epoch {epoch + 1}); optimizer step skipped, weights unchanged", file=sys.stderr)
+                skipped = True
+                break
+            grad_norms.append(grad_norm)
             policy.step()
         policy.optimizer.zero_grad(set_to_none=True)
+    if skipped:  # the other statistics would be NaN or describe a step that was not taken
+        return {"skipped_steps": 1.0, "tokens": float(total_tokens)}
     for key in [k for k in stats if k.startswith("entropy@")]:
         stats[key] /= max(1.0, stats["tokens@" + key.split("@", 1)[1]])
     stats["grad_norm"] = grad_norms[-1]
     stats["tokens"] = float(total_tokens)
+    stats["skipped_steps"] = 0.0
     return stats
