@@ -13,8 +13,16 @@ The three places where algorithms differ:
    joint actions that contain it (cross). Every completion is thus credited with the average
    team outcome it took part in, which keeps each agent's G returns comparable.
 
-Differences from the reference code (CoMLRL), on purpose: the discount is applied, and early
-termination by reward threshold is off unless ``termination_threshold`` is set.
+Early termination (``termination_threshold`` set): a joint action whose normalised reward
+reaches the threshold ends its branch (no children) and is credited with its reward for every
+remaining turn, ``R_t = r_t * (1 + gamma + ... + gamma^(T-1-t))``: the solved state is taken
+to be absorbing. Every joint action's return thus sums the same number of turns, whether it
+stopped or not, so stopping early never looks worse than continuing from a worse state.
+
+Differences from the reference code (CoMLRL), on purpose: the discount is applied; early
+termination is off unless ``termination_threshold`` is set, and is decided per joint action
+(the reference stops a whole node when its mean reward reaches the threshold) with the
+terminated action credited as above.
 """
 
 from __future__ import annotations
@@ -59,6 +67,12 @@ def completion_returns(joint: Sequence[tuple[int, ...]], joint_returns: Sequence
 def discounted_return(reward: float, child_returns: Sequence[float], gamma: float) -> float:
     """R_t = r_t + gamma * mean(children's returns); a leaf returns its reward."""
     return reward + (gamma * sum(child_returns) / len(child_returns) if child_returns else 0.0)
+
+
+def terminated_return(reward: float, remaining_turns: int, gamma: float) -> float:
+    """The return of a joint action that ended its branch with ``remaining_turns`` turns (its own
+    included) left: its reward at every one of them, discounted (the solved state is absorbing)."""
+    return reward * sum(gamma ** k for k in range(remaining_turns))
 
 
 def group_key(sample: Sample) -> Hashable:
@@ -106,13 +120,17 @@ class MAGRPO:
         joint = joint_indices(G, len(roles), self.s.joint_mode)
         outputs = [{role: groups[a][j].text for a, (role, j) in enumerate(zip(roles, idx))} for idx in joint]
         rewards = [float(r) for r in task.rewards(problem, outputs)]
-        expand = [turn + 1 < self.s.num_turns and not self._terminated(r, task) for r in rewards]
+        stop = [self._terminated(r, task) for r in rewards]
+        expand = [turn + 1 < self.s.num_turns and not t for t in stop]
         children = await asyncio.gather(*[
             self._node(ctx, task, problem, turn + 1, path + (k,), history + [outputs[k]],
                        task.feedback(problem, outputs[k], rewards[k]))
             for k in range(len(joint)) if expand[k]])
         child_iter = iter(children)
-        returns = [discounted_return(r, next(child_iter) if e else [], self.s.gamma) for r, e in zip(rewards, expand)]
+        left = self.s.num_turns - turn
+        returns = [terminated_return(r, left, self.s.gamma) if t
+                   else discounted_return(r, next(child_iter) if e else [], self.s.gamma)
+                   for r, t, e in zip(rewards, stop, expand)]
         per_sample = completion_returns(joint, returns, G, len(roles))
         per_reward = completion_returns(joint, rewards, G, len(roles))
         for a, samples in enumerate(groups):
