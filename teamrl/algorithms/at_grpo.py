@@ -6,8 +6,10 @@ The three places where algorithms differ:
    every branch then continues from the chosen candidate's state (``select: greedy``, ties to
    the lowest index, or ``random``). Within a turn agent i+1 observes the state after agent
    i's chosen action, unless the environment declares its agents ``parallel``, in which case
-   every agent of the turn observes the same state and the chosen actions are applied in role
-   order. ``grouping: trajectory`` (the ablation): K independent episodes per problem, one
+   every agent of the turn observes the same state (the one before the turn) and generates at
+   once; the candidates are still applied in role order, each role's to the state its earlier
+   roles' chosen actions produced, so a candidate is scored on the state it really leads to and
+   the episode continues from that very state. ``grouping: trajectory`` (the ablation): K independent episodes per problem, one
    sample per agent per turn.
 2. group key: (problem, turn, agent) for the tree: K samples that saw one state and prompt;
    (problem, agent) for trajectory grouping.
@@ -106,22 +108,18 @@ class ATGRPO:
         for turn in range(self._turns(env)):
             if env.done(state):
                 break
-            if env.parallel:
-                base = state
-                groups = await asyncio.gather(*[ctx.generate_group(r, env.observe(base, r), n=self.s.k, turn=turn)
+            groups: list[list[Sample]] = []
+            if env.parallel:  # every role of the turn observes the state before it
+                groups = await asyncio.gather(*[ctx.generate_group(r, env.observe(state, r), n=self.s.k, turn=turn)
                                                 for r in env.roles])
-                chosen = [self._score_and_choose(env, base, r, g, rng)[1] for r, g in zip(env.roles, groups)]
-                for r, g, j in zip(env.roles, groups, chosen):
-                    state, _ = env.apply(state, r, g[j].text)
-                    if env.done(state):
-                        break
-            else:
-                for role in env.roles:
-                    group = await ctx.generate_group(role, env.observe(state, role), n=self.s.k, turn=turn)
-                    branches, j = self._score_and_choose(env, state, role, group, rng)
-                    state = branches[j]  # the chosen branch's own state: what every later step sees
-                    if env.done(state):
-                        break
+            for i, role in enumerate(env.roles):
+                group = groups[i] if env.parallel else await ctx.generate_group(role, env.observe(state, role),
+                                                                                n=self.s.k, turn=turn)
+                # scored on the state after the roles before it in this turn (parallel or not) ...
+                branches, j = self._score_and_choose(env, state, role, group, rng)
+                state = branches[j]  # ... and continued from exactly the scored state of the chosen one
+                if env.done(state):
+                    break
         return state
 
     def _score_and_choose(self, env: Environment, state: Any, role: str, group: list[Sample],
