@@ -31,7 +31,7 @@ from typing import Any, Awaitable, Callable, Hashable, Sequence
 
 from teamrl.core.sample import Sample
 from teamrl.tasks.environment import Environment
-from teamrl.tasks.task import Problem
+from teamrl.tasks.task import Problem, batch_instances
 from teamrl.workflows.context import EpisodeContext
 
 SELECT_MODES = ("greedy", "random")
@@ -85,11 +85,13 @@ class ATGRPO:
         """Run every problem's episodes together; return all samples with rewards and groups set."""
         self.calls += 1
         rng = random.Random(hash((self.s.seed, self.calls)) & 0xFFFFFFFF)
+        instances = batch_instances(problems)  # a problem drawn twice: two instances, never one group
         if self.s.grouping == "tree":
-            ctxs = [make_ctx(p, 0, {"grouping": "tree"}) for p in problems]
+            ctxs = [make_ctx(inst, 0, {"grouping": "tree"}) for inst in instances]
             finals = run([self._tree(c, env, p, rng) for c, p in zip(ctxs, problems)])
         else:
-            jobs = [(p, make_ctx(p, e, {"grouping": "trajectory"})) for p in problems for e in range(self.s.k)]
+            jobs = [(p, make_ctx(inst, e, {"grouping": "trajectory"})) for p, inst in zip(problems, instances)
+                    for e in range(self.s.k)]
             ctxs = [c for _, c in jobs]
             finals = run([self._trajectory(c, env, p) for p, c in jobs])
         samples = []

@@ -39,7 +39,7 @@ from typing import Awaitable, Callable, Hashable, Sequence
 from teamrl.core.sample import Sample
 from teamrl.core.seeding import derive_seed
 from teamrl.tasks.research import SUB_REWARD_MODES, ResearchEnv, sub_reward
-from teamrl.tasks.task import Problem
+from teamrl.tasks.task import Problem, batch_instances
 from teamrl.workflows.context import EpisodeContext
 from teamrl.workflows.research_team import ResearchOutcome, research_single, research_team
 
@@ -199,11 +199,12 @@ class MGRPO:
         """Run the K rollouts per question; main samples get rewards, sub samples their format validity only."""
         self.calls += 1
         workflow = research_team if self.s.agents == "team" else research_single
-        jobs = [(p, make_ctx(p, e, {})) for p in problems for e in range(self.s.k)]
+        # a problem drawn twice is two instances (ids ``<id>#2``, ...): their outcomes and groups stay apart
+        jobs = [(p, make_ctx(inst, e, {})) for p, inst in zip(problems, batch_instances(problems)) for e in range(self.s.k)]
         results: list[ResearchOutcome] = run([workflow(ctx, env, p) for p, ctx in jobs])
         main, sub, outcomes = [], [], {}
         for (p, ctx), res in zip(jobs, results):
-            outcomes[(p.id, ctx.episode)] = res.reward
+            outcomes[(ctx.problem_id, ctx.episode)] = res.reward
             for s in ctx.samples:
                 s.tags["solved"] = res.correct
                 if s.role == "sub":

@@ -6,7 +6,8 @@ The three places where algorithms differ:
    or take the Cartesian product (``cross``: G^N). With several turns every joint action that
    has not terminated becomes a child node whose prompts the task builds from the history and
    feedback: a tree, expanded breadth-first so that all nodes of a turn share engine batches.
-2. group key: (problem, role, turn, parent path): an agent's G samples that saw the same prompt.
+2. group key: (problem, role, turn, parent path): an agent's G samples that saw the same prompt
+   (a problem drawn twice in one batch is two instances: see :func:`~teamrl.tasks.task.batch_instances`).
 3. reward assignment: the return of joint action k at turn t is
    ``R_t = r_t + gamma * mean(R_{t+1} over its children)`` (no children: ``R_t = r_t``); a
    completion's return is the return of its joint action (aligned) or the mean over the G^(N-1)
@@ -33,7 +34,7 @@ from dataclasses import dataclass
 from typing import Awaitable, Callable, Hashable, Sequence
 
 from teamrl.core.sample import Sample
-from teamrl.tasks.task import Problem, TeamTask
+from teamrl.tasks.task import Problem, TeamTask, batch_instances
 from teamrl.workflows.context import EpisodeContext
 
 JOINT_MODES = ("aligned", "cross")
@@ -103,7 +104,7 @@ class MAGRPO:
     def rollout(self, problems: Sequence[Problem], task: TeamTask, make_ctx: ContextFactory,
                 run: Callable[[list[Awaitable]], list]) -> list[Sample]:
         """Expand every problem's tree together; return all samples with returns and groups set."""
-        ctxs = [make_ctx(p, 0, {}) for p in problems]
+        ctxs = [make_ctx(inst, 0, {}) for inst in batch_instances(problems)]  # a repeated problem: its own groups
         run([self._node(ctx, task, p, 0, (), [], "") for ctx, p in zip(ctxs, problems)])
         samples = [s for c in ctxs for s in c.samples]
         for s in samples:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, Sequence
 
 
@@ -13,6 +13,27 @@ class Problem:
 
     id: str
     data: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
+
+
+def batch_instances(problems: Sequence[Problem]) -> list[Problem]:
+    """The problems of one batch, each with an id no other instance has: a problem drawn again
+    gets ``<id>#2``, ``<id>#3``, ... (same data). Algorithms key groups and outcomes by the
+    samples' problem id, so two copies of a problem in one batch never share a group."""
+    taken = {p.id for p in problems}
+    seen: dict[str, int] = {}
+    out = []
+    for p in problems:
+        if p.id not in seen:
+            seen[p.id] = 2  # the number of its next copy
+            out.append(p)
+            continue
+        n = seen[p.id]
+        while f"{p.id}#{n}" in taken:
+            n += 1
+        seen[p.id] = n + 1
+        taken.add(f"{p.id}#{n}")
+        out.append(replace(p, id=f"{p.id}#{n}"))
+    return out
 
 
 class Task(ABC):
