@@ -18,7 +18,7 @@ from teamrl.core.config import Config, ConfigError, config_to_dict
 from teamrl.core.metrics import MetricsSink, read_metrics
 from teamrl.core.sample import Sample
 from teamrl.core.seeding import derive_seed, seed_everything
-from teamrl.losses import group_advantages, group_ids_from_keys
+from teamrl.losses import group_ids_from_keys, trajectory_advantages, trajectory_ids_from_tags
 from teamrl.policies.router import PolicyRouter, role_type
 from teamrl.rollout.engine import Engine, SamplingParams
 from teamrl.rollout.hf_engine import HFEngine
@@ -279,7 +279,9 @@ class Trainer:
         if self.cfg.train.advantage == "max":
             greedy = {s.group: s.reward for s in samples if s.tags.get("baseline")}
             baselines = torch.tensor([greedy[s.group] for s in train], dtype=torch.float32)
-        adv = group_advantages(rewards, ids, self.cfg.train.advantage, eps=self.cfg.train.advantage_eps, baselines=baselines)
+        # the turns of one rollout tagged as one trajectory (M-GRPO) count once in their group's statistics
+        adv = trajectory_advantages(rewards, ids, trajectory_ids_from_tags([s.tags for s in train]), self.cfg.train.advantage,
+                                    eps=self.cfg.train.advantage_eps, baselines=baselines)
         for s, a in zip(train, adv.tolist()):
             s.advantage = a
         return train
