@@ -78,7 +78,15 @@ class ATGRPO:
         if settings.grouping not in GROUPINGS:
             raise ValueError(f"grouping {settings.grouping!r}: choose one of {list(GROUPINGS)}")
         self.s = settings
-        self.calls = 0
+        self.calls = 0  # rollouts so far: seeds the branch-choice RNG of the next one
+
+    def state_dict(self) -> dict[str, int]:
+        """What a checkpoint must hold for a resumed run to draw the same random branch choices."""
+        return {"calls": self.calls}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Restore :meth:`state_dict` (on resume)."""
+        self.calls = int(state["calls"])
 
     def rollout(self, problems: Sequence[Problem], env: Environment, make_ctx: ContextFactory,
                 run: Callable[[list[Awaitable]], list]) -> list[Sample]:

@@ -185,8 +185,16 @@ class MGRPO:
         if settings.d_max < 1:
             raise ValueError(f"m_grpo.d_max={settings.d_max}: must be >= 1")
         self.s = settings
-        self.calls = 0
+        self.calls = 0  # rollouts so far: seeds the alignment RNG of the next one
         self.last_metrics: dict[str, float] = {}
+
+    def state_dict(self) -> dict[str, int]:
+        """What a checkpoint must hold for a resumed run to draw the same trajectory alignment."""
+        return {"calls": self.calls}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Restore :meth:`state_dict` (on resume)."""
+        self.calls = int(state["calls"])
 
     @property
     def roles(self) -> tuple[str, ...]:

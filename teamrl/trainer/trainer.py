@@ -81,6 +81,9 @@ class Trainer:
         if resume and ckpts:
             state = load_checkpoint(ckpts[-1], self.router)
             self.step, self.data_position = state["step"], state["data_position"]
+            if hasattr(self.algorithm, "load_state_dict"):  # its own RNG (AT-GRPO branch choice, M-GRPO alignment)
+                # a checkpoint from before it was saved: one rollout per step, so the count of rollouts is the step
+                self.algorithm.load_state_dict(state.get("algorithm", {"calls": self.step}))
             for rec in read_metrics(self.run_dir / "metrics.jsonl"):  # replay the evaluations for the running peak
                 if "eval/accuracy" in rec and rec["step"] <= self.step:
                     self.cliffs.update(rec["step"], rec["eval/accuracy"])
@@ -188,7 +191,10 @@ class Trainer:
         self.step = step
         self.metrics.log(record)
         if step % self.cfg.run.save_every == 0 or step == self.cfg.train.steps or self.stopped_at_cliff:
-            save_checkpoint(self.ckpt_dir, step, self.router, {"data_position": self.data_position}, keep=self.cfg.run.keep_checkpoints)
+            state = {"data_position": self.data_position}
+            if hasattr(self.algorithm, "state_dict"):
+                state["algorithm"] = self.algorithm.state_dict()
+            save_checkpoint(self.ckpt_dir, step, self.router, state, keep=self.cfg.run.keep_checkpoints)
         return record
 
     def _role_metrics(self, samples: list[Sample], role_stats: dict[str, float], record: dict[str, Any]) -> dict[str, float]:
