@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from teamrl.policies.models import byte_tokenizer
 from teamrl.rollout.engine import Completion, Engine, GenerationRequest, SamplingParams
 from teamrl.rollout.scheduler import GenerationScheduler
-from teamrl.tasks.task import Problem
+from teamrl.tasks.task import Problem, TeamTask
 from teamrl.workflows.context import EpisodeContext
 
 TOK = byte_tokenizer()
@@ -42,3 +43,28 @@ def scripted_rollout(algorithm: Any, problems: Sequence[Problem], task: Any, scr
         return EpisodeContext(sched, lambda role: role, TOK, params, problem.id, episode, tags)
 
     return algorithm.rollout(problems, task, make_ctx, sched.run)
+
+
+@dataclass
+class ScriptedTeamOptions:
+    name: str = "scripted_team"
+
+
+class ScriptedTeam(TeamTask):
+    """One role; the prompt shows the turn and the previous answer; the reward of a text is
+    ``REWARDS[text]`` (0 for any other text)."""
+
+    name = "scripted_team"
+    roles = ("agent",)
+    max_reward = 1.0
+    Options = ScriptedTeamOptions
+    REWARDS = {"solve": 1.0, "half": 0.5, "close": 0.9}
+
+    def problems(self) -> list[Problem]:
+        return [Problem("p0")]
+
+    def prompt(self, problem, role, turn=0, history=(), feedback=""):
+        return [{"role": "user", "content": f"turn {turn} after {history[-1][role] if history else '-'}"}]
+
+    def reward(self, problem, outputs):
+        return self.REWARDS.get(outputs["agent"], 0.0)

@@ -1,39 +1,12 @@
 """MAGRPO early termination: a joint action that reaches the threshold is not punished for stopping."""
 
-from dataclasses import dataclass
-
 import pytest
 import torch
 
 from teamrl.algorithms.magrpo import MAGRPO, MAGRPOSettings
 from teamrl.losses import group_advantages, group_ids_from_keys
-from teamrl.tasks.task import Problem, TeamTask
-from tests.scripted import scripted_rollout
-
-REWARD = {"solve": 1.0, "half": 0.5, "close": 0.9}
-
-
-@dataclass
-class ScriptedOptions:
-    name: str = "scripted_team"
-
-
-class ScriptedTeam(TeamTask):
-    """One role; the reward is read from the text. Prompts show the turn and the last answer."""
-
-    name = "scripted_team"
-    roles = ("agent",)
-    max_reward = 1.0
-    Options = ScriptedOptions
-
-    def problems(self):
-        return [Problem("p0")]
-
-    def prompt(self, problem, role, turn=0, history=(), feedback=""):
-        return [{"role": "user", "content": f"turn {turn} after {history[-1][role] if history else '-'}"}]
-
-    def reward(self, problem, outputs):
-        return REWARD[outputs["agent"]]
+from teamrl.tasks.task import Problem
+from tests.scripted import ScriptedTeam, scripted_rollout
 
 
 def _script(policy, prompt, n):

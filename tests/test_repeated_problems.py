@@ -11,9 +11,9 @@ from teamrl.algorithms.m_grpo import MGRPO, MGRPOSettings
 from teamrl.algorithms.magrpo import MAGRPO, MAGRPOSettings
 from teamrl.tasks.environment import Environment
 from teamrl.tasks.research import ResearchEnv, ResearchOptions, sub_reward
-from teamrl.tasks.task import Problem, TeamTask, batch_instances
+from teamrl.tasks.task import Problem, batch_instances
 from teamrl.workflows.research_team import ResearchOutcome, SubCall
-from tests.scripted import scripted_rollout
+from tests.scripted import ScriptedTeam, scripted_rollout
 
 PROBLEM = Problem("p0", {"x": 1})
 
@@ -39,32 +39,10 @@ def test_batch_instances_gives_repeats_distinct_ids_and_keeps_the_data():
     assert [p.id for p in batch_instances([PROBLEM, other])] == ["p0", "p0#2"]  # no repeat: unchanged
 
 
-@dataclass
-class EchoOptions:
-    name: str = "echo_team"
-
-
-class EchoTeam(TeamTask):
-    """One role; the prompt shows the turn and the previous answer; reward from the text's length."""
-
-    name = "echo_team"
-    roles = ("agent",)
-    Options = EchoOptions
-
-    def problems(self):
-        return [PROBLEM]
-
-    def prompt(self, problem, role, turn=0, history=(), feedback=""):
-        return [{"role": "user", "content": f"turn {turn} after {history[-1][role] if history else '-'}"}]
-
-    def reward(self, problem, outputs):
-        return (len(outputs["agent"]) % 3) / 2
-
-
 def test_magrpo_groups_of_a_repeated_problem_stay_apart():
     G = 2
     algo = MAGRPO(MAGRPOSettings(group_size=G, num_turns=2))
-    samples = scripted_rollout(algo, [PROBLEM, PROBLEM], EchoTeam(), _counting_script())
+    samples = scripted_rollout(algo, [PROBLEM, PROBLEM], ScriptedTeam(), _counting_script())
     groups = _groups(samples)
     assert len(groups) == 2 * (1 + G)  # per instance: one node at turn 0, G at turn 1
     for g in groups.values():
