@@ -66,3 +66,22 @@ def test_a_later_parallel_role_is_scored_after_the_earlier_roles_chosen_action(e
     assert [s.reward for s in tool] == pytest.approx([0.2, 1.0 + 0.5])
     assert all(s.tags["solved"] for s in samples) and {s.turn for s in samples} == {0}
     assert env.tool_runs == 2
+
+
+def test_candidates_of_a_role_whose_turn_never_came_are_not_trained(env):
+    problem = env.problems()[0]
+    truth = problem.data["answer"]
+
+    def script(policy, prompt, n):
+        second_turn = "Turn 2 of 2" in prompt
+        if policy == "reasoner":  # turn 1 wrong; turn 2 agrees with the tool's turn-1 answer: the episode ends
+            return [f"Answer: {truth}", "Answer: 0"] if second_turn else ["Answer: 0", "Answer: 0"]
+        return ["```python\nprint(3)\n```", "```python\nprint(4)\n```"] if second_turn else \
+            [f"```python\nprint({truth})\n```", "```python\nprint(7)\n```"]
+
+    samples = scripted_rollout(ATGRPO(ATGRPOSettings(k=2, alpha=1.0, select="greedy")), [problem], env, script)
+    assert all(s.reward is not None for s in samples) and all(s.tags["solved"] for s in samples)
+    late = [s for s in samples if s.role == "tool" and s.turn == 1]
+    assert len(late) == 2  # generated with the reasoner's (parallel), but the episode ended before they acted
+    assert all(s.tags.get("no_update") and s.tags.get("unused") and s.reward == 0.0 for s in late)
+    assert not any(s.tags.get("no_update") for s in samples if s not in late)

@@ -9,8 +9,10 @@ The three places where algorithms differ:
    every agent of the turn observes the same state (the one before the turn) and generates at
    once; the candidates are still applied in role order, each role's to the state its earlier
    roles' chosen actions produced, so a candidate is scored on the state it really leads to and
-   the episode continues from that very state. ``grouping: trajectory`` (the ablation): K independent episodes per problem, one
-   sample per agent per turn.
+   the episode continues from that very state. When an earlier role's chosen action ends the
+   episode, the later roles' candidates of that turn never act: they are logged, tagged
+   ``unused`` and ``no_update`` (reward 0), and not trained. ``grouping: trajectory`` (the ablation): K
+   independent episodes per problem, one sample per agent per turn.
 2. group key: (problem, turn, agent) for the tree: K samples that saw one state and prompt;
    (problem, agent) for trajectory grouping.
 3. reward assignment: a candidate's reward is its agent's local reward plus
@@ -123,13 +125,16 @@ class ATGRPO:
                 groups = await asyncio.gather(*[ctx.generate_group(r, env.observe(state, r), n=self.s.k, turn=turn)
                                                 for r in env.roles])
             for i, role in enumerate(env.roles):
+                if env.done(state):  # parallel: the later roles' candidates never acted; nothing to learn from them
+                    for s in (s for g in groups[i:] for s in g):
+                        s.reward = 0.0
+                        s.tags.update(no_update=True, unused=True)
+                    break
                 group = groups[i] if env.parallel else await ctx.generate_group(role, env.observe(state, role),
                                                                                 n=self.s.k, turn=turn)
                 # scored on the state after the roles before it in this turn (parallel or not) ...
                 branches, j = self._score_and_choose(env, state, role, group, rng)
                 state = branches[j]  # ... and continued from exactly the scored state of the chosen one
-                if env.done(state):
-                    break
         return state
 
     def _score_and_choose(self, env: Environment, state: Any, role: str, group: list[Sample],

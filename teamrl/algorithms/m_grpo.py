@@ -26,8 +26,8 @@ question called the sub-agent at all: there is nothing to learn from).
 
 How duplicates count in the loss: **each duplicate is a full sample** (a copy of every turn of
 the sub-trajectory with the same reward), in the group statistics (a trajectory of its own)
-and in the token loss alike, so every rollout contributes exactly ``d_max`` sub-trajectories, the paper's fixed batch. A
-sub-trajectory duplicated once thus weighs twice. Copies carry ``tags["duplicate"] = True``.
+and in the token loss alike, so every rollout contributes exactly ``d_max`` sub-trajectories,
+the paper's fixed batch. A sub-trajectory duplicated once thus weighs twice. Copies carry ``tags["duplicate"] = True``.
 
 Baselines: ``m_grpo.sub_agent: frozen`` trains the main agent only (sub samples are tagged
 ``no_update``); ``m_grpo.agents: single`` is single-agent GRPO where one agent has the tools.
