@@ -6,9 +6,13 @@ The three places where algorithms differ:
    every branch then continues from the chosen candidate's state (``select: greedy``, ties to
    the lowest index, or ``random``). Within a turn agent i+1 observes the state after agent
    i's chosen action, unless the environment declares its agents ``parallel``, in which case
-   every agent of the turn observes the same state and the chosen actions are applied in role
-   order. ``grouping: trajectory`` (the ablation): K independent episodes per problem, one
-   sample per agent per turn.
+   every agent of the turn observes the same state (the one before the turn) and generates at
+   once; the candidates are still applied in role order, each role's to the state its earlier
+   roles' chosen actions produced, so a candidate is scored on the state it really leads to and
+   the episode continues from that very state. When an earlier role's chosen action ends the
+   episode, the later roles' candidates of that turn never act: they are logged, tagged
+   ``unused`` and ``no_update`` (reward 0), and not trained. ``grouping: trajectory`` (the ablation): K
+   independent episodes per problem, one sample per agent per turn.
 2. group key: (problem, turn, agent) for the tree: K samples that saw one state and prompt;
    (problem, agent) for trajectory grouping.
 3. reward assignment: a candidate's reward is its agent's local reward plus
@@ -29,7 +33,7 @@ from typing import Any, Awaitable, Callable, Hashable, Sequence
 
 from teamrl.core.sample import Sample
 from teamrl.tasks.environment import Environment
-from teamrl.tasks.task import Problem
+from teamrl.tasks.task import Problem, batch_instances
 from teamrl.workflows.context import EpisodeContext
 
 SELECT_MODES = ("greedy", "random")
@@ -76,18 +80,28 @@ class ATGRPO:
         if settings.grouping not in GROUPINGS:
             raise ValueError(f"grouping {settings.grouping!r}: choose one of {list(GROUPINGS)}")
         self.s = settings
-        self.calls = 0
+        self.calls = 0  # rollouts so far: seeds the branch-choice RNG of the next one
+
+    def state_dict(self) -> dict[str, int]:
+        """What a checkpoint must hold for a resumed run to draw the same random branch choices."""
+        return {"calls": self.calls}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Restore :meth:`state_dict` (on resume)."""
+        self.calls = int(state["calls"])
 
     def rollout(self, problems: Sequence[Problem], env: Environment, make_ctx: ContextFactory,
                 run: Callable[[list[Awaitable]], list]) -> list[Sample]:
         """Run every problem's episodes together; return all samples with rewards and groups set."""
         self.calls += 1
         rng = random.Random(hash((self.s.seed, self.calls)) & 0xFFFFFFFF)
+        instances = batch_instances(problems)  # a problem drawn twice: two instances, never one group
         if self.s.grouping == "tree":
-            ctxs = [make_ctx(p, 0, {"grouping": "tree"}) for p in problems]
+            ctxs = [make_ctx(inst, 0, {"grouping": "tree"}) for inst in instances]
             finals = run([self._tree(c, env, p, rng) for c, p in zip(ctxs, problems)])
         else:
-            jobs = [(p, make_ctx(p, e, {"grouping": "trajectory"})) for p in problems for e in range(self.s.k)]
+            jobs = [(p, make_ctx(inst, e, {"grouping": "trajectory"})) for p, inst in zip(problems, instances)
+                    for e in range(self.s.k)]
             ctxs = [c for _, c in jobs]
             finals = run([self._trajectory(c, env, p) for p, c in jobs])
         samples = []
@@ -106,22 +120,21 @@ class ATGRPO:
         for turn in range(self._turns(env)):
             if env.done(state):
                 break
-            if env.parallel:
-                base = state
-                groups = await asyncio.gather(*[ctx.generate_group(r, env.observe(base, r), n=self.s.k, turn=turn)
+            groups: list[list[Sample]] = []
+            if env.parallel:  # every role of the turn observes the state before it
+                groups = await asyncio.gather(*[ctx.generate_group(r, env.observe(state, r), n=self.s.k, turn=turn)
                                                 for r in env.roles])
-                chosen = [self._score_and_choose(env, base, r, g, rng)[1] for r, g in zip(env.roles, groups)]
-                for r, g, j in zip(env.roles, groups, chosen):
-                    state, _ = env.apply(state, r, g[j].text)
-                    if env.done(state):
-                        break
-            else:
-                for role in env.roles:
-                    group = await ctx.generate_group(role, env.observe(state, role), n=self.s.k, turn=turn)
-                    branches, j = self._score_and_choose(env, state, role, group, rng)
-                    state = branches[j]  # the chosen branch's own state: what every later step sees
-                    if env.done(state):
-                        break
+            for i, role in enumerate(env.roles):
+                if env.done(state):  # parallel: the later roles' candidates never acted; nothing to learn from them
+                    for s in (s for g in groups[i:] for s in g):
+                        s.reward = 0.0
+                        s.tags.update(no_update=True, unused=True)
+                    break
+                group = groups[i] if env.parallel else await ctx.generate_group(role, env.observe(state, role),
+                                                                                n=self.s.k, turn=turn)
+                # scored on the state after the roles before it in this turn (parallel or not) ...
+                branches, j = self._score_and_choose(env, state, role, group, rng)
+                state = branches[j]  # ... and continued from exactly the scored state of the chosen one
         return state
 
     def _score_and_choose(self, env: Environment, state: Any, role: str, group: list[Sample],

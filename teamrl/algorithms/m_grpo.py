@@ -6,6 +6,11 @@ The three places where algorithms differ:
    multi-turn sub-trajectory (its samples are tagged with ``parent_episode`` and ``call``).
 2. group keys: main samples ``(question,)`` (GRPO over the K rollouts); sub samples
    ``(question, "sub")``: pooled over the question's K rollouts *after trajectory alignment*.
+   The group's members are rollouts and aligned sub-trajectories, not turns: every sample is
+   tagged with its ``trajectory`` (main: its rollout; sub: its rollout and slot), and the group
+   mean and std are taken with each trajectory once, whatever its number of turns
+   (:func:`~teamrl.losses.advantages.trajectory_advantages`); each turn gets its trajectory's
+   advantage.
 3. reward assignment: a main sample gets its rollout's main reward (correct / wrong / invalid,
    see :mod:`teamrl.tasks.research`); a sub-trajectory gets
    :func:`~teamrl.tasks.research.sub_reward` of its parent rollout's main reward and its own
@@ -20,9 +25,9 @@ every question gives exactly ``K * d_max`` sub-trajectories (none when no rollou
 question called the sub-agent at all: there is nothing to learn from).
 
 How duplicates count in the loss: **each duplicate is a full sample** (a copy of every turn of
-the sub-trajectory with the same reward), in the group statistics and in the token loss alike,
-so every rollout contributes exactly ``d_max`` sub-trajectories, the paper's fixed batch. A
-sub-trajectory duplicated once thus weighs twice. Copies carry ``tags["duplicate"] = True``.
+the sub-trajectory with the same reward), in the group statistics (a trajectory of its own)
+and in the token loss alike, so every rollout contributes exactly ``d_max`` sub-trajectories,
+the paper's fixed batch. A sub-trajectory duplicated once thus weighs twice. Copies carry ``tags["duplicate"] = True``.
 
 Baselines: ``m_grpo.sub_agent: frozen`` trains the main agent only (sub samples are tagged
 ``no_update``); ``m_grpo.agents: single`` is single-agent GRPO where one agent has the tools.
@@ -39,7 +44,7 @@ from typing import Awaitable, Callable, Hashable, Sequence
 from teamrl.core.sample import Sample
 from teamrl.core.seeding import derive_seed
 from teamrl.tasks.research import SUB_REWARD_MODES, ResearchEnv, sub_reward
-from teamrl.tasks.task import Problem
+from teamrl.tasks.task import Problem, batch_instances
 from teamrl.workflows.context import EpisodeContext
 from teamrl.workflows.research_team import ResearchOutcome, research_single, research_team
 
@@ -119,8 +124,8 @@ def prepare_sub_samples(sub: Sequence[Sample], outcomes: dict[tuple[Hashable, in
     for pid in sorted(episodes, key=repr):  # a fixed order: the RNG draws do not depend on dict order
         eps = sorted(episodes[pid])
         counts = [len(calls[(pid, ep)]) for ep in eps]
-        for row in align_subtrajectories(counts, d_max, rng):
-            for i, j in row:
+        for rollout, row in enumerate(align_subtrajectories(counts, d_max, rng)):
+            for slot, (i, j) in enumerate(row):
                 key = (pid, eps[i], calls[(pid, eps[i])][j])
                 samples = sorted(trajs[key], key=lambda s: s.turn)
                 valid = bool(samples[-1].tags.get("format_valid", False))
@@ -129,6 +134,7 @@ def prepare_sub_samples(sub: Sequence[Sample], outcomes: dict[tuple[Hashable, in
                 used.add(key)
                 for s in samples:
                     t = dataclasses.replace(s, tags={**s.tags, "duplicate": True}) if dup else s
+                    t.tags["trajectory"] = (eps[rollout], slot)  # one slot: one sub-trajectory in the group statistics
                     t.reward = r
                     t.group = group_key(t)
                     if frozen:
@@ -179,8 +185,16 @@ class MGRPO:
         if settings.d_max < 1:
             raise ValueError(f"m_grpo.d_max={settings.d_max}: must be >= 1")
         self.s = settings
-        self.calls = 0
+        self.calls = 0  # rollouts so far: seeds the alignment RNG of the next one
         self.last_metrics: dict[str, float] = {}
+
+    def state_dict(self) -> dict[str, int]:
+        """What a checkpoint must hold for a resumed run to draw the same trajectory alignment."""
+        return {"calls": self.calls}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Restore :meth:`state_dict` (on resume)."""
+        self.calls = int(state["calls"])
 
     @property
     def roles(self) -> tuple[str, ...]:
@@ -199,11 +213,12 @@ class MGRPO:
         """Run the K rollouts per question; main samples get rewards, sub samples their format validity only."""
         self.calls += 1
         workflow = research_team if self.s.agents == "team" else research_single
-        jobs = [(p, make_ctx(p, e, {})) for p in problems for e in range(self.s.k)]
+        # a problem drawn twice is two instances (ids ``<id>#2``, ...): their outcomes and groups stay apart
+        jobs = [(p, make_ctx(inst, e, {})) for p, inst in zip(problems, batch_instances(problems)) for e in range(self.s.k)]
         results: list[ResearchOutcome] = run([workflow(ctx, env, p) for p, ctx in jobs])
         main, sub, outcomes = [], [], {}
         for (p, ctx), res in zip(jobs, results):
-            outcomes[(p.id, ctx.episode)] = res.reward
+            outcomes[(ctx.problem_id, ctx.episode)] = res.reward
             for s in ctx.samples:
                 s.tags["solved"] = res.correct
                 if s.role == "sub":
@@ -211,6 +226,7 @@ class MGRPO:
                     sub.append(s)
                 else:
                     s.reward, s.group = res.reward, group_key(s)
+                    s.tags["trajectory"] = ctx.episode  # all main turns of a rollout: one member of its group
                     main.append(s)
         calls = [c for r in results for c in r.calls]
         metrics = {

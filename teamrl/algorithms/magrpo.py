@@ -6,15 +6,24 @@ The three places where algorithms differ:
    or take the Cartesian product (``cross``: G^N). With several turns every joint action that
    has not terminated becomes a child node whose prompts the task builds from the history and
    feedback: a tree, expanded breadth-first so that all nodes of a turn share engine batches.
-2. group key: (problem, role, turn, parent path): an agent's G samples that saw the same prompt.
+2. group key: (problem, role, turn, parent path): an agent's G samples that saw the same prompt
+   (a problem drawn twice in one batch is two instances: see :func:`~teamrl.tasks.task.batch_instances`).
 3. reward assignment: the return of joint action k at turn t is
    ``R_t = r_t + gamma * mean(R_{t+1} over its children)`` (no children: ``R_t = r_t``); a
    completion's return is the return of its joint action (aligned) or the mean over the G^(N-1)
    joint actions that contain it (cross). Every completion is thus credited with the average
    team outcome it took part in, which keeps each agent's G returns comparable.
 
-Differences from the reference code (CoMLRL), on purpose: the discount is applied, and early
-termination by reward threshold is off unless ``termination_threshold`` is set.
+Early termination (``termination_threshold`` set): a joint action whose normalised reward
+reaches the threshold ends its branch (no children) and is credited with its reward for every
+remaining turn, ``R_t = r_t * (1 + gamma + ... + gamma^(T-1-t))``: the solved state is taken
+to be absorbing. Every joint action's return thus sums the same number of turns, whether it
+stopped or not, so stopping early never looks worse than continuing from a worse state.
+
+Differences from the reference code (CoMLRL), on purpose: the discount is applied; early
+termination is off unless ``termination_threshold`` is set, and is decided per joint action
+(the reference stops a whole node when its mean reward reaches the threshold) with the
+terminated action credited as above.
 """
 
 from __future__ import annotations
@@ -25,7 +34,7 @@ from dataclasses import dataclass
 from typing import Awaitable, Callable, Hashable, Sequence
 
 from teamrl.core.sample import Sample
-from teamrl.tasks.task import Problem, TeamTask, checked_rewards
+from teamrl.tasks.task import Problem, TeamTask, batch_instances, checked_rewards
 from teamrl.workflows.context import EpisodeContext
 
 JOINT_MODES = ("aligned", "cross")
@@ -61,6 +70,12 @@ def discounted_return(reward: float, child_returns: Sequence[float], gamma: floa
     return reward + (gamma * sum(child_returns) / len(child_returns) if child_returns else 0.0)
 
 
+def terminated_return(reward: float, remaining_turns: int, gamma: float) -> float:
+    """The return of a joint action that ended its branch with ``remaining_turns`` turns (its own
+    included) left: its reward at every one of them, discounted (the solved state is absorbing)."""
+    return reward * sum(gamma ** k for k in range(remaining_turns))
+
+
 def group_key(sample: Sample) -> Hashable:
     """An agent's G samples of one node: same problem, role, turn and history."""
     return (sample.problem_id, sample.role, sample.turn, sample.tags.get("path", ()))
@@ -89,7 +104,7 @@ class MAGRPO:
     def rollout(self, problems: Sequence[Problem], task: TeamTask, make_ctx: ContextFactory,
                 run: Callable[[list[Awaitable]], list]) -> list[Sample]:
         """Expand every problem's tree together; return all samples with returns and groups set."""
-        ctxs = [make_ctx(p, 0, {}) for p in problems]
+        ctxs = [make_ctx(inst, 0, {}) for inst in batch_instances(problems)]  # a repeated problem: its own groups
         run([self._node(ctx, task, p, 0, (), [], "") for ctx, p in zip(ctxs, problems)])
         samples = [s for c in ctxs for s in c.samples]
         for s in samples:
@@ -107,13 +122,17 @@ class MAGRPO:
         outputs = [{role: groups[a][j].text for a, (role, j) in enumerate(zip(roles, idx))} for idx in joint]
         rewards = checked_rewards(task.name, f"rewards(problem {problem.id!r})", task.rewards(problem, outputs), len(outputs),
                                   per="joint action")
-        expand = [turn + 1 < self.s.num_turns and not self._terminated(r, task) for r in rewards]
+        stop = [self._terminated(r, task) for r in rewards]
+        expand = [turn + 1 < self.s.num_turns and not t for t in stop]
         children = await asyncio.gather(*[
             self._node(ctx, task, problem, turn + 1, path + (k,), history + [outputs[k]],
                        task.feedback(problem, outputs[k], rewards[k]))
             for k in range(len(joint)) if expand[k]])
         child_iter = iter(children)
-        returns = [discounted_return(r, next(child_iter) if e else [], self.s.gamma) for r, e in zip(rewards, expand)]
+        left = self.s.num_turns - turn
+        returns = [terminated_return(r, left, self.s.gamma) if t
+                   else discounted_return(r, next(child_iter) if e else [], self.s.gamma)
+                   for r, t, e in zip(rewards, stop, expand)]
         per_sample = completion_returns(joint, returns, G, len(roles))
         per_reward = completion_returns(joint, rewards, G, len(roles))
         for a, samples in enumerate(groups):

@@ -410,6 +410,9 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"workflow.name: study workflows train with algorithm grpo, not {cfg.algorithm!r}")
     if cfg.workflow.name and cfg.train.advantage == "max":
         raise ConfigError("train.advantage: max (greedy baseline) is not supported with a study workflow; use group")
+    if cfg.train.advantage == "max" and cfg.algorithm != "grpo":  # only GRPO runs the greedy baseline rollouts
+        raise ConfigError(f"train.advantage: max (greedy baseline) is run by algorithm grpo, not {cfg.algorithm!r}; "
+                          "choose one of ['group', 'mean', 'batch', 'none', 'rloo']")
     if cfg.train.advantage in ("group", "rloo", "batch", "mean", "none") and cfg.rollout.group_size < 2:
         raise ConfigError(f"rollout.group_size: {cfg.rollout.group_size} gives groups of one, whose advantage is 0; must be >= 2 (or use train.advantage=max)")
 

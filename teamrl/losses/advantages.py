@@ -15,7 +15,7 @@ from collections.abc import Hashable, Sequence
 
 import torch
 
-__all__ = ["ADVANTAGE_MODES", "group_advantages", "group_ids_from_keys"]
+__all__ = ["ADVANTAGE_MODES", "group_advantages", "group_ids_from_keys", "trajectory_advantages", "trajectory_ids_from_tags"]
 
 ADVANTAGE_MODES: tuple[str, ...] = ("group", "mean", "batch", "none", "rloo", "max")
 
@@ -151,3 +151,54 @@ def group_ids_from_keys(keys: Sequence[Hashable]) -> torch.Tensor:
     index: dict[Hashable, int] = {}
     ids = [index.setdefault(key, len(index)) for key in keys]
     return torch.tensor(ids, dtype=torch.long)
+
+
+def trajectory_advantages(
+    rewards: torch.Tensor,
+    group_ids: torch.Tensor,
+    trajectory_ids: torch.Tensor,
+    mode: str = "group",
+    eps: float = 1e-4,
+    baselines: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """:func:`group_advantages` where each trajectory counts once in its group's statistics.
+
+    A trajectory is the samples of one group with equal ``trajectory_ids`` (the turns of one
+    rollout, which share its reward). The group's mean and std are taken over its trajectories,
+    not over its samples, so a rollout that took more turns does not weigh more; every sample
+    gets its trajectory's advantage. When every trajectory is one sample this is exactly
+    :func:`group_advantages`.
+
+    Raises:
+        ValueError: ``trajectory_ids`` not of the shape of ``group_ids``, or the samples of one
+            trajectory with different rewards or baselines (the message names the first).
+    """
+    if trajectory_ids.shape != group_ids.shape:
+        raise ValueError(f"trajectory_ids must have the shape of group_ids; got {tuple(trajectory_ids.shape)} "
+                         f"and {tuple(group_ids.shape)}")
+    if rewards.numel() == 0:
+        return group_advantages(rewards, group_ids, mode, eps, baselines)
+    units, inv = torch.unique(torch.stack([group_ids, trajectory_ids], dim=1), dim=0, return_inverse=True)
+    if len(units) == rewards.numel():
+        return group_advantages(rewards, group_ids, mode, eps, baselines)
+    # the first sample of each trajectory stands for it
+    n = rewards.numel()
+    first = torch.full((len(units),), n, dtype=torch.long).scatter_reduce(0, inv, torch.arange(n), reduce="amin")
+    for name, values in (("rewards", rewards), ("baselines", baselines)):
+        if values is None:
+            continue
+        spread = values[first][inv]
+        same = (values == spread) | (values.isnan() & spread.isnan()) if values.is_floating_point() else values == spread
+        if not bool(same.all()):
+            i = int((~same).nonzero()[0])
+            raise ValueError(f"{name}: sample {i} has {values[i].item()} but sample {int(first[inv[i]])} of its trajectory "
+                             f"(group id {int(group_ids[i])}, trajectory id {int(trajectory_ids[i])}) has {spread[i].item()}; "
+                             "the samples of one trajectory must share one value")
+    unit_baselines = baselines[first] if baselines is not None else None
+    return group_advantages(rewards[first], units[:, 0], mode, eps, unit_baselines)[inv]
+
+
+def trajectory_ids_from_tags(tags: Sequence[dict]) -> torch.Tensor:
+    """Integer trajectory ids from each sample's ``tags["trajectory"]`` (any hashable); a sample
+    without that tag is a trajectory of its own."""
+    return group_ids_from_keys([("tag", t["trajectory"]) if "trajectory" in t else ("sample", i) for i, t in enumerate(tags)])

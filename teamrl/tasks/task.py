@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, Sequence
 
 from teamrl.core.config import InputError
@@ -39,6 +39,27 @@ def checked_rewards(task_name: str, call: str, values: Any, expected: int, per: 
         raise InputError(f"task {task_name!r}: {call} returned {len(values)} values for {expected} {per}s; "
                          f"expected {expected}, one per {per}, in order")
     return [checked_reward(task_name, f"{call}[{i}]", v) for i, v in enumerate(values)]
+
+
+def batch_instances(problems: Sequence[Problem]) -> list[Problem]:
+    """The problems of one batch, each with an id no other instance has: a problem drawn again
+    gets ``<id>#2``, ``<id>#3``, ... (same data). Algorithms key groups and outcomes by the
+    samples' problem id, so two copies of a problem in one batch never share a group."""
+    taken = {p.id for p in problems}
+    seen: dict[str, int] = {}
+    out = []
+    for p in problems:
+        if p.id not in seen:
+            seen[p.id] = 2  # the number of its next copy
+            out.append(p)
+            continue
+        n = seen[p.id]
+        while f"{p.id}#{n}" in taken:
+            n += 1
+        seen[p.id] = n + 1
+        taken.add(f"{p.id}#{n}")
+        out.append(replace(p, id=f"{p.id}#{n}"))
+    return out
 
 
 class Task(ABC):

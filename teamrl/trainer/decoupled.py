@@ -38,7 +38,7 @@ from teamrl.algorithms.m_grpo import prepare_sub_samples
 from teamrl.core.config import Config, ConfigError
 from teamrl.core.sample import Sample
 from teamrl.core.seeding import derive_seed
-from teamrl.losses import group_advantages, group_ids_from_keys
+from teamrl.losses import group_ids_from_keys, trajectory_advantages, trajectory_ids_from_tags
 from teamrl.policies.router import PolicyRouter
 from teamrl.rollout.engine import Completion, Engine, GenerationRequest
 from teamrl.rollout.hf_engine import HFEngine
@@ -169,8 +169,9 @@ class PolicyWorker:
         if not train:
             return {"stats": dropped_stats, "samples": samples}
         rewards = torch.tensor([s.reward for s in train], dtype=torch.float32)
-        adv = group_advantages(rewards, group_ids_from_keys([s.group for s in train]), self.cfg.train.advantage,
-                               eps=self.cfg.train.advantage_eps)
+        adv = trajectory_advantages(rewards, group_ids_from_keys([s.group for s in train]),
+                                    trajectory_ids_from_tags([s.tags for s in train]), self.cfg.train.advantage,
+                                    eps=self.cfg.train.advantage_eps)
         for s, a in zip(train, adv.tolist()):
             s.advantage = a
         stats = update_policy(self.policy, train, self.settings, self.tokenizer.pad_token_id, [self.tokenizer.eos_token_id])

@@ -18,7 +18,7 @@ from teamrl.core.config import Config, ConfigError, config_to_dict
 from teamrl.core.metrics import MetricsSink, read_metrics
 from teamrl.core.sample import Sample
 from teamrl.core.seeding import derive_seed, seed_everything
-from teamrl.losses import group_advantages, group_ids_from_keys
+from teamrl.losses import group_ids_from_keys, trajectory_advantages, trajectory_ids_from_tags
 from teamrl.policies.chat import encode_chat
 from teamrl.policies.logprobs import build_token_batch, completion_logprobs
 from teamrl.policies.models import generation_eos_ids
@@ -92,6 +92,9 @@ class Trainer:
         if resume and ckpts:
             state = load_checkpoint(ckpts[-1], self.router)
             self.step, self.data_position = state["step"], state["data_position"]
+            if hasattr(self.algorithm, "load_state_dict"):  # its own RNG (AT-GRPO branch choice, M-GRPO alignment)
+                # a checkpoint from before it was saved: one rollout per step, so the count of rollouts is the step
+                self.algorithm.load_state_dict(state.get("algorithm", {"calls": self.step}))
             for rec in read_metrics(self.run_dir / "metrics.jsonl"):  # replay the evaluations for the running peak
                 if "eval/accuracy" in rec and rec["step"] <= self.step:
                     self.cliffs.update(rec["step"], rec["eval/accuracy"])
@@ -213,7 +216,10 @@ class Trainer:
         self.step = step
         self.metrics.log(record)
         if step % self.cfg.run.save_every == 0 or step == self.cfg.train.steps or self.stopped_at_cliff:
-            save_checkpoint(self.ckpt_dir, step, self.router, {"data_position": self.data_position}, keep=self.cfg.run.keep_checkpoints)
+            state = {"data_position": self.data_position}
+            if hasattr(self.algorithm, "state_dict"):
+                state["algorithm"] = self.algorithm.state_dict()
+            save_checkpoint(self.ckpt_dir, step, self.router, state, keep=self.cfg.run.keep_checkpoints)
         return record
 
     def _role_metrics(self, samples: list[Sample], role_stats: dict[str, float], record: dict[str, Any]) -> dict[str, float]:
@@ -319,7 +325,9 @@ class Trainer:
         if self.cfg.train.advantage == "max":
             greedy = {s.group: s.reward for s in samples if s.tags.get("baseline")}
             baselines = torch.tensor([greedy[s.group] for s in train], dtype=torch.float32)
-        adv = group_advantages(rewards, ids, self.cfg.train.advantage, eps=self.cfg.train.advantage_eps, baselines=baselines)
+        # the turns of one rollout tagged as one trajectory (M-GRPO) count once in their group's statistics
+        adv = trajectory_advantages(rewards, ids, trajectory_ids_from_tags([s.tags for s in train]), self.cfg.train.advantage,
+                                    eps=self.cfg.train.advantage_eps, baselines=baselines)
         for s, a in zip(train, adv.tolist()):
             s.advantage = a
         return train

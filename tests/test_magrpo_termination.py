@@ -1,0 +1,38 @@
+"""MAGRPO early termination: a joint action that reaches the threshold is not punished for stopping."""
+
+import pytest
+import torch
+
+from teamrl.algorithms.magrpo import MAGRPO, MAGRPOSettings
+from teamrl.losses import group_advantages, group_ids_from_keys
+from teamrl.tasks.task import Problem
+from tests.scripted import ScriptedTeam, scripted_rollout
+
+
+def _script(policy, prompt, n):
+    # turn 0: sample 0 solves (stops), sample 1 half-solves (continues); turn 1: both children are close
+    return ["solve", "half"] if "turn 0" in prompt else ["close"] * n
+
+
+@pytest.mark.parametrize("gamma", [1.0, 0.5])
+def test_a_terminated_success_is_credited_for_every_remaining_turn(gamma):
+    algo = MAGRPO(MAGRPOSettings(group_size=2, num_turns=2, gamma=gamma, termination_threshold=1.0))
+    samples = scripted_rollout(algo, [Problem("p0")], ScriptedTeam(), _script)
+    first = sorted((s for s in samples if s.turn == 0), key=lambda s: s.branch)
+    assert [s.text for s in first] == ["solve", "half"]
+    # the solved joint action stopped: only the continuing one has children
+    assert {s.tags["path"] for s in samples if s.turn == 1} == {(1,)}
+    solved, continued = first
+    assert solved.reward == pytest.approx(1.0 + gamma * 1.0)  # its reward for each of the 2 turns
+    assert continued.reward == pytest.approx(0.5 + gamma * 0.9)
+    adv = group_advantages(torch.tensor([s.reward for s in first]), group_ids_from_keys([s.group for s in first]))
+    assert adv[0] > 0 > adv[1]  # solving early is better than not solving
+    assert solved.tags["turn_reward"] == 1.0 and solved.tags["normalised_reward"] == 1.0
+
+
+def test_every_joint_action_sums_the_same_number_of_turns_whether_it_stops_or_not():
+    # 3 turns, gamma 1, threshold 0.5: "half" (0.5) stops too, so nothing expands and each is credited 3 times
+    algo = MAGRPO(MAGRPOSettings(group_size=2, num_turns=3, gamma=1.0, termination_threshold=0.5))
+    samples = scripted_rollout(algo, [Problem("p0")], ScriptedTeam(), _script)
+    assert {s.turn for s in samples} == {0}
+    assert sorted(s.reward for s in samples) == pytest.approx([1.5, 3.0])
