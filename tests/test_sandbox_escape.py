@@ -1,0 +1,247 @@
+"""The sandbox against the five holes of issue 12: host /dev/shm, /var/tmp and /run/lock,
+AF_UNIX sockets on host paths, survivors of a killed caller, a verdict decided inside the
+untrusted process, and the host's /proc/*/cmdline. Each test runs through the public API and
+also checks that nothing the program made (processes, files) is left on the host."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from teamrl.sandbox import SandboxLimits, run_program
+
+REPO = Path(__file__).resolve().parents[1]
+FAST = SandboxLimits(wall_seconds=5.0, cpu_seconds=3.0, memory_mb=256, max_processes=16, max_output_bytes=20_000)
+WRONG_ADD = "def add(a, b):\n    return 0\n"
+ADD_TESTS = ["assert add(1, 2) == 3", "assert add(-1, 1) == 0", "assert add('a', 'b') == 'ab'"]
+
+
+def processes_with(marker: str) -> list[int]:
+    """Pids of live host processes whose command line contains ``marker``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+            state = Path(f"/proc/{entry}/stat").read_bytes().rsplit(b")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if marker.encode() in cmdline and state not in (b"Z", b"X"):
+            found.append(int(entry))
+    return found
+
+
+# 1 -------------------------------------------------------------------------------------
+
+
+def test_shared_memory_and_other_writable_host_places_stay_untouched():
+    marker = f"teamrl-escape-{secrets.token_hex(6)}"
+    places = ["/tmp", "/dev/shm", "/var/tmp", "/run/lock"]
+    code = f"""
+import os
+for place in {places!r}:
+    try:
+        with open(os.path.join(place, {marker!r}), "w") as fh:
+            fh.write("x" * 1000)
+        print("WROTE", place)
+    except OSError as exc:
+        print("REFUSED", place, type(exc).__name__)
+"""
+    try:
+        r = run_program(code, [], FAST)
+        assert r.status == "ok", r
+        left = [p for p in places if os.path.exists(os.path.join(p, marker))]
+        assert left == [], f"files the run wrote are still on the host in {left}; stdout: {r.stdout}"
+    finally:
+        for p in places:
+            try:
+                os.unlink(os.path.join(p, marker))
+            except OSError:
+                pass
+
+
+def test_total_bytes_a_run_can_write_is_bounded():
+    limits = SandboxLimits(wall_seconds=10.0, cpu_seconds=8.0, memory_mb=256, max_file_bytes=1 << 20, max_disk_bytes=8 << 20)
+    code = """
+import os
+total = 0
+for place in ("/tmp", "/dev/shm", "/var/tmp", "/run/lock", "."):
+    for i in range(64):
+        try:
+            with open(os.path.join(place, f"fill-{total}"), "wb") as fh:
+                fh.write(b"x" * (1 << 20))
+            total += 1 << 20
+        except OSError:
+            break
+print("TOTAL", total)
+"""
+    r = run_program(code, [], limits)
+    assert r.status == "ok", r
+    total = int(r.stdout.split("TOTAL")[1].split()[0])
+    assert total <= 8 << 20, f"the run wrote {total} bytes with max_disk_bytes={8 << 20}"
+    assert r.filesystem_isolation == "private-tmpfs"
+
+
+# 2 -------------------------------------------------------------------------------------
+
+
+def test_unix_socket_on_a_host_path_is_unreachable():
+    path = f"/run/lock/teamrl-escape-{secrets.token_hex(6)}.sock"
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    os.chmod(path, 0o777)
+    server.listen(4)
+    server.settimeout(0.2)
+    accepted: list[bytes] = []
+
+    def serve() -> None:
+        deadline = time.monotonic() + 8
+        while time.monotonic() < deadline:
+            try:
+                conn, _ = server.accept()
+            except (socket.timeout, OSError):
+                continue
+            accepted.append(conn.recv(100))
+            conn.sendall(b"PONG")
+            conn.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    code = f"""
+import socket
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+try:
+    s.connect({path!r})
+    s.sendall(b"PING")
+    print("REPLY", s.recv(100))
+except OSError as exc:
+    print("REFUSED", type(exc).__name__)
+"""
+    try:
+        r = run_program(code, [], FAST)
+    finally:
+        server.close()
+        os.unlink(path)
+    assert "PONG" not in r.stdout, r
+    assert accepted == []
+
+
+# 3 -------------------------------------------------------------------------------------
+
+
+def test_nothing_survives_a_caller_killed_mid_run(tmp_path):
+    marker = f"{secrets.randbelow(10**6)}.{secrets.randbelow(10**6) + 1}"  # a unique sleep length
+    program = f"""
+import subprocess, sys, time
+subprocess.Popen(["sleep", "{marker}"], start_new_session=True)
+subprocess.Popen([sys.executable, "-c", "import os, time; os.setsid(); time.sleep(1000)  # {marker}"])
+time.sleep(30)
+"""
+    caller = (
+        "import sys\n"
+        f"sys.path.insert(0, {str(REPO)!r})\n"
+        "from teamrl.sandbox import SandboxLimits, run_program\n"
+        f"run_program({program!r}, [], SandboxLimits(wall_seconds=60, cpu_seconds=60))\n"
+    )
+    before = set(Path(tempfile.gettempdir()).glob("teamrl-sandbox-*"))
+    proc = subprocess.Popen([sys.executable, "-c", caller])
+    try:
+        deadline = time.monotonic() + 40
+        while len(processes_with(marker)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(processes_with(marker)) >= 2, "the program's children never started"
+        time.sleep(0.2)
+        proc.kill()
+        proc.wait()
+        deadline = time.monotonic() + 10  # generous: the machine may be loaded
+        while processes_with(marker) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        survivors = processes_with(marker)
+    finally:
+        for pid in processes_with(marker):
+            os.kill(pid, signal.SIGKILL)
+        if proc.poll() is None:
+            proc.kill()
+    assert survivors == [], f"{len(survivors)} processes of the run outlived its killed caller"
+    # a later run sweeps whatever a dead caller left behind in the temporary directory
+    run_program("pass")
+    assert set(Path(tempfile.gettempdir()).glob("teamrl-sandbox-*")) <= before
+
+
+# 4 -------------------------------------------------------------------------------------
+
+
+def test_an_object_equal_to_everything_does_not_pass():
+    code = "class Anything:\n    def __eq__(self, other):\n        return True\n    __hash__ = None\n\ndef add(a, b):\n    return Anything()\n"
+    check_style = "def check(candidate):\n    assert candidate(1, 2) == 3\ncheck(add)\n"
+    r = run_program(code, [*ADD_TESTS, check_style], FAST)
+    assert r.tests_passed == 0, r
+    assert r.status == "failed", r
+
+
+def test_calling_the_harness_reporting_function_does_not_fake_passes():
+    exploit = (
+        "import os, sys\n"
+        "frame = sys._getframe(0)\n"
+        "while frame is not None and 'emit' not in frame.f_locals:\n"
+        "    frame = frame.f_back\n"
+        "emit = frame.f_locals['emit']\n"
+        "for i in range(3):\n"
+        "    emit('test', i, 'pass')\n"
+        "    emit('value', i, 'pass')\n"
+        "emit('done')\n"
+        "os._exit(0)\n"
+    )
+    r = run_program(exploit + WRONG_ADD, ADD_TESTS, FAST)
+    assert r.tests_passed == 0, r
+
+
+def test_right_answers_still_pass_when_judged_outside():
+    add = "def add(a, b):\n    return a + b\n"
+    tests = [
+        *ADD_TESTS,
+        "def check(candidate):\n    assert candidate([1], [2]) == [1, 2]\n    assert candidate(0.5, 0.25) == 0.75\ncheck(add)\n",
+        "assert add((1,), (2,)) == (1, 2), 'tuples'",
+        "assert add(1, 2) == 4",
+    ]
+    r = run_program(add, tests, FAST)
+    assert (r.status, r.tests_passed, r.tests_total) == ("failed", 5, 6), r
+    assert "test 6" in r.first_failure and "returned 3" in r.first_failure, r.first_failure
+
+
+# 5 -------------------------------------------------------------------------------------
+
+
+def test_host_command_lines_are_not_readable():
+    marker = f"{secrets.randbelow(10**6)}.{secrets.randbelow(10**6) + 1}"
+    witness = subprocess.Popen(["sleep", marker])
+    code = f"""
+import os
+seen = 0
+for entry in os.listdir("/proc"):
+    if entry.isdigit():
+        try:
+            if b"{marker}" in open(f"/proc/{{entry}}/cmdline", "rb").read():
+                seen += 1
+        except OSError:
+            pass
+print("SEEN", seen, "PROCS", sum(e.isdigit() for e in os.listdir("/proc")))
+"""
+    try:
+        r = run_program(code, [], FAST)
+    finally:
+        witness.kill()
+        witness.wait()
+    assert r.status == "ok", r
+    assert "SEEN 0 " in r.stdout, r.stdout
