@@ -5,6 +5,7 @@ also checks that nothing the program made (processes, files) is left on the host
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import signal
@@ -49,6 +50,7 @@ def test_shared_memory_and_other_writable_host_places_stay_untouched():
     marker = f"teamrl-escape-{secrets.token_hex(6)}"
     places = ["/tmp", "/dev/shm", "/var/tmp", "/run/lock"]
     code = f"""
+import json
 import os
 for place in {places!r}:
     try:
@@ -74,6 +76,7 @@ for place in {places!r}:
 def test_total_bytes_a_run_can_write_is_bounded():
     limits = SandboxLimits(wall_seconds=10.0, cpu_seconds=8.0, memory_mb=256, max_file_bytes=1 << 20, max_disk_bytes=8 << 20)
     code = """
+import json
 import os
 total = 0
 for place in ("/tmp", "/dev/shm", "/var/tmp", "/run/lock", "."):
@@ -227,6 +230,7 @@ def test_host_command_lines_are_not_readable():
     marker = f"{secrets.randbelow(10**6)}.{secrets.randbelow(10**6) + 1}"
     witness = subprocess.Popen(["sleep", marker])
     code = f"""
+import json
 import os
 seen = 0
 for entry in os.listdir("/proc"):
@@ -245,3 +249,90 @@ print("SEEN", seen, "PROCS", sum(e.isdigit() for e in os.listdir("/proc")))
         witness.wait()
     assert r.status == "ok", r
     assert "SEEN 0 " in r.stdout, r.stdout
+
+
+# the hostile suite, as root and as an unprivileged user -----------------------------------
+
+
+def _assert_contained(rows: list[dict]) -> None:
+    for row in rows:
+        assert row["passed"] == 0, row
+        assert row["status"] in row["expected"], row
+        assert (row["processes"], row["files"]) == (0, 0), row
+        assert (row["network"], row["filesystem"]) == ("netns", "private-tmpfs"), row
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the caller is not root here: the unprivileged test below covers this mode")
+def test_hostile_suite_as_root_leaves_nothing_behind():
+    from tests.sandbox_hostile import run_suite
+
+    rows = run_suite()
+    _assert_contained(rows)
+    assert all(row["uid"] is not None for row in rows)  # each ran as its own leased uid
+
+
+SYSTEM_PYTHON = "/usr/bin/python3"
+
+
+def test_hostile_suite_as_an_unprivileged_user_leaves_nothing_behind():
+    """The same suite with the caller an ordinary user (bwrap in a user namespace)."""
+    if os.geteuid() == 0:
+        if not (os.path.exists("/usr/bin/setpriv") and os.path.exists(SYSTEM_PYTHON)):
+            pytest.skip("cannot run as an unprivileged user here: needs /usr/bin/setpriv and /usr/bin/python3")
+        command = ["/usr/bin/setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", SYSTEM_PYTHON]
+    else:
+        command = [sys.executable]
+    probe = subprocess.run([*command, "-c", "import sys; assert sys.version_info >= (3, 10)"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip(f"no usable interpreter for the unprivileged user: {probe.stderr.decode()[-200:]}")
+    done = subprocess.run([*command, str(REPO / "tests" / "sandbox_hostile.py"), "--json"], capture_output=True, text=True,
+                          timeout=300, cwd="/")
+    assert done.stdout.strip(), done.stderr[-2000:]
+    rows = json.loads(done.stdout)
+    _assert_contained(rows)
+    assert all(row["uid"] is None for row in rows)  # no user switch without root
+
+
+# a trainer on a coding task, fed hostile solutions -----------------------------------------
+
+
+def test_a_trainer_survives_a_batch_of_escape_attempts(tmp_path, monkeypatch):
+    from teamrl.core.config import load_config
+    from teamrl.rollout.engine import Completion
+    from teamrl.trainer.trainer import Trainer
+
+    marker = f"{secrets.randbelow(10**6) + 1000}.{secrets.randbelow(10**6) + 1}"
+    signature = "def has_close_elements(numbers, threshold):\n"
+    hostile = [
+        # an object equal to everything, and a forged report through the harness's own emit
+        "class Anything:\n    def __eq__(self, other):\n        return True\n    def __bool__(self):\n        return True\n"
+        + signature + "    return Anything()\n",
+        "import os, sys\n" + signature + "    f = sys._getframe(0)\n    while 'emit' not in f.f_locals:\n        f = f.f_back\n"
+        "    for i in range(20):\n        f.f_locals['emit']('test', i, 'pass')\n    f.f_locals['emit']('done')\n    os._exit(0)\n",
+        # host memory, a daemon meant to outlive the caller, the host's command lines
+        "import os\nfor i in range(64):\n    try:\n        open(f'/dev/shm/teamrl-{marker}-{{i}}', 'wb').write(b'x' * (1 << 20))\n"
+        "    except OSError:\n        break\n" + signature + "    return True\n",
+        "import subprocess\nsubprocess.Popen(['sleep', '" + marker + "'], start_new_session=True)\n"
+        + signature + "    return open('/proc/1/cmdline').read() == ''\n",
+    ]
+    cfg = load_config(None, ["model=tiny-random", "threads=1", "algorithm=magrpo", "task.name=code.helper_main",
+                             "task.num_problems=2", "task.wall_seconds=3.0", "rollout.group_size=4", "rollout.batch_size=1",
+                             "rollout.max_new_tokens=8", "run.progress=false", "policy.lora.r=4", f"run.dir={tmp_path}",
+                             "name=escape", "train.steps=1"])
+    trainer = Trainer(cfg)
+    tok = trainer.tokenizer
+
+    def fake_generate(policy, requests, seed=None):
+        out = []
+        for r in requests:
+            texts = (hostile * r.n)[: r.n]
+            out.append([Completion(tok(x, add_special_tokens=False)["input_ids"][:20], [0.0] * 20, x, "length") for x in texts])
+        return out
+
+    monkeypatch.setattr(trainer.engine, "generate", fake_generate)
+    record = trainer.train_step()
+    numbers = {k: v for k, v in record.items() if isinstance(v, float)}
+    assert numbers and all(v == v and abs(v) != float("inf") for v in numbers.values()), numbers
+    assert record["step"] == 1 and record["normalised_return"] < 0.5, record
+    assert processes_with(marker) == []
+    assert [n for n in os.listdir("/dev/shm") if marker in n] == []

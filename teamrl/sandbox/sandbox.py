@@ -367,8 +367,9 @@ def _judge_calls(rec: _Records, calls: Sequence[CallTest | None]) -> None:
         if index in rec.tests and rec.tests[index][:1] != ["pass"]:
             continue  # the call raised, or the value was reported twice: already a failure
         chunks = rec.values.get(index)
-        if not chunks:
-            rec.tests.pop(index, None)  # a bare "pass" for a split test counts for nothing
+        if not chunks:  # a bare "pass" for a split test counts for nothing
+            if index in rec.tests or rec.done:
+                rec.tests[index] = ["error", f"{where}: no value came back"]
             continue
         count = rec.value_chunks.get(index, 0)
         if sorted(chunks) != list(range(count)):
@@ -728,6 +729,8 @@ class _Run:
         elif rec.done:
             kind, failure = first_recorded_failure()
             status = {None: "ok", "fail": "failed", "error": "error", "memory": "memory"}.get(kind, "error")
+            if status == "ok" and passed < n:
+                status, failure = "error", unfinished("the harness reported the end")
         else:
             kind, recorded = first_recorded_failure()
             memory_hint = kind == "memory" or re.search(r"MemoryError|Cannot allocate memory|out of memory", stderr_text)
