@@ -4,11 +4,14 @@
 writes one marshal-encoded payload to its stdin. This code then, in order:
 
 1. reads the payload (marshal; program, tests, a random nonce, the results fd, limits, uid/gid);
-2. cuts the network (a private network namespace, else a seccomp filter, else an audit hook),
-   gives the run a private /tmp (a mount namespace where /tmp, /var/tmp and /dev/shm are the
-   run's own directory), sets resource limits and drops to the unprivileged sandbox user;
+2. checks the container bubblewrap built (namespaces other than the caller's, no writable
+   mount but the run's own tmpfs; a difference stops the run), sets resource limits, drops
+   to the unprivileged sandbox user, and, where a weaker network mode was forced, installs a
+   seccomp filter or an audit hook;
 3. runs setup and program in a fresh ``__main__`` namespace, then each test in a copy of that
-   namespace whose builtins are a snapshot taken before the program ran;
+   namespace whose builtins are a snapshot taken before the program ran; a test the caller
+   split into a call is only called, and its value sent back as plain data (the caller,
+   which alone knows the expected value, decides);
 4. reports through the results fd, one line per event, each prefixed by the nonce and this
    process's pid. The nonce only ever travels through stdin, so a program that prints, exits
    early, forks or scribbles on file descriptors cannot produce a valid line: missing or
@@ -23,8 +26,8 @@ the run's own uid, the harness kills every other process of that uid with kill(-
 
 Known gap: a program written against these internals can walk its own stack
 (``sys._getframe(1).f_locals``; frame attributes are not audited) to the harness's reporting
-function and forge results. Denying ``sys._getframe`` would break ``collections.namedtuple``
-and friends; closing it for good needs the checker out of the program's process.
+function. For a split test that gains nothing (the verdict is the caller's); a test run here
+as a snippet could have its pass forged that way.
 """
 
 

@@ -1,8 +1,8 @@
 """Run one untrusted Python program with its tests in an isolated child process.
 
-The child is a fresh interpreter running ``_harness.py`` (see there for the inside view).
-This side allocates a sandbox user, prepares the working directory, starts the child in its
-own session, feeds it the payload, collects stdout/stderr (capped) and the harness's records
+The child is a fresh interpreter running ``_harness.py`` (see there for the inside view) in a
+bubblewrap container. This side allocates a sandbox user, splits the tests it can judge
+itself (``judge.py``), starts the container in its own session, feeds it the payload, collects stdout/stderr (capped) and the harness's records
 (nonce-authenticated, on a private pipe), enforces the wall-clock limit, kills everything the
 run left behind, and turns it all into an :class:`ExecutionResult`.
 """
@@ -31,8 +31,8 @@ from teamrl.sandbox.result import ExecutionResult
 
 __all__ = ["NETWORK_MODES", "run_program"]
 
-#: "auto": a private network namespace where the kernel allows it, else seccomp, else the
-#: audit hook. The others force one mechanism (and fail the run if it is unavailable).
+#: "auto" and "netns": a private network namespace (the run is refused if bubblewrap cannot
+#: make one). "seccomp" and "audit-hook" force that weaker mechanism instead.
 NETWORK_MODES = ("auto", "netns", "seccomp", "audit-hook")
 
 # Sandbox users: one uid (and gid) per concurrent run, leased under a lock file, so runs
@@ -411,13 +411,17 @@ def run_program(
     Each test is a snippet run after the program in its namespace (``assert f(1) == 2``, or a
     ``def check(candidate): ...`` plus ``check(f)``); it passes if it finishes without an
     exception. Tests run in order in one namespace (a copy of the program's, with the
-    builtins as they were before the program ran). The program runs as an unprivileged
-    per-run user (when the caller is root) with a private network and /tmp where the kernel
-    allows, RLIMIT_CPU/AS/NPROC/FSIZE, an environment holding no caller variables, and a
-    wall-clock limit after which the whole run is killed.
+    builtins as they were before the program ran). A test of a usual data-set shape is split
+    (see ``judge.py``): only its call runs there, and its verdict is taken here. The program
+    runs in a bubblewrap container (its own pid, mount, ipc, uts and network namespaces; only
+    /usr and the interpreter visible, read-only; private size-limited tmpfs /tmp and
+    /dev/shm), as an unprivileged per-run user when the caller is root, with
+    RLIMIT_CPU/AS/NPROC/FSIZE, an environment holding no caller variables, and a wall-clock
+    limit after which the whole run is killed; nothing of it outlives the caller.
 
-    ``network`` forces one isolation mechanism (see :data:`NETWORK_MODES`); ``private_tmp``
-    False keeps the host's /tmp visible (the run still has its own 0700 directory).
+    ``network`` "seccomp" or "audit-hook" forces that weaker mechanism instead of the
+    network namespace (see :data:`NETWORK_MODES`). ``private_tmp`` is kept for callers of
+    the earlier API and changes nothing: every run's writable places are private.
 
     Never raises because of what the program does; only invalid arguments raise ValueError.
     An internal failure of the sandbox itself is reported as status "crash" with a
