@@ -5,6 +5,7 @@ also checks that nothing the program made (processes, files) is left on the host
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import secrets
@@ -50,6 +51,7 @@ def test_shared_memory_and_other_writable_host_places_stay_untouched():
     marker = f"teamrl-escape-{secrets.token_hex(6)}"
     places = ["/tmp", "/dev/shm", "/var/tmp", "/run/lock"]
     code = f"""
+import glob
 import json
 import os
 for place in {places!r}:
@@ -76,6 +78,7 @@ for place in {places!r}:
 def test_total_bytes_a_run_can_write_is_bounded():
     limits = SandboxLimits(wall_seconds=10.0, cpu_seconds=8.0, memory_mb=256, max_file_bytes=1 << 20, max_disk_bytes=8 << 20)
     code = """
+import glob
 import json
 import os
 total = 0
@@ -147,6 +150,7 @@ def test_nothing_survives_a_caller_killed_mid_run(tmp_path):
     marker = f"{secrets.randbelow(10**6)}.{secrets.randbelow(10**6) + 1}"  # a unique sleep length
     program = f"""
 import subprocess, sys, time
+open("/tmp/teamrl-escape-{marker}", "w").write("left behind?")  # in the run's own /tmp
 subprocess.Popen(["sleep", "{marker}"], start_new_session=True)
 subprocess.Popen([sys.executable, "-c", "import os, time; os.setsid(); time.sleep(1000)  # {marker}"])
 time.sleep(30)
@@ -157,7 +161,6 @@ time.sleep(30)
         "from teamrl.sandbox import SandboxLimits, run_program\n"
         f"run_program({program!r}, [], SandboxLimits(wall_seconds=60, cpu_seconds=60))\n"
     )
-    before = set(Path(tempfile.gettempdir()).glob("teamrl-sandbox-*"))
     proc = subprocess.Popen([sys.executable, "-c", caller])
     try:
         deadline = time.monotonic() + 40
@@ -177,9 +180,12 @@ time.sleep(30)
         if proc.poll() is None:
             proc.kill()
     assert survivors == [], f"{len(survivors)} processes of the run outlived its killed caller"
-    # a later run sweeps whatever a dead caller left behind in the temporary directory
-    run_program("pass")
-    assert set(Path(tempfile.gettempdir()).glob("teamrl-sandbox-*")) <= before
+    # and no file of the run is left on the host (the old sandbox left its work dir behind)
+    host_tmp = tempfile.gettempdir()
+    left = glob.glob(f"{host_tmp}/*{marker}*") + glob.glob(f"{host_tmp}/*/*{marker}*") + glob.glob(f"/dev/shm/*{marker}*")
+    for path in left:
+        os.unlink(path)
+    assert left == []
 
 
 # 4 -------------------------------------------------------------------------------------
@@ -230,6 +236,7 @@ def test_host_command_lines_are_not_readable():
     marker = f"{secrets.randbelow(10**6)}.{secrets.randbelow(10**6) + 1}"
     witness = subprocess.Popen(["sleep", marker])
     code = f"""
+import glob
 import json
 import os
 seen = 0
@@ -308,15 +315,16 @@ def test_a_trainer_survives_a_batch_of_escape_attempts(tmp_path, monkeypatch):
         "class Anything:\n    def __eq__(self, other):\n        return True\n    def __bool__(self):\n        return True\n"
         + signature + "    return Anything()\n",
         "import os, sys\n" + signature + "    f = sys._getframe(0)\n    while 'emit' not in f.f_locals:\n        f = f.f_back\n"
-        "    for i in range(20):\n        f.f_locals['emit']('test', i, 'pass')\n    f.f_locals['emit']('done')\n    os._exit(0)\n",
+        "    for i in range(20):\n        f.f_locals['emit']('test', i, 'pass')\n    f.f_locals['emit']('done')\n    os._exit(0)\n"
+        "    return True\n",
         # host memory, a daemon meant to outlive the caller, the host's command lines
         "import os\nfor i in range(64):\n    try:\n        open(f'/dev/shm/teamrl-{marker}-{{i}}', 'wb').write(b'x' * (1 << 20))\n"
-        "    except OSError:\n        break\n" + signature + "    return True\n",
+        "    except OSError:\n        break\n" + signature + "    return 'wrong'\n",
         "import subprocess\nsubprocess.Popen(['sleep', '" + marker + "'], start_new_session=True)\n"
-        + signature + "    return open('/proc/1/cmdline').read() == ''\n",
+        + signature + "    return open('/proc/1/cmdline').read()  # a str: never == True or False\n",
     ]
     cfg = load_config(None, ["model=tiny-random", "threads=1", "algorithm=magrpo", "task.name=code.helper_main",
-                             "task.num_problems=2", "task.wall_seconds=3.0", "rollout.group_size=4", "rollout.batch_size=1",
+                             "task.num_problems=1", "task.wall_seconds=3.0", "rollout.group_size=4", "rollout.batch_size=1",
                              "rollout.max_new_tokens=8", "run.progress=false", "policy.lora.r=4", f"run.dir={tmp_path}",
                              "name=escape", "train.steps=1"])
     trainer = Trainer(cfg)
@@ -329,10 +337,68 @@ def test_a_trainer_survives_a_batch_of_escape_attempts(tmp_path, monkeypatch):
             out.append([Completion(tok(x, add_special_tokens=False)["input_ids"][:20], [0.0] * 20, x, "length") for x in texts])
         return out
 
+    from teamrl.sandbox import SandboxPool
+
+    ran: list[tuple[str, object]] = []
+    real_submit = SandboxPool.submit
+
+    def recording_submit(self, code, tests=(), *args, **kwargs):
+        future = real_submit(self, code, tests, *args, **kwargs)
+        ran.append((code, future))
+        return future
+
+    monkeypatch.setattr(SandboxPool, "submit", recording_submit)
     monkeypatch.setattr(trainer.engine, "generate", fake_generate)
     record = trainer.train_step()
+    results = [(code, future.result()) for code, future in ran]
+    # every attack reached the sandbox with the problem's tests, and none passed one (each
+    # returns something that is never True or False)
+    for attack in ("Anything", "emit", "/dev/shm", "sleep"):
+        assert any(attack in code and r.tests_total > 0 for code, r in results), attack
+    assert all(r.tests_passed == 0 for code, r in results if "has_close_elements" in code), results
     numbers = {k: v for k, v in record.items() if isinstance(v, float)}
     assert numbers and all(v == v and abs(v) != float("inf") for v in numbers.values()), numbers
-    assert record["step"] == 1 and record["normalised_return"] < 0.5, record
+    assert record["step"] == 1, record
     assert processes_with(marker) == []
     assert [n for n in os.listdir("/dev/shm") if marker in n] == []
+
+
+# fail closed ---------------------------------------------------------------------------------
+
+
+def test_without_bubblewrap_the_run_is_refused_naming_the_package(monkeypatch):
+    from teamrl.sandbox import sandbox
+
+    monkeypatch.setattr(sandbox, "_BWRAP_PATHS", ("/nonexistent/bwrap",))
+    r = run_program("print('ran')", ["assert True"], FAST)
+    assert r.status == "crash" and r.tests_passed == 0 and "ran" not in r.stdout
+    assert r.first_failure.startswith("sandbox:") and "bubblewrap" in r.first_failure, r.first_failure
+
+
+@pytest.mark.parametrize("weakened", [("--unshare-ipc",), ("--remount-ro", "/")], ids=["shared-ipc", "writable-root"])
+def test_an_isolation_step_that_did_not_happen_refuses_the_run(monkeypatch, weakened):
+    from teamrl.sandbox import sandbox
+
+    real = sandbox._bwrap_command
+
+    def weaker(*args, **kwargs):
+        command = real(*args, **kwargs)
+        for i in range(len(command)):
+            if tuple(command[i : i + len(weakened)]) == weakened:
+                return command[:i] + command[i + len(weakened) :]
+        raise AssertionError(f"{weakened} not in the bwrap command")
+
+    monkeypatch.setattr(sandbox, "_bwrap_command", weaker)
+    r = run_program("print('ran')", ["assert True"], FAST)
+    assert r.status == "crash" and r.tests_passed == 0 and "ran" not in r.stdout, r
+    assert "could not set up isolation" in r.first_failure, r.first_failure
+
+
+def test_a_bubblewrap_failure_is_reported_with_its_message(monkeypatch):
+    from teamrl.sandbox import sandbox
+
+    real = sandbox._bwrap_command
+    monkeypatch.setattr(sandbox, "_bwrap_command", lambda *a, **k: real(*a, **k)[:1] + ["--ro-bind", "/nonexistent-src", "/x"] + real(*a, **k)[1:])
+    r = run_program("print('ran')", [], FAST)
+    assert r.status == "crash" and "ran" not in r.stdout, r
+    assert "could not set up isolation" in r.first_failure and "nonexistent-src" in r.first_failure, r.first_failure

@@ -730,6 +730,8 @@ class _Run:
             status, failure = "timeout", unfinished(f"CPU-time limit of {cpu_limit:g}s reached")
         elif rec.setup_error is not None:
             status, failure = "crash", f"sandbox: could not set up isolation: {rec.setup_error}"
+        elif rec.hello is None and stderr_text.startswith("bwrap:"):  # bwrap itself gave up
+            status, failure = "crash", f"sandbox: could not set up isolation: {stderr_text.strip().splitlines()[0][:300]}"
         elif rec.done:
             kind, failure = first_recorded_failure()
             status = {None: "ok", "fail": "failed", "error": "error", "memory": "memory"}.get(kind, "error")
