@@ -159,21 +159,27 @@ time.sleep(30)
         "import sys\n"
         f"sys.path.insert(0, {str(REPO)!r})\n"
         "from teamrl.sandbox import SandboxLimits, run_program\n"
-        f"run_program({program!r}, [], SandboxLimits(wall_seconds=60, cpu_seconds=60))\n"
+        f"print(run_program({program!r}, [], SandboxLimits(wall_seconds=60, cpu_seconds=60)))\n"
     )
-    proc = subprocess.Popen([sys.executable, "-c", caller])
+    proc = subprocess.Popen([sys.executable, "-c", caller], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+    def children() -> list[int]:  # the caller's own command line holds the marker too
+        return [pid for pid in processes_with(marker) if pid != proc.pid]
+
     try:
         deadline = time.monotonic() + 40
-        while len(processes_with(marker)) < 2 and time.monotonic() < deadline:
+        while len(children()) < 2 and time.monotonic() < deadline and proc.poll() is None:
             time.sleep(0.05)
-        assert len(processes_with(marker)) >= 2, "the program's children never started"
+        if len(children()) < 2:
+            proc.kill()
+            raise AssertionError(f"the program's children never started: {proc.communicate()[0].decode()[-2000:]}")
         time.sleep(0.2)
         proc.kill()
         proc.wait()
         deadline = time.monotonic() + 10  # generous: the machine may be loaded
-        while processes_with(marker) and time.monotonic() < deadline:
+        while children() and time.monotonic() < deadline:
             time.sleep(0.05)
-        survivors = processes_with(marker)
+        survivors = children()
     finally:
         for pid in processes_with(marker):
             os.kill(pid, signal.SIGKILL)

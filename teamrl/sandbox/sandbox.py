@@ -444,7 +444,7 @@ def run_program(
     tests = [str.__str__(t) for t in tests]
     start = time.monotonic()
     try:
-        return _Run(code, tests, limits, setup, network, bool(private_tmp)).execute()
+        return _Run(code, tests, limits, setup, network).execute()
     except Exception as exc:  # noqa: BLE001 - the trainer must never see the sandbox raise
         return ExecutionResult(
             status="crash",
@@ -456,9 +456,9 @@ def run_program(
 
 
 class _Run:
-    def __init__(self, code: str, tests: list[str], limits: SandboxLimits, setup: str, network: str, private_tmp: bool):
+    def __init__(self, code: str, tests: list[str], limits: SandboxLimits, setup: str, network: str):
         self.code, self.tests, self.limits, self.setup = code, tests, limits, setup
-        self.network, self.private_tmp = network, private_tmp
+        self.network = network
         cap = limits.max_output_bytes
         self.flood_at = max(_OUTPUT_FLOOD_FACTOR * cap, _OUTPUT_FLOOD_MIN)
         self.out = {"stdout": bytearray(), "stderr": bytearray()}
