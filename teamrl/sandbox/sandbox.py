@@ -363,7 +363,7 @@ def _judge_calls(rec: _Records, calls: Sequence[CallTest | None]) -> None:
     for index, call in enumerate(calls):
         if call is None:
             continue
-        where = f"test {index + 1}: {call.assert_source} -> {call.call_source}"
+        where = f"test {index + 1}: {_shorten(call.assert_source)} -> {_shorten(call.call_source)}"
         if index in rec.tests and rec.tests[index][:1] != ["pass"]:
             continue  # the call raised, or the value was reported twice: already a failure
         chunks = rec.values.get(index)
@@ -384,12 +384,15 @@ def _judge_calls(rec: _Records, calls: Sequence[CallTest | None]) -> None:
         if passed:
             rec.tests[index] = ["pass"]
         else:
-            rec.tests[index] = ["fail", f"{where} -> AssertionError: returned {_short_repr(got)}, expected {expected}"]
+            rec.tests[index] = ["fail", f"{where} -> AssertionError: returned {_short_repr(got)}, expected {_shorten(expected)}"]
+
+
+def _shorten(text: str) -> str:
+    return text if len(text) <= 200 else text[:200] + "..."
 
 
 def _short_repr(value: object) -> str:
-    text = repr(value)
-    return text if len(text) <= 200 else text[:200] + "..."
+    return _shorten(repr(value))
 
 
 # ---------------------------------------------------------------------------------------
