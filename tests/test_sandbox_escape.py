@@ -408,3 +408,22 @@ def test_a_bubblewrap_failure_is_reported_with_its_message(monkeypatch):
     r = run_program("print('ran')", [], FAST)
     assert r.status == "crash" and "ran" not in r.stdout, r
     assert "could not set up isolation" in r.first_failure and "nonexistent-src" in r.first_failure, r.first_failure
+
+
+def test_subclasses_of_plain_types_are_judged_by_their_content():
+    """collections.Counter or re.Match answers (MBPP) still pass; an int or list subclass
+    whose __eq__ or __iter__ lies is judged by what it holds."""
+    code = (
+        "import collections, re\n"
+        "class Liar(int):\n    def __eq__(self, other):\n        return True\n    __hash__ = int.__hash__\n"
+        "class Hiding(list):\n    def __iter__(self):\n        return iter([1, 2])\n    def __eq__(self, other):\n        return True\n"
+        "def liar():\n    return Liar(7)\n"
+        "def hiding():\n    return Hiding([9])\n"
+        "def counts():\n    return collections.Counter('aab')\n"
+        "def match():\n    return re.match('a', 'abc')\n"
+    )
+    tests = ["assert liar() == 3", "assert liar() == 7", "assert hiding() == [1, 2]", "assert hiding() == [9]",
+             "assert counts() == {'a': 2, 'b': 1}", "assert match()", "assert not match()"]
+    r = run_program(code, tests, FAST)
+    assert (r.tests_passed, r.tests_total) == (4, 7), r
+    assert r.first_failure.startswith("test 1: assert liar() == 3 -> liar() -> AssertionError: returned 7"), r.first_failure

@@ -107,6 +107,10 @@ def _harness():  # everything lives in this frame, not in module globals
     _TypeError, _ValueError, _RecursionError, _NameError = TypeError, ValueError, RecursionError, NameError
     _int, _float, _complex, _bool, _bytes, _set, _frozenset = int, float, complex, bool, bytes, set, frozenset
     _float_hex = float.hex
+    _issubclass = issubclass
+    _int_int, _float_float, _complex_complex, _str_str = int.__int__, float.__float__, complex.__complex__, str.__str__
+    _bytes_join = bytes.join
+    _truth = bool
     _ascii = ascii
     _append = list.append
     _dict_items = dict.items
@@ -121,27 +125,31 @@ def _harness():  # everything lives in this frame, not in module globals
             budget[0] -= 1
             if depth > 100 or budget[0] < 0:
                 raise _ValueError("a value too large or nested too deeply")
+            # A subclass of a plain type (collections.Counter, an int subclass) is sent as its
+            # plain content, read through the base type's own slots: no method it overrides
+            # (__eq__, __iter__, __int__...) ever runs, and the caller compares the content.
             if v is None:
                 return ("n",)
             if t is _bool:
                 return ("b", v)
-            if t is _int:
-                return ("i", v)
-            if t is _float:
-                return ("f", _float_hex(v))
-            if t is _complex:
-                return ("c", (_float_hex(v.real), _float_hex(v.imag)))
-            if t is _str:
-                return ("s", v)
-            if t is _bytes:
-                return ("y", v)
-            tag = "l" if t is _list else "t" if t is _tuple else "S" if t is _set else "F" if t is _frozenset else None
-            if tag is not None:
-                items = []
-                for x in v:
-                    _append(items, walk(x, depth + 1))
-                return (tag, items)
-            if t is _dict:
+            if _issubclass(t, _int):
+                return ("i", _int_int(v))
+            if _issubclass(t, _float):
+                return ("f", _float_hex(_float_float(v)))
+            if _issubclass(t, _complex):
+                c = _complex_complex(v)
+                return ("c", (_float_hex(c.real), _float_hex(c.imag)))
+            if _issubclass(t, _str):
+                return ("s", _str_str(v))
+            if _issubclass(t, _bytes):
+                return ("y", _bytes_join(b"", [v]))
+            for base, tag in ((_list, "l"), (_tuple, "t"), (_set, "S"), (_frozenset, "F")):
+                if _issubclass(t, base):
+                    items = []
+                    for x in base.__iter__(v):
+                        _append(items, walk(x, depth + 1))
+                    return (tag, items)
+            if _issubclass(t, _dict):
                 items = []
                 for k, x in _dict_items(v):
                     _append(items, (walk(k, depth + 1), walk(x, depth + 1)))
@@ -188,7 +196,7 @@ def _harness():  # everything lives in this frame, not in module globals
     compiled_tests = [compile_or_error(t, f"<test {i}>") if _isinstance(t, str) else (t, None) for i, t in enumerate(test_srcs)]
     sources = {"<setup>": setup_src, "<solution>": code_src}
     for i, t in enumerate(test_srcs):
-        sources[f"<test {i}>"] = t if _isinstance(t, str) else t[3]
+        sources[f"<test {i}>"] = t if _isinstance(t, str) else t[3]  # (name, args, kwargs, source, wants)
 
     def describe(exc, where, filename):
         """'where, line N: source -> ExcType: message', never running program code unguarded."""
@@ -313,13 +321,16 @@ def _harness():  # everything lives in this frame, not in module globals
                 if test_exc is not None:
                     raise test_exc
                 if _type(test_code) is _tuple:
-                    name, args, kwargs, _ = test_code
+                    name, args, kwargs, _, wants = test_code
                     function = _dict_get(test_namespace, name, missing)
                     if function is missing:
                         function = _dict_get(pristine_builtins, name, missing)
                     if function is missing:
                         raise _NameError(f"name {name!r} is not defined")
-                    value = encode_plain(function(*args, **kwargs))
+                    result = function(*args, **kwargs)
+                    # "truth": only its truth value matters (a bare ``assert f(x)``)
+                    value = encode_plain(_truth(result) if wants == "truth" else result)
+                    result = None
                 else:
                     _exec(test_code, test_namespace)
             except _BaseException as exc:

@@ -4,8 +4,9 @@ A test snippet of a common data-set shape (HumanEval, MBPP, HumanEval+ asserts) 
 here into a *call* (a function name and literal arguments) and an *expectation* (a literal
 and a comparison). Only the call goes to the sandboxed process; it sends back the call's
 value as plain data (None, bool, int, float, complex, str, bytes and lists, tuples, dicts,
-sets and frozensets of them; an instance of any other class, subclasses of these included,
-is a failure), and :meth:`CallTest.judge` compares it here. The sandboxed process never
+sets and frozensets of them; a subclass of these, say ``collections.Counter``, is sent as its
+plain content, and an instance of any other class is a failure; for a bare ``assert f(...)``
+only its truth value), and :meth:`CallTest.judge` compares it here. The sandboxed process never
 sees the expected value, so neither an object whose ``__eq__`` always returns True nor a
 program that reaches the harness's reporting function can turn a wrong answer into a pass.
 
@@ -57,6 +58,7 @@ class CallTest:
     check: Callable[[Any], bool] = field(repr=False)
     expected: str = ""
     assert_source: str = ""
+    wants: str = "value"  # "truth": the sandbox sends bool(value) (bare and negated asserts)
 
     def judge(self, got: Any) -> tuple[bool, str]:
         """(passed, what was expected) for the plain value ``got``."""
@@ -103,10 +105,10 @@ def _expectation(test: ast.AST, source: str, candidate: str | None):
     """(call, check, expected text) for an assert's test expression, or None."""
     if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
         call = _call(test.operand, source, candidate)
-        return (call, lambda got: not got, "a false value") if call else None
+        return (call, lambda got: got is False, "a false value") if call else None
     call = _call(test, source, candidate)
     if call:
-        return call, lambda got: bool(got), "a true value"
+        return call, lambda got: got is True, "a true value"
     if isinstance(test, ast.Compare) and len(test.ops) == 1:
         left, op, right = test.left, type(test.ops[0]), test.comparators[0]
         if op not in _COMPARISONS:
@@ -211,7 +213,9 @@ def split_test(source: str) -> CallTest | None:
         return None
     (name, args, kwargs, text), check, expected = found
     assert_source = ast.get_source_segment(source, assertion) or ""
-    return CallTest(name=name, args=args, kwargs=kwargs, call_source=text, check=check, expected=expected, assert_source=assert_source)
+    wants = "truth" if expected in ("a true value", "a false value") else "value"
+    return CallTest(name=name, args=args, kwargs=kwargs, call_source=text, check=check, expected=expected,
+                    assert_source=assert_source, wants=wants)
 
 
 # ---------------------------------------------------------------------------------------

@@ -518,7 +518,7 @@ class _Run:
                     "code": self.code,
                     # A test split into a call is sent as (name, args, kwargs, source of the
                     # call): its expected value stays here and the verdict is taken here.
-                    "tests": [t if c is None else (c.name, c.args, c.kwargs, c.call_source) for t, c in zip(self.tests, calls)],
+                    "tests": [t if c is None else (c.name, c.args, c.kwargs, c.call_source, c.wants) for t, c in zip(self.tests, calls)],
                 }
             )
             env = dict(_PROGRAM_ENV, HOME="/tmp", TMPDIR="/tmp")
