@@ -10,9 +10,15 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.teamrl-installed
 RUN_NAME ?= demo-$(shell date +%Y%m%d-%H%M%S)
 
-.PHONY: setup demo test bench clean
+.PHONY: setup sandbox-jail demo test bench clean
 
-setup: $(STAMP)
+setup: sandbox-jail $(STAMP)
+
+# The sandbox runs every program inside bubblewrap (Debian package bubblewrap): as root, install it when missing.
+sandbox-jail:
+	@command -v bwrap >/dev/null || { test "$$(id -u)" = 0 && command -v apt-get >/dev/null && \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap) >/dev/null; } || \
+		echo "warning: bubblewrap (bwrap) is not installed and could not be installed here: every sandboxed run will be refused"
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(PY) || python3 -m venv $(VENV)

@@ -272,11 +272,10 @@ print(open("mine.txt").read())
         assert host_tmp_canary.read_text() == "untouched"
         assert not (canary_dir / "new.txt").exists()
         assert not probe.exists()
-        # each attempt failed: PermissionError (the dropped user meets the permission bits), or
-        # FileNotFoundError where the path is under the host's /tmp, which the run cannot see
+        # each attempt failed: the host's directories are absent from the run's file system
+        # (FileNotFoundError; PermissionError or read-only where a path is visible)
         errors = ast.literal_eval(r.stdout.splitlines()[0])
-        assert len(errors) == 4 and all(e in ("PermissionError", "FileNotFoundError") for e in errors), errors
-        assert "PermissionError" in errors or str(REPO).startswith("/tmp"), errors
+        assert len(errors) == 4 and all(e in ("PermissionError", "FileNotFoundError", "OSError") for e in errors), errors
     finally:
         probe.unlink(missing_ok=True)
     assert_healthy(r)
@@ -381,7 +380,8 @@ except OSError as exc:
     r = run_program(code, [], FAST)
     assert r.status == "ok", r
     assert "KILLED" not in r.stdout
-    assert r.stdout.count("PermissionError") == 4
+    # refused, or the target does not exist in the run's own pid namespace
+    assert r.stdout.count("PermissionError") + r.stdout.count("ProcessLookupError") == 4
     assert_healthy(r)
 
 
@@ -459,9 +459,6 @@ def test_tampering_with_the_harness_does_not_fake_passes(trick):
     assert r.status in ("failed", "error")
 
 
-@pytest.mark.xfail(strict=True, reason="known gap: the harness shares the program's interpreter, and frame "
-                   "attributes (f_back, f_locals) are not audited, so a program written against the harness's "
-                   "internals can reach its reporting function; see teamrl/sandbox/_harness.py")
 def test_walking_the_stack_to_the_harness_does_not_fake_passes():
     exploit = (
         "import os, sys\n"
@@ -488,8 +485,7 @@ def test_deep_recursion_is_reported_without_hanging():
 
 
 @pytest.mark.skipif(not IS_ROOT, reason="needs root: without a user switch the program acts as the caller's user")
-@pytest.mark.parametrize("private_tmp", [True, False])
-def test_a_run_cannot_read_another_runs_directory(private_tmp):
+def test_a_run_cannot_read_another_runs_directory():
     host_tmp = tempfile.gettempdir()
     writer = "import os, time\nopen('secret.txt', 'w').write('TOP-SECRET-' + 'VALUE')\nprint(os.getcwd())\ntime.sleep(1.5)\n"
     reader = f"""
@@ -504,17 +500,13 @@ for d in sorted(set(glob.glob({host_tmp!r} + '/teamrl-sandbox-*') + glob.glob('/
     except OSError as exc:
         print("DENIED", d, type(exc).__name__)
 """
-    before = set(Path(host_tmp).glob("teamrl-sandbox-*"))
     with SandboxPool(workers=2) as pool:
-        first = pool.submit(writer, [], FAST, private_tmp=private_tmp)
-        second = pool.submit(reader, [], FAST, private_tmp=private_tmp)
+        first = pool.submit(writer, [], FAST)
+        second = pool.submit(reader, [], FAST)
         a, b = first.result(), second.result()
     assert a.status == "ok" and b.status == "ok", (a, b)
     assert "TOP-SECRET" not in b.stdout and "FOUND" not in b.stdout
-    if not private_tmp:
-        assert "DENIED" in b.stdout and "PermissionError" in b.stdout  # it saw the directory, and was refused
-    # and their directories are gone afterwards
-    assert set(Path(host_tmp).glob("teamrl-sandbox-*")) <= before
+    assert a.stdout.strip() == "/tmp"  # its own private tmpfs: nothing of it is on the host
 
 
 

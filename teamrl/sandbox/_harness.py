@@ -4,11 +4,14 @@
 writes one marshal-encoded payload to its stdin. This code then, in order:
 
 1. reads the payload (marshal; program, tests, a random nonce, the results fd, limits, uid/gid);
-2. cuts the network (a private network namespace, else a seccomp filter, else an audit hook),
-   gives the run a private /tmp (a mount namespace where /tmp, /var/tmp and /dev/shm are the
-   run's own directory), sets resource limits and drops to the unprivileged sandbox user;
+2. checks the container bubblewrap built (namespaces other than the caller's, no writable
+   mount but the run's own tmpfs; a difference stops the run), sets resource limits, drops
+   to the unprivileged sandbox user, and, where a weaker network mode was forced, installs a
+   seccomp filter or an audit hook;
 3. runs setup and program in a fresh ``__main__`` namespace, then each test in a copy of that
-   namespace whose builtins are a snapshot taken before the program ran;
+   namespace whose builtins are a snapshot taken before the program ran; a test the caller
+   split into a call is only called, and its value sent back as plain data (the caller,
+   which alone knows the expected value, decides);
 4. reports through the results fd, one line per event, each prefixed by the nonce and this
    process's pid. The nonce only ever travels through stdin, so a program that prints, exits
    early, forks or scribbles on file descriptors cannot produce a valid line: missing or
@@ -23,8 +26,8 @@ the run's own uid, the harness kills every other process of that uid with kill(-
 
 Known gap: a program written against these internals can walk its own stack
 (``sys._getframe(1).f_locals``; frame attributes are not audited) to the harness's reporting
-function and forge results. Denying ``sys._getframe`` would break ``collections.namedtuple``
-and friends; closing it for good needs the checker out of the program's process.
+function. For a split test that gains nothing (the verdict is the caller's); a test run here
+as a snippet could have its pass forged that way.
 """
 
 
@@ -99,6 +102,65 @@ def _harness():  # everything lives in this frame, not in module globals
         emit("setup-error", message)
         _exit(70)
 
+    _tuple = tuple
+    _list = list
+    _TypeError, _ValueError, _RecursionError, _NameError = TypeError, ValueError, RecursionError, NameError
+    _int, _float, _complex, _bool, _bytes, _set, _frozenset = int, float, complex, bool, bytes, set, frozenset
+    _float_hex = float.hex
+    _issubclass = issubclass
+    _int_int, _float_float, _complex_complex, _str_str = int.__int__, float.__float__, complex.__complex__, str.__str__
+    _bytes_join = bytes.join
+    _truth = bool
+    _ascii = ascii
+    _append = list.append
+    _dict_items = dict.items
+
+    def encode_plain(value):
+        """ascii() of a (tag, payload) tree, or '!' and why the value is not plain data.
+        Exact types only: no method of the program's classes (or subclasses) ever runs."""
+        budget = [200_000]
+
+        def walk(v, depth):
+            t = _type(v)
+            budget[0] -= 1
+            if depth > 100 or budget[0] < 0:
+                raise _ValueError("a value too large or nested too deeply")
+            # A subclass of a plain type (collections.Counter, an int subclass) is sent as its
+            # plain content, read through the base type's own slots: no method it overrides
+            # (__eq__, __iter__, __int__...) ever runs, and the caller compares the content.
+            if v is None:
+                return ("n",)
+            if t is _bool:
+                return ("b", v)
+            if _issubclass(t, _int):
+                return ("i", _int_int(v))
+            if _issubclass(t, _float):
+                return ("f", _float_hex(_float_float(v)))
+            if _issubclass(t, _complex):
+                c = _complex_complex(v)
+                return ("c", (_float_hex(c.real), _float_hex(c.imag)))
+            if _issubclass(t, _str):
+                return ("s", _str_str(v))
+            if _issubclass(t, _bytes):
+                return ("y", _bytes_join(b"", [v]))
+            for base, tag in ((_list, "l"), (_tuple, "t"), (_set, "S"), (_frozenset, "F")):
+                if _issubclass(t, base):
+                    items = []
+                    for x in base.__iter__(v):
+                        _append(items, walk(x, depth + 1))
+                    return (tag, items)
+            if _issubclass(t, _dict):
+                items = []
+                for k, x in _dict_items(v):
+                    _append(items, (walk(k, depth + 1), walk(x, depth + 1)))
+                return ("d", items)
+            raise _TypeError(f"a {_type_name(t)}, not plain data (None, bool, int, float, complex, str, bytes, list, tuple, dict, set)")
+
+        try:
+            return _ascii(walk(value, 0))
+        except (_TypeError, _ValueError, _RecursionError) as exc:
+            return "!" + _join("", [_str(exc)])
+
     try:
         isolation = _isolate(payload)
     except Exception as exc:  # noqa: BLE001 - any failure to isolate stops the run here
@@ -128,10 +190,13 @@ def _harness():  # everything lives in this frame, not in module globals
 
     setup_code, setup_exc = compile_or_error(setup_src, "<setup>") if setup_src else (None, None)
     program_code, program_exc = compile_or_error(code_src, "<solution>")
-    compiled_tests = [compile_or_error(src, f"<test {i}>") for i, src in enumerate(test_srcs)]
+    # A test is a snippet (str) to run here, or a call (name, args, kwargs, source) whose
+    # value goes back as plain data: its verdict is taken by the caller, who kept the
+    # expected value.
+    compiled_tests = [compile_or_error(t, f"<test {i}>") if _isinstance(t, str) else (t, None) for i, t in enumerate(test_srcs)]
     sources = {"<setup>": setup_src, "<solution>": code_src}
-    for i, src in enumerate(test_srcs):
-        sources[f"<test {i}>"] = src
+    for i, t in enumerate(test_srcs):
+        sources[f"<test {i}>"] = t if _isinstance(t, str) else t[3]  # (name, args, kwargs, source, wants)
 
     def describe(exc, where, filename):
         """'where, line N: source -> ExcType: message', never running program code unguarded."""
@@ -251,10 +316,23 @@ def _harness():  # everything lives in this frame, not in module globals
         while index < count:
             test_code, test_exc = compiled_tests[index]
             filename = f"<test {index}>"
+            value = None
             try:
                 if test_exc is not None:
                     raise test_exc
-                _exec(test_code, test_namespace)
+                if _type(test_code) is _tuple:
+                    name, args, kwargs, _, wants = test_code
+                    function = _dict_get(test_namespace, name, missing)
+                    if function is missing:
+                        function = _dict_get(pristine_builtins, name, missing)
+                    if function is missing:
+                        raise _NameError(f"name {name!r} is not defined")
+                    result = function(*args, **kwargs)
+                    # "truth": only its truth value matters (a bare ``assert f(x)``)
+                    value = encode_plain(_truth(result) if wants == "truth" else result)
+                    result = None
+                else:
+                    _exec(test_code, test_namespace)
             except _BaseException as exc:
                 kind = kind_of(exc)
                 if kind == "memory":
@@ -264,7 +342,11 @@ def _harness():  # everything lives in this frame, not in module globals
                 restore_modules()
             else:
                 changed = restore_modules()
-                if changed is None:
+                if changed is None and value is not None:
+                    chunks = [value[k : k + 1500] for k in range(0, _len(value), 1500)] or [""]
+                    for k, chunk in enumerate(chunks):
+                        emit("value", index, k, _len(chunks), chunk)
+                elif changed is None:
                     emit("test", index, "pass")
                 else:
                     emit("test", index, "error", f"test {index + 1}: the program changed the module attribute {changed}")
@@ -363,84 +445,23 @@ def _isolate(payload):
             err = ctypes.get_errno()
             raise OSError(err, f"{what}: {os.strerror(err)}")
 
-    CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWUSER, CLONE_NEWNET = 0x00020000, 0x08000000, 0x10000000, 0x40000000
-    MS_NOSUID, MS_NODEV, MS_BIND, MS_REC, MS_PRIVATE = 2, 4, 4096, 16384, 1 << 18
-    MNT_DETACH = 2
     PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP = 1, 4, 38, 22
-
-    def mount(source, target, fstype, flags, data=None):
-        enc = lambda s: None if s is None else os.fsencode(s)  # noqa: E731
-        check(libc.mount(enc(source), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)), f"mount {target}")
 
     limits = payload["limits"]
     uid, gid = payload["uid"], payload["gid"]
-    workdir = payload["workdir"]
     mode = payload["network"]
-    is_root = os.geteuid() == 0
-    real_uid, real_gid = os.getuid(), os.getgid()
-    network = "none"
-    filesystem = "none"
+    real_uid = os.getuid()
 
-    # -- network: a private namespace holds only a loopback device that is down
-    if mode in ("auto", "netns"):
-        try:
-            if is_root:
-                check(libc.unshare(CLONE_NEWNET), "unshare(CLONE_NEWNET)")
-            else:  # an unprivileged user namespace may create one for us
-                check(libc.unshare(CLONE_NEWUSER | CLONE_NEWNET), "unshare(CLONE_NEWUSER|CLONE_NEWNET)")
-                for name, text in (("setgroups", "deny"), ("uid_map", f"{real_uid} {real_uid} 1"), ("gid_map", f"{real_gid} {real_gid} 1")):
-                    with open(f"/proc/self/{name}", "w") as fh:
-                        fh.write(text)
-                _drop_capabilities(libc)
-            network = "netns"
-        except OSError:
-            if mode == "netns":
-                raise
-
-    # -- filesystem: a private mount namespace, where the interpreter's prefix is made
-    # readable for the sandbox user if an ancestor hides it (pyenv under /root), and where
-    # /tmp, /var/tmp and /dev/shm become the run's own directory.
-    os.chdir(workdir)
-    home = workdir
-    own_mounts = False
-    if is_root:
-        try:
-            if libc.unshare(CLONE_NEWNS | CLONE_NEWIPC) != 0:
-                check(libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
-            # Private propagation first, so nothing below leaks into the host's mount table.
-            mount("none", "/", None, MS_REC | MS_PRIVATE)
-            own_mounts = True
-        except OSError:
-            pass
-    if own_mounts and uid is not None and not _reachable(payload["reveal"]):
-        try:
-            _reveal(payload["reveal"], workdir, mount, libc, check, MS_BIND, MS_REC, MS_NOSUID, MS_NODEV, MNT_DETACH)
-        except OSError:
-            pass
-    if own_mounts and payload["private_tmp"]:
-        try:
-            mount(workdir, "/tmp", None, MS_BIND)
-            for extra in ("/var/tmp", "/dev/shm"):
-                if os.path.isdir(extra) and not os.path.islink(extra):
-                    try:
-                        mount(workdir, extra, None, MS_BIND)
-                    except OSError:
-                        pass
-            os.chdir("/tmp")
-            home = "/tmp"
-            filesystem = "private-tmp"
-        except OSError:
-            os.chdir(workdir)
-    os.environ["HOME"] = home
-    os.environ["TMPDIR"] = home
-
-    if uid is not None and not _reachable(payload["reveal"]):
-        # The sandbox user still cannot read the standard library: load common modules now.
-        for name in _PRELOAD:
-            try:
-                __import__(name)
-            except Exception:  # noqa: BLE001 - best effort
-                pass
+    # -- bubblewrap built the container; check it, fail closed on any difference.
+    for name, host_inode in payload["host_namespaces"].items():
+        if os.stat(f"/proc/self/ns/{name}").st_ino == host_inode:
+            raise OSError(f"the run shares the host's {name} namespace")
+    network = "netns" if "net" in payload["host_namespaces"] else "none"
+    _check_mounts(limits["max_disk_bytes"])
+    filesystem = "private-tmpfs"
+    os.chdir("/tmp")
+    os.environ["HOME"] = "/tmp"
+    os.environ["TMPDIR"] = "/tmp"
 
     # -- limits (lowering hard limits is permanent for the unprivileged program)
     cpu = int(-(-limits["cpu_seconds"] // 1))
@@ -469,9 +490,10 @@ def _isolate(payload):
     check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(PR_SET_NO_NEW_PRIVS)")
     # Not dumpable: /proc/<pid>/mem, fd and environ become root's, and ptrace is refused.
     check(libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "prctl(PR_SET_DUMPABLE)")
-    # Credentials changed above, which clears the parent-death signal: set it afterwards.
-    libc.prctl(PR_SET_PDEATHSIG, 9, 0, 0, 0)
-    if os.getppid() != payload["parent_pid"]:
+    # Credentials changed above, which clears the parent-death signal: set it afterwards
+    # (the parent is bwrap's pid 1; when it dies the kernel kills the whole pid namespace).
+    check(libc.prctl(PR_SET_PDEATHSIG, 9, 0, 0, 0), "prctl(PR_SET_PDEATHSIG)")
+    if os.getppid() != 1:
         os._exit(72)
 
     if network == "none" and mode in ("auto", "seccomp"):
@@ -492,71 +514,29 @@ def _isolate(payload):
     return {"network": network, "filesystem": filesystem, "uid": uid}
 
 
-# Imported before the privilege drop when the sandbox user cannot read the standard library
-# and no mount namespace can reveal it.
-_PRELOAD = (
-    "math", "cmath", "re", "string", "collections", "collections.abc", "itertools", "functools",
-    "heapq", "bisect", "operator", "random", "statistics", "fractions", "decimal", "copy", "json",
-    "typing", "dataclasses", "enum", "datetime", "hashlib", "array", "textwrap", "unicodedata",
-    "numbers", "time", "io", "struct", "base64", "binascii", "abc", "socket", "subprocess",
-    "threading", "queue", "traceback", "warnings", "contextlib", "itertools", "pathlib", "glob",
-    "shutil", "tempfile", "signal", "select", "errno", "weakref", "pprint", "types",
-)
-
-
-def _reachable(paths):
-    """True when every ancestor of every path lets others traverse it."""
+def _check_mounts(max_disk_bytes):
+    """Fail unless the only writable file systems are the run's own: its size-limited tmpfs
+    /tmp and /dev/shm (together at most ``max_disk_bytes``), its /proc, /dev/pts and the
+    device nodes of /dev."""
     import os
 
-    for path in paths:
-        current = "/"
-        for part in path.strip("/").split("/"):
-            if not part:
+    writable_places = {"/tmp", "/dev/shm", "/proc", "/dev/pts"}
+    with open("/proc/self/mountinfo") as fh:
+        for line in fh:
+            fields = line.split()
+            point, options = fields[4], fields[5].split(",")
+            fstype = fields[fields.index("-") + 1]
+            if "rw" not in options or point in writable_places:
                 continue
-            try:
-                if not os.stat(current).st_mode & 0o001:
-                    return False
-            except OSError:
-                return False
-            current = os.path.join(current, part)
-    return True
-
-
-def _reveal(paths, workdir, mount, libc, check, MS_BIND, MS_REC, MS_NOSUID, MS_NODEV, MNT_DETACH):
-    """Make ``paths`` (the interpreter's prefix) traversable for the sandbox user.
-
-    An ancestor that others cannot enter (say /root, mode 0700) is covered, in this mount
-    namespace only, by a small tmpfs holding just the needed child, bind-mounted back from
-    the real tree. The rest of that directory stays hidden.
-    """
-    import os
-
-    for _ in range(16):
-        blocked = None
-        for path in paths:
-            current = "/"
-            for part in path.strip("/").split("/"):
-                if not part:
-                    continue
-                if not os.stat(current).st_mode & 0o001:
-                    blocked = current
-                    break
-                current = os.path.join(current, part)
-            if blocked:
-                break
-        if blocked is None:
-            return
-        prefix = blocked.rstrip("/") + "/"
-        children = sorted({p[len(prefix):].split("/")[0] for p in paths if p.startswith(prefix)})
-        stage = os.path.join(workdir, ".reveal")
-        os.mkdir(stage, 0o700)
-        mount(blocked, stage, None, MS_BIND | MS_REC)
-        mount("tmpfs", blocked, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0711,size=64k")
-        for child in children:
-            os.mkdir(os.path.join(blocked, child), 0o755)
-            mount(os.path.join(stage, child), os.path.join(blocked, child), None, MS_BIND | MS_REC)
-        check(libc.umount2(os.fsencode(stage), MNT_DETACH), f"umount {stage}")
-        os.rmdir(stage)
+            if fstype == "devtmpfs" and point in ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom", "/dev/tty"):
+                continue  # device nodes: writing to them stores nothing
+            raise OSError(f"{point} ({fstype}) is writable in the run's file system")
+    total = 0
+    for place in ("/tmp", "/dev/shm"):
+        st = os.statvfs(place)
+        total += st.f_blocks * st.f_frsize
+    if total > max_disk_bytes + 2 * 4096:
+        raise OSError(f"/tmp and /dev/shm hold {total} bytes, more than max_disk_bytes={max_disk_bytes}")
 
 
 def _count_tasks(uid):

@@ -22,6 +22,8 @@ class SandboxLimits:
                       output_truncated set); a run whose output passes max(16 x this, 1 MiB)
                       is stopped (status "killed").
     max_file_bytes:   largest file the program may write (RLIMIT_FSIZE).
+    max_disk_bytes:   everything the run may write, all files together: its /tmp gets 3/4 of
+                      it and /dev/shm 1/4 (size-limited tmpfs, in memory, gone with the run).
     """
 
     wall_seconds: float = 10.0
@@ -30,6 +32,7 @@ class SandboxLimits:
     max_processes: int = 16
     max_output_bytes: int = 64_000
     max_file_bytes: int = 10_000_000
+    max_disk_bytes: int = 64_000_000
 
     def __post_init__(self) -> None:
         minimum = {
@@ -39,6 +42,7 @@ class SandboxLimits:
             "max_processes": 1,
             "max_output_bytes": 0,
             "max_file_bytes": 0,
+            "max_disk_bytes": 1 << 16,
         }
         for f in fields(self):
             value = getattr(self, f.name)

@@ -28,8 +28,9 @@ class ExecutionResult:
     network namespace), ``"seccomp"`` (a kernel filter refusing non-Unix sockets) or
     ``"audit-hook"`` (Python-level refusal only; the weakest), or ``"unknown"`` when the
     run ended before the harness reported its set-up. ``filesystem_isolation`` is
-    ``"private-tmp"`` when /tmp, /var/tmp and /dev/shm were the run's own directory, else
-    ``"none"``. ``sandbox_uid`` is the unprivileged user the program ran as (None when the
+    ``"private-tmpfs"`` when the harness checked that the only writable places were the
+    run's own size-limited tmpfs /tmp and /dev/shm (in a file system showing only /usr and
+    the interpreter), else ``"none"`` (the run never started). ``sandbox_uid`` is the unprivileged user the program ran as (None when the
     caller is not root and no user switch was possible).
     """
 

@@ -1,8 +1,8 @@
 """Run one untrusted Python program with its tests in an isolated child process.
 
-The child is a fresh interpreter running ``_harness.py`` (see there for the inside view).
-This side allocates a sandbox user, prepares the working directory, starts the child in its
-own session, feeds it the payload, collects stdout/stderr (capped) and the harness's records
+The child is a fresh interpreter running ``_harness.py`` (see there for the inside view) in a
+bubblewrap container. This side allocates a sandbox user, splits the tests it can judge
+itself (``judge.py``), starts the container in its own session, feeds it the payload, collects stdout/stderr (capped) and the harness's records
 (nonce-authenticated, on a private pipe), enforces the wall-clock limit, kills everything the
 run left behind, and turns it all into an :class:`ExecutionResult`.
 """
@@ -15,25 +15,24 @@ import os
 import re
 import secrets
 import selectors
-import shutil
 import signal
 import stat
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from teamrl.sandbox.judge import CallTest, decode_plain, split_test
 from teamrl.sandbox.limits import SandboxLimits
 from teamrl.sandbox.result import ExecutionResult
 
 __all__ = ["NETWORK_MODES", "run_program"]
 
-#: "auto": a private network namespace where the kernel allows it, else seccomp, else the
-#: audit hook. The others force one mechanism (and fail the run if it is unavailable).
+#: "auto" and "netns": a private network namespace (the run is refused if bubblewrap cannot
+#: make one). "seccomp" and "audit-hook" force that weaker mechanism instead.
 NETWORK_MODES = ("auto", "netns", "seccomp", "audit-hook")
 
 # Sandbox users: one uid (and gid) per concurrent run, leased under a lock file, so runs
@@ -74,7 +73,85 @@ def _interpreter() -> list[str]:
     flags = ["-s", "-S", "-B"]
     if sys.version_info >= (3, 11):
         flags.append("-P")
-    return [sys.executable, *flags, "-c", _harness()]
+    return [os.path.realpath(sys.executable), *flags, "-c", _harness()]
+
+
+# ---------------------------------------------------------------------------------------
+# the container: bubblewrap
+# ---------------------------------------------------------------------------------------
+
+# Fixed places only: a PATH lookup would let the caller's environment choose the jailer.
+_BWRAP_PATHS = ("/usr/bin/bwrap", "/bin/bwrap", "/usr/local/bin/bwrap")
+# Inside the run's own pid namespace bwrap's reaper is pid 1 and the harness pid 2; records
+# from any other pid (a forked copy of the harness) are not authoritative.
+_HARNESS_PID = 2
+_NAMESPACES = ("pid", "mnt", "ipc", "uts")
+
+
+def bwrap_path() -> str:
+    """The bubblewrap executable; RuntimeError (naming the package) when it is missing."""
+    for path in _BWRAP_PATHS:
+        if os.path.isfile(path) and os.access(path, os.X_OK):
+            return path
+    raise RuntimeError(
+        "bubblewrap is not installed (looked for " + ", ".join(_BWRAP_PATHS) + "), so the run was refused; "
+        "install the Debian package bubblewrap (`make setup` does it as root)"
+    )
+
+
+def _bwrap_exit_code(code: int) -> int:
+    """bwrap exits with 128 + N when its command was killed by signal N: report -N, as for a
+    direct child."""
+    return -(code - 128) if 128 < code < 128 + 65 else code
+
+
+def _host_namespaces(network: str) -> dict[str, int]:
+    """Inode numbers of this process's namespaces: the harness checks that its own differ."""
+    names = _NAMESPACES + (("net",) if network in ("auto", "netns") else ())
+    return {name: os.stat(f"/proc/self/ns/{name}").st_ino for name in names}
+
+
+def _visible_tree() -> list[str]:
+    """bwrap arguments exposing, read-only, just what the interpreter needs: /usr (and the
+    merged-/usr links) and the interpreter's own prefix. Everything else of the host (/run,
+    /home, /work, /etc, its sockets) is absent from the run's file system."""
+    args = ["--ro-bind", "/usr", "/usr"]
+    for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64"):
+        if os.path.islink(top):
+            args += ["--symlink", os.readlink(top), top]
+        elif os.path.isdir(top):
+            args += ["--ro-bind", top, top]
+    prefixes = {sys.base_prefix, sys.base_exec_prefix, os.path.dirname(os.path.dirname(os.path.realpath(sys.executable)))}
+    for prefix in sorted(os.path.realpath(p) for p in prefixes):
+        if prefix != "/usr" and not prefix.startswith("/usr/"):
+            # Traversable parents (bwrap would copy /root's 0700), then the prefix itself.
+            parts = prefix.strip("/").split("/")[:-1]
+            for depth in range(1, len(parts) + 1):
+                args += ["--perms", "0755", "--dir", "/" + "/".join(parts[:depth])]
+            args += ["--ro-bind", prefix, prefix]
+    return args
+
+
+def _bwrap_command(limits: SandboxLimits, network: str, as_root: bool) -> list[str]:
+    """The whole command line: bwrap with its own pid, mount, ipc and uts namespaces (and
+    network, unless a weaker network mode is forced), a user namespace when the caller is
+    not root, the read-only tree of :func:`_visible_tree`, a private /proc, a minimal /dev,
+    size-limited tmpfs /tmp and /dev/shm (/var/tmp and /run/lock point to /tmp), the rest
+    read-only, and death with the caller; then the interpreter with the harness."""
+    tmp_bytes = limits.max_disk_bytes * 3 // 4
+    shm_bytes = limits.max_disk_bytes - tmp_bytes
+    args = [bwrap_path(), "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
+    if network in ("auto", "netns"):
+        args.append("--unshare-net")
+    if not as_root:
+        args.append("--unshare-user")
+    args += _visible_tree()
+    args += ["--proc", "/proc", "--dev", "/dev"]
+    args += ["--perms", "1777", "--size", str(tmp_bytes), "--tmpfs", "/tmp"]
+    args += ["--perms", "1777", "--size", str(shm_bytes), "--tmpfs", "/dev/shm"]
+    args += ["--symlink", "/tmp", "/var/tmp", "--dir", "/run", "--symlink", "/tmp", "/run/lock"]
+    args += ["--remount-ro", "/dev", "--remount-ro", "/", "--chdir", "/tmp", "--"]
+    return args + _interpreter()
 
 
 # ---------------------------------------------------------------------------------------
@@ -241,12 +318,14 @@ class _Records:
     setup_error: str | None = None
     body: list[str] | None = None
     tests: dict[int, list[str]] | None = None
+    values: dict[int, dict[int, str]] | None = None  # test -> chunk index -> text (split tests)
+    value_chunks: dict[int, int] | None = None  # test -> number of chunks announced
     done: bool = False
     tampered: str | None = None
 
 
-def _parse_records(data: bytes, nonce: str, pid: int, n_tests: int) -> _Records:
-    rec = _Records(tests={})
+def _parse_records(data: bytes, nonce: str, n_tests: int) -> _Records:
+    rec = _Records(tests={}, values={}, value_chunks={})
     lines = data.split(b"\n")
     if lines and lines[-1]:
         rec.tampered = "an unterminated line on the result channel"
@@ -255,7 +334,7 @@ def _parse_records(data: bytes, nonce: str, pid: int, n_tests: int) -> _Records:
         if len(parts) < 3 or parts[0] != nonce:
             rec.tampered = "a line without the harness's nonce on the result channel"
             continue
-        if parts[1] != str(pid):
+        if parts[1] != str(_HARNESS_PID):
             continue  # a forked copy of the harness (the program forked): not authoritative
         kind, fields = parts[2], [_unescape(p) for p in parts[3:]]
         if kind == "hello":
@@ -266,9 +345,54 @@ def _parse_records(data: bytes, nonce: str, pid: int, n_tests: int) -> _Records:
             rec.body = fields
         elif kind == "test" and fields and fields[0].isdigit() and int(fields[0]) < n_tests:
             rec.tests[int(fields[0])] = fields[1:]
+        elif kind == "value" and len(fields) == 4 and all(f.isdigit() for f in fields[:3]) and int(fields[0]) < n_tests:
+            index, chunk, count = int(fields[0]), int(fields[1]), int(fields[2])
+            chunks = rec.values.setdefault(index, {})
+            if chunk in chunks or rec.value_chunks.setdefault(index, count) != count:
+                rec.tests[index] = ["error", f"test {index + 1}: its value was reported twice"]
+            chunks[chunk] = fields[3]
         elif kind == "done":
             rec.done = True
     return rec
+
+
+def _judge_calls(rec: _Records, calls: Sequence[CallTest | None]) -> None:
+    """Decide, here, the tests that were split into a call: a test passes only when the
+    harness sent back one plain value for it and that value meets the expectation, which the
+    sandboxed process never saw. Writes the verdict into ``rec.tests`` as the harness would."""
+    for index, call in enumerate(calls):
+        if call is None:
+            continue
+        where = f"test {index + 1}: {_shorten(call.assert_source)} -> {_shorten(call.call_source)}"
+        if index in rec.tests and rec.tests[index][:1] != ["pass"]:
+            continue  # the call raised, or the value was reported twice: already a failure
+        chunks = rec.values.get(index)
+        if not chunks:  # a bare "pass" for a split test counts for nothing
+            if index in rec.tests or rec.done:
+                rec.tests[index] = ["error", f"{where}: no value came back"]
+            continue
+        count = rec.value_chunks.get(index, 0)
+        if sorted(chunks) != list(range(count)):
+            rec.tests[index] = ["error", f"{where} sent back an incomplete value"]
+            continue
+        try:
+            got = decode_plain("".join(chunks[k] for k in range(count)))
+        except ValueError as exc:  # a non-plain value (a class of the program's) is a wrong answer
+            rec.tests[index] = ["fail", f"{where} -> AssertionError: returned {exc}"]
+            continue
+        passed, expected = call.judge(got)
+        if passed:
+            rec.tests[index] = ["pass"]
+        else:
+            rec.tests[index] = ["fail", f"{where} -> AssertionError: returned {_short_repr(got)}, expected {_shorten(expected)}"]
+
+
+def _shorten(text: str) -> str:
+    return text if len(text) <= 200 else text[:200] + "..."
+
+
+def _short_repr(value: object) -> str:
+    return _shorten(repr(value))
 
 
 # ---------------------------------------------------------------------------------------
@@ -290,13 +414,17 @@ def run_program(
     Each test is a snippet run after the program in its namespace (``assert f(1) == 2``, or a
     ``def check(candidate): ...`` plus ``check(f)``); it passes if it finishes without an
     exception. Tests run in order in one namespace (a copy of the program's, with the
-    builtins as they were before the program ran). The program runs as an unprivileged
-    per-run user (when the caller is root) with a private network and /tmp where the kernel
-    allows, RLIMIT_CPU/AS/NPROC/FSIZE, an environment holding no caller variables, and a
-    wall-clock limit after which the whole run is killed.
+    builtins as they were before the program ran). A test of a usual data-set shape is split
+    (see ``judge.py``): only its call runs there, and its verdict is taken here. The program
+    runs in a bubblewrap container (its own pid, mount, ipc, uts and network namespaces; only
+    /usr and the interpreter visible, read-only; private size-limited tmpfs /tmp and
+    /dev/shm), as an unprivileged per-run user when the caller is root, with
+    RLIMIT_CPU/AS/NPROC/FSIZE, an environment holding no caller variables, and a wall-clock
+    limit after which the whole run is killed; nothing of it outlives the caller.
 
-    ``network`` forces one isolation mechanism (see :data:`NETWORK_MODES`); ``private_tmp``
-    False keeps the host's /tmp visible (the run still has its own 0700 directory).
+    ``network`` "seccomp" or "audit-hook" forces that weaker mechanism instead of the
+    network namespace (see :data:`NETWORK_MODES`). ``private_tmp`` is kept for callers of
+    the earlier API and changes nothing: every run's writable places are private.
 
     Never raises because of what the program does; only invalid arguments raise ValueError.
     An internal failure of the sandbox itself is reported as status "crash" with a
@@ -319,7 +447,7 @@ def run_program(
     tests = [str.__str__(t) for t in tests]
     start = time.monotonic()
     try:
-        return _Run(code, tests, limits, setup, network, bool(private_tmp)).execute()
+        return _Run(code, tests, limits, setup, network).execute()
     except Exception as exc:  # noqa: BLE001 - the trainer must never see the sandbox raise
         return ExecutionResult(
             status="crash",
@@ -331,9 +459,9 @@ def run_program(
 
 
 class _Run:
-    def __init__(self, code: str, tests: list[str], limits: SandboxLimits, setup: str, network: str, private_tmp: bool):
+    def __init__(self, code: str, tests: list[str], limits: SandboxLimits, setup: str, network: str):
         self.code, self.tests, self.limits, self.setup = code, tests, limits, setup
-        self.network, self.private_tmp = network, private_tmp
+        self.network = network
         cap = limits.max_output_bytes
         self.flood_at = max(_OUTPUT_FLOOD_FACTOR * cap, _OUTPUT_FLOOD_MIN)
         self.out = {"stdout": bytearray(), "stderr": bytearray()}
@@ -359,7 +487,6 @@ class _Run:
     def execute(self) -> ExecutionResult:
         start = time.monotonic()
         lease = _LEASES.acquire() if os.geteuid() == 0 else None
-        workdir: str | None = None
         proc: subprocess.Popen | None = None
         pidfd: int | None = None
         read_fd = write_fd = None
@@ -368,10 +495,7 @@ class _Run:
             if lease is not None and _kill_user(lease.uid):  # left by a crashed earlier caller
                 _kill_user_atomically(lease.uid, lease.gid)
                 _kill_user(lease.uid)
-            workdir = tempfile.mkdtemp(prefix="teamrl-sandbox-")
-            os.chmod(workdir, 0o700)
-            if lease is not None:
-                os.chown(workdir, lease.uid, lease.gid)
+            calls = [split_test(t) for t in self.tests]
             read_fd, write_fd = os.pipe()
             self._results_fd = read_fd
             nonce = secrets.token_hex(16)
@@ -379,32 +503,32 @@ class _Run:
                 {
                     "nonce": nonce,
                     "results_fd": write_fd,
-                    "workdir": workdir,
                     "uid": lease.uid if lease else None,
                     "gid": lease.gid if lease else None,
-                    "parent_pid": os.getpid(),
                     "network": self.network,
-                    "private_tmp": self.private_tmp,
-                    "reveal": sorted({sys.base_prefix, sys.base_exec_prefix}),
+                    "host_namespaces": _host_namespaces(self.network),
                     "limits": {
                         "cpu_seconds": self.limits.cpu_seconds,
                         "memory_mb": self.limits.memory_mb,
                         "max_processes": self.limits.max_processes,
                         "max_file_bytes": self.limits.max_file_bytes,
+                        "max_disk_bytes": self.limits.max_disk_bytes,
                     },
                     "setup": self.setup,
                     "code": self.code,
-                    "tests": self.tests,
+                    # A test split into a call is sent as (name, args, kwargs, source of the
+                    # call): its expected value stays here and the verdict is taken here.
+                    "tests": [t if c is None else (c.name, c.args, c.kwargs, c.call_source, c.wants) for t, c in zip(self.tests, calls)],
                 }
             )
-            env = dict(_PROGRAM_ENV, HOME=workdir, TMPDIR=workdir)
+            env = dict(_PROGRAM_ENV, HOME="/tmp", TMPDIR="/tmp")
             proc = subprocess.Popen(
-                _interpreter(),
+                _bwrap_command(self.limits, self.network, lease is not None),
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 pass_fds=(write_fd,),
-                cwd=workdir,
+                cwd="/",
                 env=env,
                 start_new_session=True,  # its own session and process group, killed as one
             )
@@ -421,12 +545,13 @@ class _Run:
 
             # Whatever is still running belongs to this run: kill it all, then reap. When the
             # harness finished, it already swept its uid with kill(-1); otherwise do it here.
-            swept = exited and self._harness_swept(nonce, proc.pid)
+            swept = exited and self._harness_swept(nonce)
             self._kill_all(proc, lease, swept)
             _, wait_status, rusage = os.wait4(proc.pid, 0)
-            proc.returncode = os.waitstatus_to_exitcode(wait_status)
+            proc.returncode = _bwrap_exit_code(os.waitstatus_to_exitcode(wait_status))
             self._drain(streams)
-            records = _parse_records(bytes(self.results), nonce, proc.pid, len(self.tests))
+            records = _parse_records(bytes(self.results), nonce, len(self.tests))
+            _judge_calls(records, calls)
             return self._result(records, proc.returncode, rusage, timed_out, flooded, lease, time.monotonic() - start)
         finally:
             if proc is not None and proc.returncode is None:
@@ -449,8 +574,6 @@ class _Run:
                             stream.close()
                     except OSError:
                         pass
-            if workdir is not None:
-                shutil.rmtree(workdir, ignore_errors=True)
             if lease is not None:
                 _LEASES.release(lease)
 
@@ -516,7 +639,7 @@ class _Run:
                     pass
         return exited, timed_out, flooded
 
-    def _harness_swept(self, nonce: str, pid: int) -> bool:
+    def _harness_swept(self, nonce: str) -> bool:
         """Did the harness itself report its final kill(-1) sweep? (Read what has arrived.)"""
         try:
             while True:
@@ -526,7 +649,7 @@ class _Run:
                 self._take("results", data)
         except (BlockingIOError, OSError):
             pass
-        return f"{nonce}\t{pid}\tdone\tswept\n".encode() in self.results
+        return f"{nonce}\t{_HARNESS_PID}\tdone\tswept\n".encode() in self.results
 
     def _kill_all(self, proc, lease, swept: bool = False) -> None:
         try:
@@ -610,9 +733,13 @@ class _Run:
             status, failure = "timeout", unfinished(f"CPU-time limit of {cpu_limit:g}s reached")
         elif rec.setup_error is not None:
             status, failure = "crash", f"sandbox: could not set up isolation: {rec.setup_error}"
+        elif rec.hello is None and stderr_text.startswith("bwrap:"):  # bwrap itself gave up
+            status, failure = "crash", f"sandbox: could not set up isolation: {stderr_text.strip().splitlines()[0][:300]}"
         elif rec.done:
             kind, failure = first_recorded_failure()
             status = {None: "ok", "fail": "failed", "error": "error", "memory": "memory"}.get(kind, "error")
+            if status == "ok" and passed < n:
+                status, failure = "error", unfinished("the harness reported the end")
         else:
             kind, recorded = first_recorded_failure()
             memory_hint = kind == "memory" or re.search(r"MemoryError|Cannot allocate memory|out of memory", stderr_text)

@@ -1,0 +1,279 @@
+"""Deciding a test outside the untrusted process.
+
+A test snippet of a common data-set shape (HumanEval, MBPP, HumanEval+ asserts) is split
+here into a *call* (a function name and literal arguments) and an *expectation* (a literal
+and a comparison). Only the call goes to the sandboxed process; it sends back the call's
+value as plain data (None, bool, int, float, complex, str, bytes and lists, tuples, dicts,
+sets and frozensets of them; a subclass of these, say ``collections.Counter``, is sent as its
+plain content, and an instance of any other class is a failure; for a bare ``assert f(...)``
+only its truth value), and :meth:`CallTest.judge` compares it here. The sandboxed process never
+sees the expected value, so neither an object whose ``__eq__`` always returns True nor a
+program that reaches the harness's reporting function can turn a wrong answer into a pass.
+
+Shapes split (``f`` a name, every argument a literal, ``L`` a literal)::
+
+    assert f(...) == L        (also !=, <, <=, >, >=; L == f(...); is / is not None/True/False)
+    assert f(...)             assert not f(...)
+    assert abs(f(...) - L) < L        assert math.isclose(f(...), L[, rel_tol=L, abs_tol=L])
+
+at module level, or as the single assert of ``def check(candidate): ...`` followed by
+``check(f)``, with only imports and literal assignments (METADATA) around it. Any other
+test is run in the sandboxed process as before (its verdict is that process's word).
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+import operator
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+__all__ = ["CallTest", "decode_plain", "split_test"]
+
+# Bigger values than this (as sent) are refused rather than parsed.
+MAX_VALUE_CHARS = 1 << 20
+
+_COMPARISONS: dict[type, tuple[Callable[[Any, Any], Any], str]] = {
+    ast.Eq: (operator.eq, "=="),
+    ast.NotEq: (operator.ne, "!="),
+    ast.Lt: (operator.lt, "<"),
+    ast.LtE: (operator.le, "<="),
+    ast.Gt: (operator.gt, ">"),
+    ast.GtE: (operator.ge, ">="),
+    ast.Is: (operator.is_, "is"),
+    ast.IsNot: (operator.is_not, "is not"),
+}
+_MIRRORED = {ast.Lt: ast.Gt, ast.LtE: ast.GtE, ast.Gt: ast.Lt, ast.GtE: ast.LtE}
+
+
+@dataclass(frozen=True, eq=False)
+class CallTest:
+    """A test split into the call run in the sandbox and the check made here."""
+
+    name: str
+    args: tuple
+    kwargs: dict
+    call_source: str
+    check: Callable[[Any], bool] = field(repr=False)
+    expected: str = ""
+    assert_source: str = ""
+    wants: str = "value"  # "truth": the sandbox sends bool(value) (bare and negated asserts)
+
+    def judge(self, got: Any) -> tuple[bool, str]:
+        """(passed, what was expected) for the plain value ``got``."""
+        try:
+            return bool(self.check(got)), self.expected
+        except Exception as exc:  # noqa: BLE001 - e.g. None < 1: a failed test, as the assert would be
+            return False, f"{self.expected} ({type(exc).__name__}: {exc})"
+
+
+def _literal(node: ast.AST) -> tuple[bool, Any]:
+    try:
+        return True, ast.literal_eval(node)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return False, None
+
+
+def _call(node: ast.AST, source: str, candidate: str | None) -> tuple[str, tuple, dict, str] | None:
+    """``f(<literals>)`` -> (name, args, kwargs, source); else None. ``candidate``: inside
+    ``check(candidate)``, the name the call must use, and the function it stands for."""
+    if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name):
+        return None
+    if candidate is not None and node.func.id != "candidate":
+        return None
+    args = []
+    for arg in node.args:
+        ok, value = _literal(arg)
+        if not ok or isinstance(arg, ast.Starred):
+            return None
+        args.append(value)
+    kwargs = {}
+    for kw in node.keywords:
+        ok, value = _literal(kw.value)
+        if kw.arg is None or not ok:
+            return None
+        kwargs[kw.arg] = value
+    text = ast.get_source_segment(source, node)
+    if text is None:
+        return None
+    name = candidate if candidate is not None else node.func.id
+    return name, tuple(args), kwargs, text
+
+
+def _expectation(test: ast.AST, source: str, candidate: str | None):
+    """(call, check, expected text) for an assert's test expression, or None."""
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        call = _call(test.operand, source, candidate)
+        return (call, lambda got: got is False, "a false value") if call else None
+    call = _call(test, source, candidate)
+    if call:
+        return call, lambda got: got is True, "a true value"
+    if isinstance(test, ast.Compare) and len(test.ops) == 1:
+        left, op, right = test.left, type(test.ops[0]), test.comparators[0]
+        if op not in _COMPARISONS:
+            return None
+        call = _call(left, source, candidate)
+        ok, expected = _literal(right)
+        if not (call and ok):  # L op f(...): mirror it
+            call = _call(right, source, candidate)
+            ok, expected = _literal(left)
+            op = _MIRRORED.get(op, op)
+            if not (call and ok):
+                return _tolerance(test, source, candidate)
+        if op in (ast.Is, ast.IsNot) and expected not in (None, True, False):
+            return None
+        compare, symbol = _COMPARISONS[op]
+        return call, lambda got: compare(got, expected), f"{symbol} {expected!r}"
+    if isinstance(test, ast.Call) and isinstance(test.func, ast.Attribute) and test.func.attr == "isclose":
+        if not (isinstance(test.func.value, ast.Name) and test.func.value.id == "math") or len(test.args) != 2:
+            return None
+        call = _call(test.args[0], source, candidate)
+        ok, expected = _literal(test.args[1])
+        if not (call and ok):
+            call = _call(test.args[1], source, candidate)
+            ok, expected = _literal(test.args[0])
+        options = {}
+        for kw in test.keywords:
+            kw_ok, value = _literal(kw.value)
+            if kw.arg not in ("rel_tol", "abs_tol") or not kw_ok:
+                return None
+            options[kw.arg] = value
+        if not (call and ok):
+            return None
+        return call, lambda got: math.isclose(got, expected, **options), f"close to {expected!r} ({options or 'rel_tol=1e-09'})"
+    return None
+
+
+def _tolerance(test: ast.Compare, source: str, candidate: str | None):
+    """``abs(f(...) - L) < L`` (or ``abs(L - f(...)) <= L``)."""
+    inner, op, bound_node = test.left, type(test.ops[0]), test.comparators[0]
+    if op not in (ast.Lt, ast.LtE) or not (isinstance(inner, ast.Call) and isinstance(inner.func, ast.Name)):
+        return None
+    if inner.func.id != "abs" or len(inner.args) != 1 or inner.keywords:
+        return None
+    diff = inner.args[0]
+    ok_bound, bound = _literal(bound_node)
+    if not (isinstance(diff, ast.BinOp) and isinstance(diff.op, ast.Sub) and ok_bound):
+        return None
+    call = _call(diff.left, source, candidate)
+    ok, target = _literal(diff.right)
+    if not (call and ok):
+        call = _call(diff.right, source, candidate)
+        ok, target = _literal(diff.left)
+    if not (call and ok):
+        return None
+    compare = operator.lt if op is ast.Lt else operator.le
+    return call, lambda got: compare(abs(got - target), bound), f"within {bound!r} of {target!r}"
+
+
+def _ignorable(node: ast.stmt) -> bool:
+    """Module lines around the assert that cannot change its call: imports, literal assignments."""
+    if isinstance(node, (ast.Import, ast.ImportFrom)):
+        return True
+    return isinstance(node, ast.Assign) and all(isinstance(t, ast.Name) for t in node.targets) and _literal(node.value)[0]
+
+
+def split_test(source: str) -> CallTest | None:
+    """The test ``source`` as a :class:`CallTest`, or None when it has another shape."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError, MemoryError, RecursionError):
+        return None
+    body = [n for n in tree.body if not _ignorable(n)]
+    candidate = None
+    if len(body) == 1 and isinstance(body[0], ast.Assert):
+        assertion = body[0]
+    elif (
+        len(body) == 2
+        and isinstance(body[0], ast.FunctionDef)
+        and body[0].name == "check"
+        and [a.arg for a in body[0].args.args] == ["candidate"]
+        and not (body[0].decorator_list or body[0].args.vararg or body[0].args.kwarg or body[0].args.kwonlyargs)
+        and isinstance(body[1], ast.Expr)
+        and isinstance(body[1].value, ast.Call)
+        and isinstance(body[1].value.func, ast.Name)
+        and body[1].value.func.id == "check"
+        and len(body[1].value.args) == 1
+        and not body[1].value.keywords
+        and isinstance(body[1].value.args[0], ast.Name)
+    ):
+        statements = list(body[0].body)
+        if statements and isinstance(statements[0], ast.Expr) and isinstance(statements[0].value, ast.Constant):
+            statements = statements[1:]  # a docstring
+        statements = [s for s in statements if not isinstance(s, (ast.Import, ast.ImportFrom))]
+        if len(statements) != 1 or not isinstance(statements[0], ast.Assert):
+            return None
+        assertion = statements[0]
+        candidate = body[1].value.args[0].id
+    else:
+        return None
+    found = _expectation(assertion.test, source, candidate)
+    if found is None:
+        return None
+    (name, args, kwargs, text), check, expected = found
+    assert_source = ast.get_source_segment(source, assertion) or ""
+    wants = "truth" if expected in ("a true value", "a false value") else "value"
+    return CallTest(name=name, args=args, kwargs=kwargs, call_source=text, check=check, expected=expected,
+                    assert_source=assert_source, wants=wants)
+
+
+# ---------------------------------------------------------------------------------------
+# plain values, as the harness sends them: ascii() of a tree of (tag, payload) tuples
+# ---------------------------------------------------------------------------------------
+
+_SCALARS = {"i": int, "s": str, "y": bytes, "b": bool}
+
+
+def _build(node: Any, depth: int) -> Any:
+    if depth > 200:
+        raise ValueError("a value nested too deeply")
+    if type(node) is not tuple or not node or type(node[0]) is not str:
+        raise ValueError("a malformed value")
+    tag = node[0]
+    if tag == "n" and len(node) == 1:
+        return None
+    if len(node) != 2:
+        raise ValueError("a malformed value")
+    payload = node[1]
+    if tag in _SCALARS:
+        if type(payload) is not _SCALARS[tag]:
+            raise ValueError("a malformed value")
+        return payload
+    if tag == "f" and type(payload) is str:
+        return float.fromhex(payload)
+    if tag == "c" and type(payload) is tuple and len(payload) == 2 and all(type(p) is str for p in payload):
+        return complex(float.fromhex(payload[0]), float.fromhex(payload[1]))
+    if type(payload) is not list:
+        raise ValueError("a malformed value")
+    if tag == "l":
+        return [_build(x, depth + 1) for x in payload]
+    if tag == "t":
+        return tuple(_build(x, depth + 1) for x in payload)
+    try:
+        if tag == "S":
+            return {_build(x, depth + 1) for x in payload}
+        if tag == "F":
+            return frozenset(_build(x, depth + 1) for x in payload)
+        if tag == "d":
+            pairs = [x for x in payload if type(x) is tuple and len(x) == 2]
+            if len(pairs) != len(payload):
+                raise ValueError("a malformed value")
+            return {_build(k, depth + 1): _build(v, depth + 1) for k, v in pairs}
+    except TypeError as exc:  # an unhashable key
+        raise ValueError(f"a malformed value ({exc})") from None
+    raise ValueError("a malformed value")
+
+
+def decode_plain(text: str) -> Any:
+    """The plain value the harness encoded as ``text``; ValueError for anything else (a
+    program may write what it likes, so nothing here trusts the text)."""
+    if len(text) > MAX_VALUE_CHARS:
+        raise ValueError(f"a value over {MAX_VALUE_CHARS} characters")
+    if text.startswith("!"):
+        raise ValueError(text[1:301])  # the harness's own refusal: "a <type>, not plain data"
+    try:
+        tree = ast.literal_eval(text)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError) as exc:
+        raise ValueError(f"a malformed value ({type(exc).__name__})") from None
+    return _build(tree, 0)
