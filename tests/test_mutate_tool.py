@@ -100,7 +100,7 @@ REQUIRED = ["teamrl/losses/advantages.py", "teamrl/losses/policy_loss.py", "team
 def test_the_project_mutant_list_names_real_files_and_tests():
     mutants = load_mutants(ROOT / "tools" / "mutants.py")
     assert len(mutants) >= 60
-    assert {m.file for m in mutants} == set(REQUIRED)
+    assert set(REQUIRED) <= {m.file for m in mutants}  # every module a training step's numbers depend on
     for m in mutants:
         assert (ROOT / m.file).is_file(), m.id
         assert m.tests and m.description, m.id

@@ -45,6 +45,18 @@ def test_dr_grpo_accepts_a_completion_of_exactly_its_length():
     assert loss.item() == pytest.approx(-(3 * 1.0 + 1 * 2.0) / (2 * 3))
 
 
+def test_kl_penalty_gradient_by_hand():
+    """k3 = exp(ref - lp) - (ref - lp) - 1 pulls lp towards ref: d k3 / d lp = 1 - exp(ref - lp)."""
+    logprobs = torch.tensor([[-1.0, -2.0]], requires_grad=True)
+    ref = torch.tensor([[-1.5, -1.0]])
+    loss, stats = policy_loss(logprobs, logprobs.detach(), torch.tensor([0.0]), torch.ones(1, 2), LossConfig(kl_coef=0.5),
+                              ref_logprobs=ref)
+    loss.backward()
+    delta = ref - logprobs.detach()
+    assert stats["kl"] == pytest.approx((delta.exp() - delta - 1).mean().item(), abs=1e-6)
+    assert torch.allclose(logprobs.grad, 0.5 * (1 - delta.exp()) / 2, atol=1e-6)
+
+
 # --- update ------------------------------------------------------------------------------------
 
 
@@ -72,6 +84,20 @@ def test_update_clips_the_gradient_norm(tiny):
         loss=LossConfig(), max_grad_norm=1e-3), tok.pad_token_id, [tok.eos_token_id]))
     assert stats["grad_norm"] > 1e-2  # the norm before clipping
     assert step.norm().item() == pytest.approx(1e-3, rel=1e-3)
+
+
+def test_update_trains_no_token_after_eos(tiny):
+    model, tok = tiny
+    eos = tok.eos_token_id
+    clean = _samples(tok, [1.0, -1.0])
+    tailed = [Sample(**{**s.__dict__, "completion_ids": s.completion_ids + [90, eos, 91]}) for s in clean]
+    settings = UpdateSettings(loss=LossConfig(), max_grad_norm=1e9)
+    steps = []
+    for samples in (clean, tailed):
+        pol = _sgd_policy(model)
+        steps.append(_step_of(pol, lambda: update_policy(pol, samples, settings, tok.pad_token_id, [eos]))[0])
+    assert steps[0].abs().sum() > 0
+    assert torch.allclose(steps[0], steps[1], atol=1e-6)
 
 
 def test_kl_penalty_is_against_the_reference_model(tiny):
@@ -112,6 +138,30 @@ def test_token_logprobs_at_a_temperature():
     p = torch.softmax(logits / 0.5, -1)
     assert lp.item() == pytest.approx(math.log(p[0, 0, 0].item()), abs=1e-6)
     assert ent.item() == pytest.approx(-(p * p.log()).sum().item(), abs=1e-6)
+
+
+def _gpt2():
+    """A tiny randomly initialised GPT-2: absolute position embeddings, so a shifted position id changes the logits
+    (with rotary embeddings, as in the Llama-family models, a uniform shift changes nothing)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    return GPT2LMHeadModel(GPT2Config(vocab_size=40, n_positions=32, n_embd=16, n_layer=1, n_head=2)).eval()
+
+
+def test_completion_logprobs_match_a_plain_forward_with_absolute_positions():
+    from teamrl.policies.logprobs import build_shared_prefix_batch, build_token_batch, completion_logprobs, shared_prefix_logprobs
+
+    model = _gpt2()
+    prompts, comps = [[1, 2, 3, 4], [5, 6], [5, 6]], [[7, 8, 9], [10, 11], [12]]
+    with torch.no_grad():
+        plain, _ = completion_logprobs(model, build_token_batch(prompts, comps, pad_id=0))
+        shared, _ = shared_prefix_logprobs(model, build_shared_prefix_batch(prompts, comps, pad_id=0))
+        for i, (p, c) in enumerate(zip(prompts, comps)):
+            logits = model(torch.tensor([p + c])).logits[0, len(p) - 1:-1]  # positions 0.. of the unpadded sequence
+            expected = torch.log_softmax(logits.float(), -1).gather(-1, torch.tensor(c).unsqueeze(1)).squeeze(1)
+            assert torch.allclose(plain[i, :len(c)], expected, atol=1e-5), i
+            assert torch.allclose(shared[i, :len(c)], expected, atol=1e-5), i
 
 
 # --- algorithms --------------------------------------------------------------------------------
@@ -251,6 +301,27 @@ def test_m_grpo_rewards_and_groups_by_hand():
     assert len({id(s) for s in out}) == len(out)  # a duplicate is a new Sample, not the same one twice
 
 
+def test_m_grpo_rollout_tags_each_sub_call_with_its_own_validity(monkeypatch):
+    """Every sub sample carries the format validity of the call it belongs to (call 0 invalid, call 1 valid)."""
+    import teamrl.algorithms.m_grpo as m_grpo_module
+    from teamrl.algorithms.m_grpo import MGRPO, MGRPOSettings
+    from teamrl.workflows.research_team import ResearchOutcome, SubCall
+
+    async def two_calls(ctx, env, problem):
+        await ctx.generate("main", "question", turn=0)
+        for call in (0, 1):
+            ctx.tags["call"], ctx.tags["parent_episode"] = call, ctx.episode
+            await ctx.generate("sub", f"subtask {call}", turn=0)
+        ctx.tags.clear()
+        return ResearchOutcome("42", True, 1.0, True, [SubCall("a", "x", False, 1), SubCall("b", "y", True, 1)])
+
+    monkeypatch.setattr(m_grpo_module, "research_team", two_calls)
+    raw = MGRPO(MGRPOSettings(k=2, d_max=2)).rollout_raw([Problem("q", {})], None, scripted_factory(), run_all)
+    assert len(raw.main) == 2 and all(s.reward == 1.0 and s.group == ("q",) for s in raw.main)
+    assert [(s.tags["call"], s.tags["format_valid"]) for s in raw.sub] == [(0, False), (1, True)] * 2
+    assert raw.outcomes == {("q", 0): 1.0, ("q", 1): 1.0}
+
+
 def test_workflow_group_key_pools_role_instances():
     def key(role, turn):
         return WorkflowGRPO.group_key(Sample(role, "p", "q", [1], [2], [0.0], turn=turn))
@@ -302,3 +373,18 @@ def test_engine_ignore_eos_and_tokens_beyond_the_first_block():
         logits[target] = 0.0
         toks, _ = _firsts(_engine(logits), n=8)
         assert toks == [target] * 8
+
+
+def test_engine_logprobs_match_a_plain_forward_with_absolute_positions():
+    """Prompts of different lengths (left padding) on a model with absolute positions: the greedy tokens and their
+    log-probs are those of a plain forward over the unpadded prompt + completion."""
+    model = _gpt2()
+    engine = HFEngine(lambda policy: contextlib.nullcontext(model), FakeTokenizer(eos_token_id=None))
+    prompts = [[1, 2, 3, 4, 5, 6], [7, 8], [9, 10, 11, 12, 13, 14]]
+    params = SamplingParams(max_new_tokens=4, temperature=0)
+    out = engine.generate("p", [GenerationRequest(p, params) for p in prompts], seed=0)
+    with torch.no_grad():
+        for p, (c,) in zip(prompts, out):
+            logp = torch.log_softmax(model(torch.tensor([p + c.token_ids])).logits[0, len(p) - 1:-1].float(), -1)
+            assert c.token_ids == logp.argmax(-1).tolist()
+            assert c.logprobs == pytest.approx(logp.max(-1).values.tolist(), abs=1e-5)
