@@ -5,12 +5,15 @@
 #              train-step FLOP/s vs the measured matmul peak -> bench/RESULTS.md (= teamrl bench; ~25 min on 2 idle cores,
 #              most of it in CoMLRL, ~5-6 min per iteration; ARGS="--only b,c,d" skips it;
 #              CoMLRL and TRL get their own venvs under ~/.cache/teamrl/bench-venvs on first use)
+# make mutate - mutation testing of the training math (tools/mutants.py, ~90 mutants, each with its own small set of
+#              tests; ~25 min on 2 busy cores; not part of make test). ARGS="--only magrpo" runs a subset, ARGS="--check"
+#              only checks that every mutant's snippet still matches the code
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.teamrl-installed
 RUN_NAME ?= demo-$(shell date +%Y%m%d-%H%M%S)
 
-.PHONY: setup sandbox-jail demo test bench clean
+.PHONY: setup sandbox-jail demo test bench mutate clean
 
 setup: sandbox-jail $(STAMP)
 
@@ -36,6 +39,9 @@ demo: setup
 
 test: setup
 	$(PY) -m pytest $(ARGS)
+
+mutate: setup
+	OMP_NUM_THREADS=1 $(PY) tools/mutate.py $(ARGS)
 
 bench: setup
 	$(VENV)/bin/teamrl bench --out bench/RESULTS.md $(ARGS)
