@@ -99,7 +99,8 @@ def test_a_joint_action_exactly_at_the_termination_threshold_terminates():
     algo = MAGRPO(MAGRPOSettings(group_size=2, num_turns=3, gamma=1.0, termination_threshold=0.5))
     samples = algo.rollout(task.problems(), task, scripted_factory(), run_all)
     assert {s.turn for s in samples} == {0}
-    assert [s.reward for s in samples] == [1.0] * 4
+    # a terminated success is credited with its reward for each of the 3 turns (gamma 1): 1 + 1 + 1
+    assert [s.reward for s in samples] == [3.0] * 4
     below = MAGRPO(MAGRPOSettings(group_size=2, num_turns=2, gamma=1.0, termination_threshold=0.6))
     assert {s.turn for s in below.rollout(task.problems(), task, scripted_factory(), run_all)} == {0, 1}
 
