@@ -21,27 +21,12 @@ from pathlib import Path
 import pytest
 
 from teamrl.sandbox import SandboxLimits, run_program
+from tests.sandbox_hostile import processes_with
 
 REPO = Path(__file__).resolve().parents[1]
 FAST = SandboxLimits(wall_seconds=5.0, cpu_seconds=3.0, memory_mb=256, max_processes=16, max_output_bytes=20_000)
 WRONG_ADD = "def add(a, b):\n    return 0\n"
 ADD_TESTS = ["assert add(1, 2) == 3", "assert add(-1, 1) == 0", "assert add('a', 'b') == 'ab'"]
-
-
-def processes_with(marker: str) -> list[int]:
-    """Pids of live host processes whose command line contains ``marker``."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
-            state = Path(f"/proc/{entry}/stat").read_bytes().rsplit(b")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if marker.encode() in cmdline and state not in (b"Z", b"X"):
-            found.append(int(entry))
-    return found
 
 
 # 1 -------------------------------------------------------------------------------------
