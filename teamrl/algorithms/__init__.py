@@ -27,11 +27,11 @@ def make_algorithm(cfg: Config, task: Task | TeamTask | Environment | ResearchEn
         return MGRPO(MGRPOSettings(k=cfg.rollout.group_size, d_max=m.d_max, sub_agent=m.sub_agent, agents=m.agents,
                                    sub_reward=m.sub_reward, seed=cfg.seed))
     if cfg.workflow.name:
+        spec = WORKFLOWS.get_entry(cfg.workflow.name, "workflow.name")  # validated here: core names no workflow
         if not isinstance(task, SolveTask):
             raise ConfigError(f"workflow.name: {cfg.workflow.name!r} runs on a task with one verifiable answer "
                               f"(math.solve, code.solve); {task.name!r} is not one")
         w = cfg.workflow
-        spec = WORKFLOWS.get_entry(w.name, "workflow.name")
         if spec.options is not None:  # the workflow's own options, validated like a task's
             settings = build_dataclass(spec.options, w.options, "workflow.options.")
         elif w.options:
