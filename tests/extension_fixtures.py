@@ -21,3 +21,7 @@ async def echo(ctx, task, problem, settings: EchoOptions) -> EpisodeOutcome:
 
 
 ECHO = Workflow(echo, ("agent",), options=EchoOptions)
+
+
+def forgot_return(sample, outcome):
+    """A reward function that returns nothing."""

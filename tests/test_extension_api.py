@@ -151,6 +151,18 @@ def test_entry_points_are_loaded_when_a_lookup_misses(monkeypatch):
     assert reg.get_entry("from_package", "widget.name") == "installed"
 
 
+def test_a_reward_that_returns_no_number_is_an_input_error_naming_it():
+    from teamrl.algorithms.workflow_grpo import assign_rewards
+    from teamrl.core.config import InputError
+    from teamrl.core.sample import Sample
+    from teamrl.workflows import EpisodeOutcome
+
+    sample = Sample(role="judge", policy="shared", problem_id="p", prompt_ids=[1], completion_ids=[2], sampling_logprobs=[0.0])
+    reference = "tests.extension_fixtures:forgot_return"
+    with pytest.raises(InputError, match=f"workflow.reward '{reference}': returned None for a 'judge' sample"):
+        assign_rewards([sample], EpisodeOutcome("", None, False), reference)
+
+
 def test_load_plugin_rejects_a_file_that_is_not_python(tmp_path):
     (tmp_path / "notes.txt").write_text("x")
     with pytest.raises(FileNotFoundError, match="notes.txt"):

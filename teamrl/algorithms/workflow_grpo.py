@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any, Awaitable, Callable, Hashable, Sequence
 
+from teamrl.core.config import InputError
 from teamrl.core.sample import Sample
 from teamrl.policies.router import role_type
 from teamrl.tasks.solve import SolveTask
@@ -39,7 +40,10 @@ def assign_rewards(samples: Sequence[Sample], outcome: EpisodeOutcome, mode: str
     every sample; ``per_role``: a sample's own reward where it has one)."""
     reward = REWARDS.get_entry(mode, "workflow.reward")
     for s in samples:
-        s.reward = reward(s, outcome)
+        value = reward(s, outcome)
+        if isinstance(value, (str, bytes)) or not hasattr(type(value), "__float__"):  # a user's reward: named, as a task's is
+            raise InputError(f"workflow.reward {mode!r}: returned {value!r} for a {s.role!r} sample; expected a number")
+        s.reward = float(value)
 
 
 class WorkflowGRPO:
