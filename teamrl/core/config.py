@@ -152,12 +152,12 @@ class ATGRPOConfig:
 
 @dataclass
 class WorkflowConfig:
-    name: str = option("", doc="a registered workflow (shipped: single, eval_opt, voting, orch_workers; yours with "
-                               "@register_workflow and --plugin) or package.module:object, on a task with one verifiable "
-                               "answer (math.solve, code.solve, a SolveTask); empty: the task's own roles")
-    reward: str = option("outcome", doc="a registered reward: outcome (every sample gets the final answer's correctness), "
-                                        "per_role (evaluator, aggregator and voting generators get their own), or yours "
-                                        "(@register_reward)")
+    name: str = option("", doc="a registered workflow (teamrl.api.WORKFLOWS; yours with @register_workflow and --plugin) "
+                               "or package.module:object, on a task with one verifiable answer (a SolveTask); "
+                               "empty: the task's own roles")
+    reward: str = option("outcome", doc="a registered reward (teamrl.api.REWARDS): outcome (every sample gets the final "
+                                        "answer's correctness), per_role (a sample's own role_reward where the workflow "
+                                        "sets one), or yours (@register_reward)")
     options: dict[str, Any] = option(factory=dict, doc="the options of a workflow that declares its own Options dataclass "
                                                        "(validated against it)")
     max_iterations: int = option(0, ge=0, doc="Eval-Opt generator attempts; 0: 3 for math, 2 for code")
