@@ -1,12 +1,15 @@
 """``teamrl``: the command line.
 
-  teamrl train [CONFIG.yaml] [--resume] [key.sub=value ...]
-  teamrl config [CONFIG.yaml] [key.sub=value ...]   # validate and print the resolved config
+  teamrl train [CONFIG.yaml] [--resume] [--plugin FILE.py ...] [key.sub=value ...]
+  teamrl config [CONFIG.yaml] [--plugin FILE.py ...] [key.sub=value ...]   # validate and print the resolved config
   teamrl eval [CONFIG.yaml] [--checkpoint RUN_DIR] [--method team,single,...] [--limit N] [key.sub=value ...]
   teamrl report RUN_DIR                              # PNG plots + report.md in RUN_DIR/report
   teamrl study STUDY.yaml [--table]                  # a workflow x policy x task x model x seed grid -> study.md
   teamrl serve --model NAME [--port 8000] [--lora NAME=PATH ...]   # OpenAI-compatible completions server
   teamrl bench [--only a,b,c,d] [--steps N] ...      # side-by-side benchmarks -> bench/RESULTS.md (= make bench)
+
+``--plugin FILE.py`` (repeatable; train, config, eval) imports a file that registers your own
+tasks, workflows or rewards (see docs/extending.md) before the config is read.
 
 Bad input (a config, a data file, a model name, what a task's reward returned) ends in one line
 on stderr and exit code 2; any other error is a bug and keeps its traceback.
@@ -31,6 +34,24 @@ def _split(args: list[str]) -> tuple[str | None, list[str]]:
         else:
             raise SystemExit(f"teamrl: unexpected argument {a!r} (expected CONFIG.yaml or key.sub=value)")
     return config, overrides
+
+
+def _take_plugins(argv: list[str]) -> tuple[list[str], list[str]]:
+    """(the ``--plugin FILE`` values, the other arguments): argparse cannot take an option between
+    the positional CONFIG.yaml and the key=value overrides, so they are taken out first."""
+    plugins, rest = [], []
+    it = iter(argv)
+    for a in it:
+        if a == "--plugin":
+            value = next(it, None)
+            if value is None:
+                raise SystemExit("teamrl: --plugin needs a FILE.py")
+            plugins.append(value)
+        elif a.startswith("--plugin="):
+            plugins.append(a.split("=", 1)[1])
+        else:
+            rest.append(a)
+    return plugins, rest
 
 
 def _bench(argv: list[str]) -> int:
@@ -96,8 +117,14 @@ def _main(argv: list[str]) -> int:
                          help="with --strict: which log-probs are returned (vLLM's --logprobs-mode; default raw_logprobs)")
     p_serve.add_argument("--override-generation-config", default=None, metavar="JSON",
                          help='with --strict: sampling defaults as generation_config.json would set them, e.g. \'{"repetition_penalty": 1.1}\'')
+    for p in (p_train, p_cfg, p_eval):
+        p.add_argument("--plugin", action="append", default=[], metavar="FILE.py",
+                       help="import a Python file that registers tasks, workflows or rewards (repeatable)")
     sub.add_parser("bench", help="benchmarks vs CoMLRL, TRL and model.generate -> bench/RESULTS.md (options: teamrl bench --help)")
+    plugins, argv = _take_plugins(argv)
     ns = parser.parse_args(argv)
+    if plugins and ns.command not in ("train", "config", "eval"):
+        raise SystemExit(f"teamrl {ns.command}: --plugin is taken by train, config and eval")
     if ns.command == "serve":
         return _serve(ns)
     if ns.command == "study":
@@ -124,7 +151,10 @@ def _main(argv: list[str]) -> int:
         return 0
 
     from teamrl.core.config import ConfigError, config_to_dict, load_config
+    from teamrl.core.registry import load_plugin
 
+    for plugin in plugins:  # before the config: its names must be registered when they are looked up
+        load_plugin(plugin)
     try:
         config, overrides = _split(ns.args)
         if config is None and getattr(ns, "checkpoint", None):
@@ -136,9 +166,15 @@ def _main(argv: list[str]) -> int:
     if ns.command == "config":
         import yaml
 
+        from teamrl.algorithms import make_algorithm
         from teamrl.tasks import make_task
 
-        make_task(cfg.task)  # the task's own options (and its data), as train checks them
+        task = make_task(cfg.task)
+        algorithm = make_algorithm(cfg, task)  # the task's and workflow's own names and options, as train checks them
+        if cfg.policy.roles:
+            from teamrl.policies.router import check_role_map
+
+            check_role_map(cfg.policy.roles, list(getattr(algorithm, "roles", None) or task.roles))
         print(yaml.safe_dump(config_to_dict(cfg), sort_keys=False), end="")
         return 0
     if ns.command == "eval":

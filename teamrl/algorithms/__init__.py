@@ -7,8 +7,8 @@ from teamrl.algorithms.grpo import GRPO
 from teamrl.algorithms.m_grpo import MGRPO, MGRPOSettings
 from teamrl.algorithms.magrpo import MAGRPO, MAGRPOSettings
 from teamrl.algorithms.workflow_grpo import WorkflowGRPO
-from teamrl.core.config import Config, ConfigError
-from teamrl.workflows import WorkflowSettings
+from teamrl.core.config import Config, ConfigError, build_dataclass
+from teamrl.workflows import WORKFLOWS, WorkflowSettings
 from teamrl.tasks.environment import Environment
 from teamrl.tasks.solve import SolveTask
 from teamrl.tasks.research import ResearchEnv
@@ -27,13 +27,20 @@ def make_algorithm(cfg: Config, task: Task | TeamTask | Environment | ResearchEn
         return MGRPO(MGRPOSettings(k=cfg.rollout.group_size, d_max=m.d_max, sub_agent=m.sub_agent, agents=m.agents,
                                    sub_reward=m.sub_reward, seed=cfg.seed))
     if cfg.workflow.name:
+        spec = WORKFLOWS.get_entry(cfg.workflow.name, "workflow.name")  # validated here: core names no workflow
         if not isinstance(task, SolveTask):
             raise ConfigError(f"workflow.name: {cfg.workflow.name!r} runs on a task with one verifiable answer "
                               f"(math.solve, code.solve); {task.name!r} is not one")
         w = cfg.workflow
-        return WorkflowGRPO(w.name, cfg.rollout.group_size,
-                            WorkflowSettings(max_iterations=w.max_iterations, num_generators=w.num_generators,
-                                             max_subtasks=w.max_subtasks), reward=w.reward)
+        if spec.options is not None:  # the workflow's own options, validated like a task's
+            settings = build_dataclass(spec.options, w.options, "workflow.options.")
+        elif w.options:
+            raise ConfigError(f"workflow.options: workflow {w.name!r} declares no options of its own; got {sorted(w.options)} "
+                              "(its settings are workflow.max_iterations, num_generators, max_subtasks)")
+        else:
+            settings = WorkflowSettings(max_iterations=w.max_iterations, num_generators=w.num_generators,
+                                        max_subtasks=w.max_subtasks)
+        return WorkflowGRPO(w.name, cfg.rollout.group_size, settings, reward=w.reward)
     if cfg.algorithm == "grpo":
         if not isinstance(task, Task):
             raise ConfigError(f"algorithm: grpo trains one agent but task {task.name!r} has roles {list(task.roles)}; use algorithm=magrpo")

@@ -6,10 +6,10 @@ The three places where algorithms differ:
 2. group key: (problem, role type, turn): a sample is compared with the samples of the same
    role type at the same step of the same problem's episodes (the three voting generators of
    G episodes form one group of 3G);
-3. reward assignment: the episode's final-outcome reward (1 correct, 0 not) for every sample,
-   or, with ``reward="per_role"``, a role's own reward where the workflow defines one
-   (evaluator: its verdict was right; aggregator: it picked a correct candidate; voting
-   generators: their own answer) and the outcome elsewhere.
+3. reward assignment: a registered reward (``teamrl.workflows.REWARDS``): ``outcome``, the
+   episode's final-outcome reward (1 correct, 0 not) for every sample, or ``per_role``, a role's
+   own reward where the workflow defines one (evaluator: its verdict was right; aggregator: it
+   picked a correct candidate; voting generators: their own answer) and the outcome elsewhere.
 
 ``metrics`` turns the last rollout's episode outcomes into the study's diagnostics.
 """
@@ -19,14 +19,14 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any, Awaitable, Callable, Hashable, Sequence
 
+from teamrl.core.config import InputError
 from teamrl.core.sample import Sample
 from teamrl.policies.router import role_type
 from teamrl.tasks.solve import SolveTask
 from teamrl.tasks.task import Problem
-from teamrl.workflows import WORKFLOWS, EpisodeOutcome, WorkflowSettings
+from teamrl.workflows import REWARDS, WORKFLOWS, EpisodeOutcome, Workflow, WorkflowSettings
 from teamrl.workflows.context import EpisodeContext
 
-REWARD_MODES = ("outcome", "per_role")
 ContextFactory = Callable[[Problem, int, dict], EpisodeContext]
 
 
@@ -36,10 +36,14 @@ def group_key(sample: Sample) -> Hashable:
 
 
 def assign_rewards(samples: Sequence[Sample], outcome: EpisodeOutcome, mode: str) -> None:
-    """The outcome reward for every sample; under ``per_role``, a sample's own reward where it has one."""
+    """Each sample's reward from the registered reward ``mode`` (``outcome``: the outcome reward for
+    every sample; ``per_role``: a sample's own reward where it has one)."""
+    reward = REWARDS.get_entry(mode, "workflow.reward")
     for s in samples:
-        own = s.tags.get("role_reward")
-        s.reward = float(own) if mode == "per_role" and own is not None else outcome.reward
+        value = reward(s, outcome)
+        if isinstance(value, (str, bytes)) or not hasattr(type(value), "__float__"):  # a user's reward: named, as a task's is
+            raise InputError(f"workflow.reward {mode!r}: returned {value!r} for a {s.role!r} sample; expected a number")
+        s.reward = float(value)
 
 
 class WorkflowGRPO:
@@ -48,13 +52,13 @@ class WorkflowGRPO:
     name = "grpo"
     group_key = staticmethod(group_key)
 
-    def __init__(self, workflow: str, group_size: int, settings: WorkflowSettings, reward: str = "outcome") -> None:
-        if workflow not in WORKFLOWS:
-            raise ValueError(f"workflow.name={workflow!r}: choose one of {sorted(WORKFLOWS)}")
-        if reward not in REWARD_MODES:
-            raise ValueError(f"workflow.reward={reward!r}: choose one of {list(REWARD_MODES)}")
+    def __init__(self, workflow: str, group_size: int, settings: Any, reward: str = "outcome") -> None:
+        """``workflow`` and ``reward``: registered names (or ``package.module:object``); ``settings``:
+        what the workflow's ``run`` receives (:class:`WorkflowSettings`, or its own options)."""
+        self.spec: Workflow = WORKFLOWS.get_entry(workflow, "workflow.name")
+        REWARDS.get_entry(reward, "workflow.reward")
         self.workflow = workflow
-        self.roles = WORKFLOWS[workflow].role_types
+        self.roles = self.spec.role_types
         self.group_size = group_size
         self.settings = settings
         self.reward_mode = reward
@@ -63,7 +67,7 @@ class WorkflowGRPO:
     def episodes(self, problems: Sequence[Problem], task: SolveTask, make_ctx: ContextFactory,
                  run: Callable[[list[Awaitable]], list], episodes_per_problem: int) -> tuple[list[EpisodeContext], list[EpisodeOutcome]]:
         """Run ``episodes_per_problem`` episodes of every problem together; (contexts, outcomes)."""
-        fn = WORKFLOWS[self.workflow].run
+        fn = self.spec.run
         ctxs = [make_ctx(p, e, {}) for p in problems for e in range(episodes_per_problem)]
         probs = [p for p in problems for _ in range(episodes_per_problem)]
         outcomes = run([fn(ctx, task, p, self.settings) for p, ctx in zip(probs, ctxs)])

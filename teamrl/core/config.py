@@ -66,6 +66,10 @@ class PolicyConfig:
     device: str = option("auto", doc="where the models live: auto (cuda when a GPU is visible, else cpu), cpu, cuda or cuda:N")
     dtype: str = option("auto", choices=("auto", "float32", "bfloat16", "float16"),
                         doc="model weights dtype; auto is bfloat16 on CUDA and float32 on CPU")
+    roles: dict[str, str] = option(factory=dict, doc="explicit role -> policy map, e.g. {critic: critic, critic2: critic} "
+                                                     "(lora_per_role / separate): every role must be listed, roles with one "
+                                                     "policy name share it; empty: a role's type is its name without a "
+                                                     "trailing number (generator0 -> generator) and each type has a policy")
 
 
 @dataclass
@@ -148,11 +152,14 @@ class ATGRPOConfig:
 
 @dataclass
 class WorkflowConfig:
-    name: str = option("", choices=("", "single", "eval_opt", "voting", "orch_workers"),
-                       doc="a study workflow on a math.solve / code.solve task; empty: the task's own roles")
-    reward: str = option("outcome", choices=("outcome", "per_role"),
-                         doc="outcome: every sample gets the final answer's correctness; per_role: evaluator, aggregator "
-                             "and voting generators get their own")
+    name: str = option("", doc="a registered workflow (teamrl.api.WORKFLOWS; yours with @register_workflow and --plugin) "
+                               "or package.module:object, on a task with one verifiable answer (a SolveTask); "
+                               "empty: the task's own roles")
+    reward: str = option("outcome", doc="a registered reward (teamrl.api.REWARDS): outcome (every sample gets the final "
+                                        "answer's correctness), per_role (a sample's own role_reward where the workflow "
+                                        "sets one), or yours (@register_reward)")
+    options: dict[str, Any] = option(factory=dict, doc="the options of a workflow that declares its own Options dataclass "
+                                                       "(validated against it)")
     max_iterations: int = option(0, ge=0, doc="Eval-Opt generator attempts; 0: 3 for math, 2 for code")
     num_generators: int = option(3, ge=2, doc="Voting generators")
     max_subtasks: int = option(3, ge=1, doc="Orch-Workers plan limit; a longer plan gets reward 0")
@@ -379,6 +386,14 @@ def validate(cfg: Config) -> None:
                           "without '/' (and not '.' or '..'), e.g. name=lr1e-4")
     if cfg.policy.mode == "lora_per_role" and cfg.policy.lora is None:
         raise ConfigError("policy.lora: lora_per_role needs LoRA settings, got null; use mode shared or separate for full weights")
+    if cfg.policy.roles:
+        if cfg.policy.mode == "shared":
+            raise ConfigError("policy.roles: mode shared has one policy for every role; give a role map with "
+                              "mode lora_per_role or separate")
+        bad = [f"{r}: {p!r}" for r, p in cfg.policy.roles.items() if not isinstance(p, str) or not p.isidentifier()]
+        if bad:
+            raise ConfigError(f"policy.roles: {bad[0]} is not a policy name; give each role a name such as critic "
+                              "(letters, digits, underscores)")
     if cfg.run.wandb:
         import importlib.util
 

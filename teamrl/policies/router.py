@@ -8,7 +8,7 @@ import re
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from teamrl.core.config import LoraConfig
+from teamrl.core.config import ConfigError, LoraConfig
 from teamrl.policies.models import load_model, resolve_device
 from teamrl.policies.policy import Policy
 
@@ -19,6 +19,14 @@ def role_type(role: str) -> str:
     """The type of a role instance: ``generator0`` -> ``generator`` (instances share a policy)."""
     base = re.sub(r"[_-]?\d+$", "", role)
     return base or role
+
+
+def check_role_map(role_map: dict[str, str], roles: list[str]) -> None:
+    """An explicit ``policy.roles`` map must list every role of the team (before any model loads)."""
+    missing = [r for r in roles if r not in role_map]
+    if missing:
+        raise ConfigError(f"policy.roles: roles {missing} have no policy; the team's roles are {list(roles)}, "
+                          f"the map lists {sorted(role_map)}")
 
 
 def _with_lora(model: torch.nn.Module, lora: LoraConfig, adapters: list[str]) -> torch.nn.Module:
@@ -39,11 +47,15 @@ class PolicyRouter:
     - ``lora_per_role``: one LoRA adapter per role type on one base model; the instances
       ``generator0..2`` share the ``generator`` adapter.
     - ``separate``: one model per role type (each with its own LoRA, or full weights).
+
+    ``role_map`` (``policy.roles``) replaces the default grouping by :func:`role_type`: each role
+    names its policy (``{critic: critic, critic2: critic}``); every role in ``roles`` must be
+    listed, and an instance ``generator0`` not listed itself uses its type's entry.
     """
 
     def __init__(self, mode: str, roles: list[str], model_name: str, lora: LoraConfig | None,
                  lr: float, weight_decay: float = 0.0, seed: int = 0, need_reference: bool = False,
-                 device: str = "cpu", dtype: str = "float32") -> None:
+                 device: str = "cpu", dtype: str = "float32", role_map: dict[str, str] | None = None) -> None:
         if mode not in POLICY_MODES:
             raise ValueError(f"policy mode {mode!r}: choose one of {list(POLICY_MODES)}")
         if not roles:
@@ -53,7 +65,12 @@ class PolicyRouter:
         self.mode = mode
         # "auto" picks CUDA + bf16 when a GPU is present; an explicit "cuda" without one fails here, naming it.
         self.device, self.dtype = resolve_device(device, dtype)
-        types = list(dict.fromkeys(role_type(r) for r in roles))
+        if role_map:
+            check_role_map(role_map, roles)
+        # role (type) -> policy name: the explicit map, else one policy per role type
+        route = dict(role_map) if role_map else {t: t for t in dict.fromkeys(role_type(r) for r in roles)}
+        if mode == "shared":
+            route = {t: "shared" for t in route}
         self.policies: dict[str, Policy] = {}
         self.tokenizer: PreTrainedTokenizerBase
 
@@ -67,20 +84,14 @@ class PolicyRouter:
             model = _with_lora(base, lora, names)
             return [Policy(n, model, n, lr, weight_decay) for n in names]
 
-        if mode == "shared":
-            built = build(["shared"])
-            self._route = {t: "shared" for t in types}
-        elif mode == "lora_per_role":
-            built = build(types)
-            self._route = {t: t for t in types}
-        else:
-            built = [p for t in types for p in build([t])]
-            self._route = {t: t for t in types}
+        names = list(dict.fromkeys(route.values()))
+        built = [p for n in names for p in build([n])] if mode == "separate" else build(names)
+        self._route = route
         self.policies = {p.name: p for p in built}
 
     def policy_name(self, role: str) -> str:
         """Name of the policy that acts for ``role`` (an instance name such as ``worker2`` is fine)."""
-        t = role_type(role)
+        t = role if role in self._route else role_type(role)
         if t not in self._route:
             raise KeyError(f"role {role!r} (type {t!r}) has no policy; known role types: {sorted(self._route)}")
         return self._route[t]

@@ -68,7 +68,8 @@ def evaluate(cfg: Config, methods: list[str], checkpoint: Path | None = None, li
     seed_everything(cfg.seed)
     roles = list(task.roles)
     router = PolicyRouter(cfg.policy.mode, roles, cfg.model, cfg.policy.lora, lr=cfg.train.lr, seed=cfg.seed,
-                          need_reference=cfg.policy.lora is None, device=cfg.policy.device, dtype=cfg.policy.dtype)
+                          need_reference=cfg.policy.lora is None, device=cfg.policy.device, dtype=cfg.policy.dtype,
+                          role_map=cfg.policy.roles)
     if checkpoint is not None:
         ckpts = list_checkpoints(Path(checkpoint) / "checkpoints")
         if not ckpts:

@@ -147,7 +147,8 @@ class Trainer:
         cfg = self.cfg
         self.router = PolicyRouter(cfg.policy.mode, self.roles, cfg.model, cfg.policy.lora,
                                    lr=cfg.train.lr, weight_decay=cfg.train.weight_decay, seed=cfg.seed,
-                                   need_reference=cfg.train.loss.kl_coef > 0, device=cfg.policy.device, dtype=cfg.policy.dtype)
+                                   need_reference=cfg.train.loss.kl_coef > 0, device=cfg.policy.device, dtype=cfg.policy.dtype,
+                                   role_map=cfg.policy.roles)
         self.tokenizer = self.router.tokenizer
         self.route = self.router.policy_name
 
