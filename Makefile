@@ -5,8 +5,8 @@
 #              train-step FLOP/s vs the measured matmul peak -> bench/RESULTS.md (= teamrl bench; ~25 min on 2 idle cores,
 #              most of it in CoMLRL, ~5-6 min per iteration; ARGS="--only b,c,d" skips it;
 #              CoMLRL and TRL get their own venvs under ~/.cache/teamrl/bench-venvs on first use)
-# make mutate - mutation testing of the training math (tools/mutants.py, ~90 mutants, each with its own small set of
-#              tests; ~25 min on 2 busy cores; not part of make test). ARGS="--only magrpo" runs a subset, ARGS="--check"
+# make mutate - mutation testing of the training math (tools/mutants.py, ~125 mutants, each with its own small set of
+#              tests; 12-25 min on 2 busy cores; not part of make test). ARGS="--only magrpo" runs a subset, ARGS="--check"
 #              only checks that every mutant's snippet still matches the code
 VENV ?= .venv
 PY := $(VENV)/bin/python

@@ -56,6 +56,23 @@ T_ENGINE = (SURV + "test_mixed_max_new_tokens_in_one_call_stop_each_row_at_its_o
             KILL + "test_engine_ignore_eos_and_tokens_beyond_the_first_block",
             KILL + "test_engine_logprobs_match_a_plain_forward_with_absolute_positions", "tests/test_engine.py")
 
+TASK = "teamrl/tasks/task.py"
+TRAINER = "teamrl/trainer/trainer.py"
+KILL2 = "tests/test_mutation_kills_more.py::"
+T_TRAJ = ("tests/test_mgrpo_groups.py",)
+T_MAGRPO_TERM = ("tests/test_magrpo_termination.py",
+                 SURV + "test_a_joint_action_exactly_at_the_termination_threshold_terminates")
+T_ATGRPO_NEW = T_ATGRPO + ("tests/test_repeated_problems.py", "tests/test_at_grpo_parallel.py")
+T_REPEATS = ("tests/test_repeated_problems.py",)
+T_OLD_LP = ("tests/test_update_old_logprobs.py", SURV + "test_update_computes_logprobs_at_the_sampling_temperature",
+            KILL2 + "test_old_logprobs_across_steps_are_taken_at_the_sampling_temperature",
+            KILL2 + "test_the_second_of_two_steps_clips_against_the_sampling_policy")
+T_NONFINITE = ("tests/test_nonfinite.py", KILL2 + "test_drop_group_returns_every_group_holding_a_non_finite_reward",
+               KILL2 + "test_a_non_finite_loss_skips_the_step_even_when_its_gradient_is_finite",
+               KILL2 + "test_a_non_finite_gradient_skips_the_step_even_when_the_loss_is_finite")
+T_KL_BC = ("tests/test_kl_and_aggregation_names.py",)
+T_TOP_P = ("tests/test_top_p_after_top_k.py", KILL + "test_engine_sampling_distribution")
+
 MUTANTS: list[Mutant] = [
     # --- losses/advantages.py -------------------------------------------------------------------
     Mutant("adv.biased_group_std", ADV, "std_g = (sq / (counts - 1).clamp(min=1)).sqrt()", "std_g = (sq / counts).sqrt()",
@@ -117,7 +134,8 @@ MUTANTS: list[Mutant] = [
            "is_eos = torch.isin(completion_ids, eos_tensor)", T_LOSS, "an EOS id at a padding position truncates"),
 
     # --- trainer/update.py ----------------------------------------------------------------------
-    Mutant("update.ignores_temperature", UPDATE, "temperature = samples[0].temperature or 1.0", "temperature = 1.0",
+    Mutant("update.ignores_temperature", UPDATE, "temperature = samples[0].temperature or 1.0\n    cfg = settings.loss",
+           "temperature = 1.0\n    cfg = settings.loss",
            T_UPDATE, "training log-probs ignore the sampling temperature (issue 20 survivor)"),
     Mutant("update.token_weight_per_micro_batch", UPDATE, "weight = (int(m.sum()) / total_tokens) if",
            "weight = (1 / len(parts)) if", T_UPDATE, "micro-batches weighted equally, not by tokens"),
@@ -207,10 +225,9 @@ MUTANTS: list[Mutant] = [
            "env.observe(state, role)", T_ATGRPO, "parallel agents see the turn's earlier actions (trajectory)"),
     Mutant("at_grpo.max_turns_ignored", ATGRPO, "return self.s.max_turns or env.max_turns", "return env.max_turns",
            T_ATGRPO, "at_grpo.max_turns ignored"),
-    Mutant("at_grpo.parallel_observes_state", ATGRPO, "ctx.generate_group(r, env.observe(base, r)",
-           "ctx.generate_group(r, env.observe(state, r)", T_ATGRPO, "parallel tree agents observe `state`",
-           equivalent="`state` is `base` until every group of the turn has been generated (asyncio.gather completes "
-                      "before the chosen actions are applied)"),
+    Mutant("at_grpo.parallel_observes_state", ATGRPO, "group = groups[i] if env.parallel else",
+           "group = groups[i] if False else", T_ATGRPO_NEW,
+           "parallel tree agents generate in turn, each observing the state after the earlier roles' actions"),
 
     # --- algorithms/m_grpo.py -------------------------------------------------------------------
     Mutant("m_grpo.validity_from_first_turn", MGRPO, 'valid = bool(samples[-1].tags.get("format_valid", False))',
@@ -251,8 +268,8 @@ MUTANTS: list[Mutant] = [
            "max_new_tokens off by one with mixed lengths (issue 20 survivor)"),
     Mutant("engine.top_k_keeps_one_more", ENGINE, "(rank >= k.unsqueeze(1))", "(rank > k.unsqueeze(1))",
            T_ENGINE, "top-k keeps k + 1 tokens"),
-    Mutant("engine.top_p_drops_crossing_token", ENGINE, "mass_before = (sorted_w.cumsum(-1) - sorted_w) /",
-           "mass_before = sorted_w.cumsum(-1) /", T_ENGINE, "top-p drops the token that crosses p"),
+    Mutant("engine.top_p_drops_crossing_token", ENGINE, "mass_before = (kept.cumsum(-1) - kept) /",
+           "mass_before = kept.cumsum(-1) /", T_ENGINE, "top-p drops the token that crosses p"),
     Mutant("engine.top_p_ignored_without_top_k", ENGINE, "filt = ((top_k > 0) & (top_k < V)) | (top_p < 1)",
            "filt = (top_k > 0) & (top_k < V)", T_ENGINE, "top-p only applied together with top-k"),
     Mutant("engine.logprob_unnormalised", ENGINE, "logp = scaled.gather(-1, tok.unsqueeze(1)) - peak - log_z",
@@ -277,4 +294,89 @@ MUTANTS: list[Mutant] = [
            T_ENGINE, "prefill groups split at exactly 5% padding",
            equivalent="prefill grouping only changes how the prompts' forward is split; the cache and logits are the "
                       "same (test_prefill_grouped_by_length_equals_one_padded_prefill)"),
+    # --- code added by issue 13's fixes -----------------------------------------------------------
+    # M-GRPO trajectory groups (losses/advantages.py)
+    Mutant("adv.trajectory_samples_weighted", ADV, "if len(units) == rewards.numel():", "if len(units) <= rewards.numel():",
+           T_TRAJ, "every sample counts in its group's statistics, not every trajectory once"),
+    Mutant("adv.trajectory_id_as_group", ADV, "group_advantages(rewards[first], units[:, 0], mode",
+           "group_advantages(rewards[first], units[:, 1], mode", T_TRAJ,
+           "trajectories grouped by their trajectory id instead of their group id"),
+    Mutant("adv.trajectory_rewards_unchecked", ADV, "if not bool(same.all()):", "if False:", T_TRAJ,
+           "turns of one trajectory with different rewards accepted (the first one's reward silently used)"),
+    Mutant("adv.trajectory_tag_ignored", ADV, '("tag", t["trajectory"]) if "trajectory" in t', '("tag", i) if "trajectory" in t',
+           T_TRAJ, "trajectory tags ignored: every sample its own trajectory"),
+    Mutant("adv.untagged_sample_joins_a_trajectory", ADV, 'else ("sample", i) for i, t', 'else ("tag", i) for i, t',
+           T_TRAJ, "an untagged sample i shares the trajectory tagged i"),
+    # MAGRPO: a terminated success is credited for every remaining turn
+    Mutant("magrpo.terminated_own_turn_not_counted", MAGRPO, "left = self.s.num_turns - turn\n",
+           "left = self.s.num_turns - turn - 1\n", T_MAGRPO_TERM, "a terminated action credited one turn short"),
+    Mutant("magrpo.terminated_undiscounted", MAGRPO, "return reward * sum(gamma ** k for k in range(remaining_turns))",
+           "return reward * remaining_turns", T_MAGRPO_TERM, "remaining turns of a terminated action not discounted"),
+    Mutant("magrpo.terminated_discount_from_one", MAGRPO, "sum(gamma ** k for k in range(remaining_turns))",
+           "sum(gamma ** k for k in range(1, remaining_turns + 1))", T_MAGRPO_TERM,
+           "a terminated action's own turn discounted by gamma"),
+    Mutant("magrpo.terminated_reward_once", MAGRPO, "returns = [terminated_return(r, left, self.s.gamma) if t",
+           "returns = [r if t", T_MAGRPO_TERM, "a terminated action credited with its own reward only (the old behaviour)"),
+    Mutant("magrpo.repeated_problem_one_instance", MAGRPO, "ctxs = [make_ctx(inst, 0, {}) for inst in batch_instances(problems)]",
+           "ctxs = [make_ctx(inst, 0, {}) for inst in problems]", T_REPEATS + T_MAGRPO,
+           "a problem drawn twice in a batch shares its groups"),
+    # AT-GRPO: scoring on the post-action state, unused candidates, repeated problems
+    Mutant("at_grpo.unused_candidates_of_the_stopping_role", ATGRPO, "for s in (s for g in groups[i:] for s in g):",
+           "for s in (s for g in groups[i + 1:] for s in g):", T_ATGRPO_NEW,
+           "the first role whose turn never came keeps unscored candidates"),
+    Mutant("at_grpo.unused_candidates_trained", ATGRPO, "s.tags.update(no_update=True, unused=True)",
+           "s.tags.update(unused=True)", T_ATGRPO_NEW, "candidates that never acted are trained with reward 0"),
+    Mutant("at_grpo.tree_repeated_problem_one_instance", ATGRPO,
+           'ctxs = [make_ctx(inst, 0, {"grouping": "tree"}) for inst in instances]',
+           'ctxs = [make_ctx(inst, 0, {"grouping": "tree"}) for inst in problems]', T_ATGRPO_NEW,
+           "tree grouping: a problem drawn twice shares its groups"),
+    Mutant("at_grpo.trajectory_repeated_problem_one_instance", ATGRPO, 'jobs = [(p, make_ctx(inst, e, {"grouping": "trajectory"}))',
+           'jobs = [(p, make_ctx(p, e, {"grouping": "trajectory"}))', T_ATGRPO_NEW,
+           "trajectory grouping: a problem drawn twice shares its groups"),
+    # M-GRPO trajectory tags
+    Mutant("m_grpo.sub_slots_one_trajectory", MGRPO, 't.tags["trajectory"] = (eps[rollout], slot)',
+           't.tags["trajectory"] = eps[rollout]', T_MGRPO + T_TRAJ, "all sub slots of a rollout counted as one trajectory"),
+    Mutant("m_grpo.main_turns_untagged", MGRPO, 's.tags["trajectory"] = ctx.episode  #', 's.tags["turns"] = ctx.episode  #',
+           T_MGRPO + T_TRAJ, "a rollout's main turns each count in the group statistics"),
+    # tasks/task.py: batch_instances
+    Mutant("task.third_copy_reuses_second_id", TASK, "seen[p.id] = n + 1", "seen[p.id] = n", T_REPEATS,
+           "the next copy of a problem starts its search at the last copy's id",
+           equivalent="the last copy's id is in `taken`, so the `while` loop steps past it to the same id as the "
+                      "original (one more loop iteration, same ids)"),
+    Mutant("task.copy_ids_from_one", TASK, "seen[p.id] = 2  #", "seen[p.id] = 1  #", T_REPEATS,
+           "copies numbered from #1"),
+    Mutant("task.copy_id_collision_unchecked", TASK, 'while f"{p.id}#{n}" in taken:', 'while False:', T_REPEATS,
+           "a copy may take the id of another problem of the batch (e.g. a problem named 'x#2')"),
+    # trainer/update.py: old log-probs across steps, non-finite handling
+    Mutant("update.old_logprobs_ignore_temperature", UPDATE, "temperature = samples[0].temperature or 1.0\n    dev = ",
+           "temperature = 1.0\n    dev = ", T_OLD_LP, "old log-probs across steps computed at temperature 1"),
+    Mutant("update.two_steps_without_old_logprobs", UPDATE, "if len(parts) < 2:", "if len(parts) < 3:", T_OLD_LP,
+           "with two steps the second one clips against the moved policy"),
+    Mutant("update.steps_old_logprobs_dropped", UPDATE, "eos_ids, old_logprobs=o) for p, o in zip(parts, old)]",
+           "eos_ids, old_logprobs=None) for p, o in zip(parts, old)]", T_OLD_LP,
+           "old log-probs computed but not passed to the steps"),
+    Mutant("update.given_old_logprobs_ignored", UPDATE, "if given_old:", "if False:", T_OLD_LP,
+           "update_policy ignores the old log-probs it is given"),
+    Mutant("update.inf_reward_accepted", UPDATE, "not math.isfinite(s.reward)]", "math.isnan(s.reward)]", T_NONFINITE,
+           "an infinite reward passes the check"),
+    Mutant("update.drop_only_first_group", UPDATE, "return {s.group for s in bad}", "return {s.group for s in bad[:1]}",
+           T_NONFINITE, "drop_group drops only the first group holding a NaN/inf reward"),
+    Mutant("update.nonfinite_loss_not_checked", UPDATE, 'losses_finite = losses_finite and math.isfinite(st["loss"])',
+           "losses_finite = True", T_NONFINITE, "a non-finite loss is stepped on when its gradient norm is finite"),
+    Mutant("update.nonfinite_grad_not_checked", UPDATE, "if not (losses_finite and math.isfinite(grad_norm)):",
+           "if not losses_finite:", T_NONFINITE, "a non-finite gradient with a finite loss is stepped on"),
+    Mutant("trainer.dropped_groups_trained", TRAINER, "train = [s for s in train if s.group not in dropped]",
+           "train = [s for s in train if s.group is not dropped]", T_NONFINITE, "drop_group leaves the groups in"),
+    # losses/policy_loss.py: bias-corrected KL
+    Mutant("loss.kl_bias_ratio_detached", LOSS, "kl_t = kl_t * ratio\n", "kl_t = kl_t * ratio.detach()\n", T_KL_BC,
+           "the bias-corrected KL's ratio carries no gradient"),
+    Mutant("loss.kl_bias_ratio_clipped", LOSS, "kl_t = kl_t * ratio\n", "kl_t = kl_t * clipped_ratio\n", T_KL_BC,
+           "the bias-corrected KL uses the clipped ratio"),
+    Mutant("loss.kl_bias_always", LOSS, "if cfg.kl_bias_correction:", "if True:", T_KL_BC,
+           "KL bias correction applied whatever the option"),
+    # rollout/hf_engine.py: top-p after top-k
+    Mutant("engine.top_p_before_top_k", ENGINE, "kept = sorted_w.masked_fill(drop, 0.0)", "kept = sorted_w", T_TOP_P,
+           "top-p measured on the full distribution, not the top-k-renormalised one"),
+    Mutant("engine.top_p_mass_of_full_distribution", ENGINE, "/ kept.sum(-1, keepdim=True)", "/ sorted_w.sum(-1, keepdim=True)",
+           T_TOP_P, "top-p mass normalised by the full distribution's mass"),
 ]

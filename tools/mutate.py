@@ -10,7 +10,7 @@ Why not mutmut or cosmic-ray (both on PyPI): they generate every operator mutati
 per line (on the order of a thousand over these ~1,900 lines, an estimate; many in error messages),
 and cannot tell which few tests cover a mutant without a coverage run of the suite first; at the
 5-20 s that one mutant's small test selection takes here on 2 shared cores, that is hours. A list
-of ~90 realistic mutants, each with its own small test selection, runs in about 20 minutes and says
+of ~125 realistic mutants, each with its own small test selection, runs in 12-25 minutes and says
 which behaviour a surviving mutant changes. Test runs fork from a server that has imported torch
 and transformers once (:class:`ForkingRunner`), saving that import per mutant.
 
