@@ -22,6 +22,7 @@ MAGRPO = "teamrl/algorithms/magrpo.py"
 ATGRPO = "teamrl/algorithms/at_grpo.py"
 MGRPO = "teamrl/algorithms/m_grpo.py"
 WORKFLOW = "teamrl/algorithms/workflow_grpo.py"
+REWARDS = "teamrl/workflows/__init__.py"  # the registered workflow rewards
 ENGINE = "teamrl/rollout/hf_engine.py"
 
 T_ADV = ("tests/test_losses.py",)
@@ -253,10 +254,11 @@ MUTANTS: list[Mutant] = [
                       "RNG stream (which later random draws are made) differs, not their distribution"),
 
     # --- algorithms/workflow_grpo.py ------------------------------------------------------------
-    Mutant("workflow.role_reward_in_outcome_mode", WORKFLOW, 'if mode == "per_role" and own is not None', "if own is not None",
+    Mutant("workflow.role_reward_in_outcome_mode", REWARDS, '(1 or 0)."""\n    return outcome.reward',
+           '(1 or 0)."""\n    return sample.tags.get("role_reward", outcome.reward)',
            T_WORKFLOW, "per-role reward used in outcome mode (issue 20 survivor)"),
-    Mutant("workflow.role_reward_ignored", WORKFLOW, 'if mode == "per_role" and own is not None',
-           'if mode == "per_role" and own is None', T_WORKFLOW, "per_role mode never uses the role's reward"),
+    Mutant("workflow.role_reward_ignored", REWARDS, "return float(own) if own is not None else outcome.reward",
+           "return outcome.reward", T_WORKFLOW, "per_role mode never uses the role's reward"),
     Mutant("workflow.key_by_instance", WORKFLOW, "return (sample.problem_id, role_type(sample.role), sample.turn)",
            "return (sample.problem_id, sample.role, sample.turn)", T_WORKFLOW, "generator instances not pooled"),
     Mutant("workflow.key_without_turn", WORKFLOW, "return (sample.problem_id, role_type(sample.role), sample.turn)",
