@@ -19,6 +19,7 @@ from teamrl.core.metrics import MetricsSink, read_metrics
 from teamrl.core.sample import Sample
 from teamrl.core.seeding import derive_seed, seed_everything
 from teamrl.losses import group_advantages, group_ids_from_keys
+from teamrl.policies.multi_lora import SharedBaseAdapters
 from teamrl.policies.router import PolicyRouter, role_type
 from teamrl.rollout.engine import Engine, SamplingParams
 from teamrl.rollout.hf_engine import HFEngine
@@ -104,7 +105,9 @@ class Trainer:
     def _make_engine(self) -> Engine:
         """The in-process engine, or (``rollout.engine=http``) a client of a ``teamrl serve`` / vLLM / SGLang server."""
         if self.cfg.rollout.engine == "hf":
-            return HFEngine(lambda name: self.router.policies[name].generation_model(), self.tokenizer, device=self.router.device)
+            # LoRA policies on one base decode together through it, each row with its own adapter (no merged copies)
+            return HFEngine(lambda name: self.router.policies[name].generation_model(), self.tokenizer, device=self.router.device,
+                            row_models=SharedBaseAdapters(self.router.policies))
         from teamrl.rollout.http_engine import HTTPEngine
 
         adapter_dir = (Path(self.cfg.rollout.adapter_dir) if self.cfg.rollout.adapter_dir else self.run_dir / "served_adapters").resolve()
