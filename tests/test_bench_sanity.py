@@ -29,7 +29,7 @@ def test_sane_output_passes_and_the_comlrl_prompt_length_defect_fails():
     broken = _sanity(non_empty=0, mean_tokens=0.0, rewards=[0.0] * 8, completion_only_loss=False, prompts_with_pad=4)
     verdict = a.sanity_verdict(broken, 32)
     assert verdict.startswith("FAILED")
-    for part in ("16/16 completions empty", "not 32", "every reward equal", "4 prompts hold the pad token"):
+    for part in ("16/16 completions empty", "not 32", "4 prompts hold the pad token", "(all equal)"):
         assert part in verdict, verdict
 
 
