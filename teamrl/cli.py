@@ -76,6 +76,10 @@ def main(argv: list[str] | None = None) -> int:
     p_serve.add_argument("--verbose", action="store_true", help="log every request")
     sub.add_parser("bench", help="benchmarks vs CoMLRL, TRL and model.generate -> bench/RESULTS.md (options: teamrl bench --help)")
     ns = parser.parse_args(argv)
+    if ns.command in ("train", "eval", "study"):
+        from teamrl.core.memory import return_freed_memory_to_os
+
+        return_freed_memory_to_os()  # RSS follows the activations in use, not their high-water mark plus fragments
     if ns.command == "serve":
         return _serve(ns)
     if ns.command == "study":
