@@ -38,7 +38,8 @@ seen: list[tuple[str, int, float]] = []  # (completion text, its token count, re
 def reward(completions, problem_id, completion_ids=None, **kwargs):
     """teamrl's reward of each completion."""
     values = [task.reward(problems[pid], text) for pid, text in zip(problem_id, completions)]
-    counts = [len(c) for c in completion_ids] if completion_ids is not None else [-1] * len(completions)
+    counts = ([len(c) for c in completion_ids] if completion_ids is not None  # else re-tokenise the text
+              else [len(tok(text, add_special_tokens=False)["input_ids"]) for text in completions])
     seen.extend(zip(completions, counts, values))
     return values
 
