@@ -2,8 +2,9 @@
 #              SmolLM2-135M, evaluate it against the prompt baselines and write the report (<= 15 min on 2 CPU cores)
 # make test  - set up .venv if missing, then run the test suite
 # make bench - side by side, as ratios: MAGRPO iteration vs CoMLRL, GRPO step vs TRL, rollout vs model.generate,
-#              train-step FLOP/s vs the measured matmul peak -> bench/RESULTS.md (= teamrl bench; ~25 min on 2 idle cores,
-#              most of it in CoMLRL, ~5-6 min per iteration; ARGS="--only b,c,d" skips it;
+#              train-step FLOP/s vs the measured matmul peak, two-agent rollout in one batch vs two decodes
+#              -> bench/RESULTS.md (= teamrl bench; about an hour on 2 idle cores, most of it in CoMLRL: 2 token lengths
+#              x 3 alternating rounds x (warm-up + 1 timed) iterations of ~2-4 min; ARGS="--only b,c,d,e" skips it;
 #              CoMLRL and TRL get their own venvs under ~/.cache/teamrl/bench-venvs on first use)
 # make mutate - mutation testing of the training math (tools/mutants.py, ~125 mutants, each with its own small set of
 #              tests; 12-25 min on 2 busy cores; not part of make test). ARGS="--only magrpo" runs a subset, ARGS="--check"

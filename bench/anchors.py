@@ -7,7 +7,9 @@ Measures, each as a ratio within one run, on the embedded SmolLM2-135M-Instruct 
 (b) one single-agent GRPO step vs TRL's ``GRPOTrainer``: task word_count, G=4, 2 prompts per
     step, the same prompts and reward, 64 new tokens;
 (c) rollout tokens/s vs plain ``model.generate`` at batch 32 x 64 tokens (``bench/core_bench.py``);
-(d) FLOP/s of a LoRA train step vs this machine's fp32 matmul peak, measured in the same run.
+(d) FLOP/s of a LoRA train step vs this machine's fp32 matmul peak, measured in the same run;
+(e) a two-agent rollout (2 x 16 rows x 64 tokens) with both LoRA adapters in one batch through the
+    shared base vs two separate decodes from merged copies (``bench/multi_adapter_bench.py``).
 
 Every generation is forced to its full length on both sides (teamrl ``ignore_eos``, the others
 ``min_new_tokens``), so both sides generate exactly the same number of tokens. Both sides use
@@ -17,10 +19,12 @@ CoMLRL and TRL run in their own virtual environments (created on first use under
 ``~/.cache/teamrl/bench-venvs``, pinned to this repo's torch/transformers/peft by
 ``constraints.txt``) through small drivers in ``bench/anchor_drivers/`` that use only their
 public APIs. Every measurement runs in its own subprocess, one at a time (two processes on
-two cores slow each other 4-20x), alternating teamrl and the anchor; each process warms up
-once and reports the median of ``--steps`` timed iterations.
+two cores slow each other 4-20x), alternating teamrl and the anchor for ``--rounds`` rounds; each
+process warms up once and times ``--steps`` iterations; the table gives medians and the spread.
+Before a side's timings count, its output is checked (printed beside them): the texts its reward
+function scored are non-empty completions of the forced length, and its loss covers completion tokens only.
 
-Usage: python bench/anchors.py [--out bench/RESULTS.md] [--steps 2] [--rounds 1] [--only a,b,c,d]
+Usage: python bench/anchors.py [--out bench/RESULTS.md] [--steps 1] [--rounds 3] [--only a,b,c,d,e]
 """
 
 from __future__ import annotations
@@ -174,41 +178,95 @@ def teamrl_iterations(spec_path: str, out_path: str, kind: str) -> None:
             batches = [[by_id[b["problem_id"]] for b in it] for it in spec["iterations"]]
         else:
             batches = [[by_id[pid] for pid, _ in it] for it in spec["iterations"]]
-        times, records = [], []
+        times, records, seen = [], [], []
+        rollout = trainer._rollout
+        trainer._rollout = lambda *a: seen.append(rollout(*a)) or seen[-1]  # the samples, for the sanity check
         for batch in batches:
             trainer._next_problems = lambda batch=batch: list(batch)
             t0 = time.perf_counter()
             rec = trainer.train_step()
             times.append(time.perf_counter() - t0)
-            records.append({k: rec[k] for k in ("rollout_s", "update_s")})
-    out = {"times": times[1:], "warmup_s": times[0], "phases": records[1:], "threads": torch.get_num_threads(),
+            records.append(rec)
+    samples = [s for step in seen[1:] for s in step]
+    sanity = {"completions": len(samples), "non_empty": sum(bool(s.text.strip()) for s in samples),
+              "mean_tokens": sum(len(s.completion_ids) for s in samples) / max(1, len(samples)),
+              "rewards": [s.reward for s in samples],
+              # the update's loss mask counts completion tokens only (tokens/<policy>); compare with those generated
+              "loss_tokens": sum(v for r in records[1:] for k, v in r.items() if k.startswith("tokens/")),
+              "generated_tokens": sum(len(s.completion_ids) for s in samples), "completion_only_loss": True}
+    out = {"times": times[1:], "warmup_s": times[0], "sanity": sanity,
+           "phases": [{k: r[k] for k in ("rollout_s", "update_s")} for r in records[1:]], "threads": torch.get_num_threads(),
            "versions": {"torch": torch.__version__, "transformers": transformers.__version__, "peft": peft.__version__}}
     Path(out_path).write_text(json.dumps(out))
 
 
 # ---- the comparisons -------------------------------------------------------------------------
-def compare(kind: str, T: int, steps: int, rounds: int, threads: int, anchor_steps: int = 1,
-            anchor_warmup: bool = False) -> dict:
-    """teamrl vs the anchor on one workload: ``rounds`` alternations of one process each."""
+def compare(kind: str, T: int, steps: int, rounds: int, threads: int) -> dict:
+    """teamrl vs the anchor on one workload: ``rounds`` alternations of one process per side, each
+    process warming up once and timing ``steps`` iterations on the same problems."""
     anchor = "comlrl" if kind == "magrpo" else "trl"
     py = ensure_venv(anchor)
     driver = DRIVERS / ("comlrl_magrpo.py" if kind == "magrpo" else "trl_grpo.py")
     spec = (magrpo_spec if kind == "magrpo" else grpo_spec)(T, steps, threads)
-    spec["anchor_warmup"], spec["anchor_steps"] = anchor_warmup, anchor_steps  # read by the CoMLRL driver only
-    ours, theirs = [], []
+    ours, theirs, our_sanity, their_sanity, phases = [], [], [], [], []
     with tempfile.TemporaryDirectory() as d:
         path = _write_spec(d, spec)
         for _ in range(rounds):
             r = _run([sys.executable, str(Path(__file__)), "--_teamrl", kind, path], threads)
             ours += r["times"]
-            print(f"[bench] {kind} T={T} teamrl: {['%.1f' % t for t in r['times']]} s", flush=True)
+            phases += r["phases"]
+            our_sanity.append(r["sanity"])
+            print(f"[bench] {kind} T={T} teamrl: {['%.1f' % t for t in r['times']]} s; sanity: {sanity_verdict(r['sanity'], T)}", flush=True)
             a = _run([str(py), str(driver), path], threads)
             theirs += a["times"]
-            print(f"[bench] {kind} T={T} {anchor}: {['%.1f' % t for t in a['times']]} s", flush=True)
+            their_sanity.append(a["sanity"])
+            print(f"[bench] {kind} T={T} {anchor}: {['%.1f' % t for t in a['times']]} s; sanity: {sanity_verdict(a['sanity'], T)}", flush=True)
     tokens = len(spec["iterations"][0]) * G * T * (2 if kind == "magrpo" else 1)
     return {"kind": kind, "anchor": anchor, "T": T, "teamrl_s": statistics.median(ours), "anchor_s": statistics.median(theirs),
-            "teamrl_all": ours, "anchor_all": theirs, "tokens": tokens, "teamrl_phases": r.get("phases"),
+            "teamrl_all": ours, "anchor_all": theirs, "tokens": tokens, "teamrl_phases": phases,
+            "teamrl_sanity": merge_sanity(our_sanity), "anchor_sanity": merge_sanity(their_sanity),
             "teamrl_versions": r["versions"], "anchor_versions": a["versions"], "prompt_tokens": a.get("prompt_tokens")}
+
+
+def merge_sanity(parts: list[dict]) -> dict:
+    """The sanity records of several processes as one (counts add up, flags must hold in all)."""
+    out = {"completions": sum(p["completions"] for p in parts), "non_empty": sum(p["non_empty"] for p in parts),
+           "mean_tokens": sum(p["mean_tokens"] * p["completions"] for p in parts) / max(1, sum(p["completions"] for p in parts)),
+           "rewards": [x for p in parts for x in p["rewards"]],
+           "completion_only_loss": all(p.get("completion_only_loss") for p in parts)}
+    for key in ("prompts_with_pad", "loss_tokens", "generated_tokens"):
+        if all(key in p for p in parts):
+            out[key] = sum(p[key] for p in parts)
+    return out
+
+
+def sanity_verdict(s: dict, T: int) -> str:
+    """One line: whether a side produced sane output (the texts its reward function scored are non-empty
+    completions of the forced length; its loss covers completion tokens only), and the figures."""
+    bad = []
+    if s["non_empty"] < s["completions"] or not s["completions"]:
+        bad.append(f"{s['completions'] - s['non_empty']}/{s['completions']} completions empty")
+    if abs(s["mean_tokens"] - T) > 0.1 * T:
+        bad.append(f"mean completion {s['mean_tokens']:.1f} tokens, not {T}")
+    rewards = s["rewards"]  # computed on exactly the completions checked here (the texts the reward function saw)
+    if not s["completion_only_loss"]:
+        bad.append("loss not over completion tokens only" + (f" ({s['prompts_with_pad']} prompts hold the pad token)"
+                                                             if s.get("prompts_with_pad") else ""))
+    figures = (f"{s['non_empty']}/{s['completions']} non-empty, {s['mean_tokens']:.1f} tokens each, "
+               f"rewards {min(rewards, default=0):.2f}..{max(rewards, default=0):.2f}" + (" (all equal)" if len(set(rewards)) < 2 else "")
+               + (f", loss on {s['loss_tokens']:.0f} of {s['generated_tokens']} generated tokens" if "loss_tokens" in s else ""))
+    return ("ok: " if not bad else "FAILED: " + "; ".join(bad) + "; ") + figures
+
+
+def spread(xs: list[float]) -> str:
+    """``min-max (n=k)`` of a list of timings."""
+    return f"{min(xs):.1f}-{max(xs):.1f} s, n={len(xs)}"
+
+
+def two_agent_rollout(threads: int, repeats: int) -> dict:
+    """(e): ``bench/multi_adapter_bench.py`` in a subprocess (one batch vs two decodes, alternating)."""
+    return _run([sys.executable, str(REPO / "bench" / "multi_adapter_bench.py"), "--threads", str(threads),
+                 "--repeats", str(repeats), "--problems", "4", "--group", "4", "--tokens", "64", "--json"], threads)
 
 
 def core(threads: int, repeats: int) -> dict:
@@ -227,7 +285,7 @@ def _cpu_name() -> str:
     return platform.processor() or "unknown"
 
 
-TARGETS = {"magrpo": 5.0, "grpo": 1.5, "rollout": 2.0, "mfu": 0.5}
+TARGETS = {"magrpo": 5.0, "grpo": 1.5, "rollout": 2.0, "mfu": 0.5, "two_agent": 1.8}
 
 
 def render(results: dict, args) -> str:
@@ -247,10 +305,13 @@ def render(results: dict, args) -> str:
              "", "Versions: " + ", ".join(f"{k} {v}" for k, v in sorted(vers.items())) + ".",
              f"Model: embedded SmolLM2-135M-Instruct; LoRA r={LORA['r']}, alpha={LORA['alpha']:g} on all linear layers; "
              f"temperature 1, no top-k/top-p; every generation forced to its full length on both sides. "
-             f"Each figure: median of {args.steps} timed iterations per process after one warm-up (CoMLRL: "
-             f"{min(args.comlrl_steps, args.steps)} timed iteration(s), {'after' if args.comlrl_warmup else 'without'} a warm-up, "
-             f"on the same problems as teamrl's first timed ones), x {args.rounds} alternating process round(s).", "",
-             "| measure | teamrl | other | ratio (teamrl speed-up) | target |", "|---|---|---|---|---|"]
+             f"(a), (b): {args.rounds} alternating process rounds (teamrl, anchor, teamrl, ...), each process warming up "
+             f"once and timing {args.steps} iteration(s) on the same problems; figures are medians, spread min-max; the "
+             f"ratio's range is worst (slowest teamrl vs fastest anchor) to best. CoMLRL's tokenizer pad token is "
+             f"`<|endoftext|>` (SmolLM2's own, `<|im_end|>`, occurs in every chat prompt and triggers CoMLRL's prompt-length "
+             f"defect). Sanity: each side's completions, rewards and loss checked before its timing is taken as valid.", "",
+             "| measure | teamrl | other | ratio (teamrl speed-up) | target | sanity (teamrl / other) |",
+             "|---|---|---|---|---|---|"]
     for r in results.get("anchors", []):
         ratio = r["anchor_s"] / r["teamrl_s"]
         if r["kind"] == "magrpo":
@@ -259,19 +320,29 @@ def render(results: dict, args) -> str:
         else:
             what = f"(b) GRPO step vs TRL {r['anchor_versions'].get('trl', '')} GRPOTrainer: word_count, G={G}, {PROBLEMS_PER_ITERATION} prompts, {r['T']} new tokens ({r['tokens']} generated per side)"
             tgt = TARGETS["grpo"]
-        lines.append(f"| {what} | {r['teamrl_s']:.1f} s | {r['anchor_s']:.1f} s | {ratio:.2f}x | {met(ratio, tgt)} |")
+        worst, best = min(r["anchor_all"]) / max(r["teamrl_all"]), max(r["anchor_all"]) / min(r["teamrl_all"])
+        sane = [sanity_verdict(r[k], r["T"]).split(":")[0] for k in ("teamrl_sanity", "anchor_sanity")]
+        lines.append(f"| {what} | {r['teamrl_s']:.1f} s ({spread(r['teamrl_all'])}) | {r['anchor_s']:.1f} s ({spread(r['anchor_all'])}) "
+                     f"| {ratio:.2f}x ({worst:.2f}-{best:.2f}x) | {met(ratio, tgt)}; worst {met(worst, tgt)} | {sane[0]} / {sane[1]} |")
     c = results.get("core")
     if c:
         for label, key in (("to EOS", "eos"), ("fixed 64", "fixed")):
             x = c["rollout"][key]
             ratio = x["teamrl_tps"] / x["generate_tps"]
             lines.append(f"| (c) rollout tokens/s vs model.generate, batch 32 x 64, {label} | {x['teamrl_tps']:.0f} tok/s | "
-                         f"{x['generate_tps']:.0f} tok/s | {ratio:.2f}x | {met(ratio, TARGETS['rollout'])} |")
+                         f"{x['generate_tps']:.0f} tok/s | {ratio:.2f}x | {met(ratio, TARGETS['rollout'])} | |")
         t = c["train"]
         lines.append(f"| (d) LoRA train step, {t['sequences']} x {t['tokens_per_sequence']} tokens: achieved FLOP/s vs fp32 matmul peak "
                      f"({c['peak']['size']}^3 torch.mm) | {t['gflops']:.0f} GFLOP/s ({t['seconds']:.2f} s) | "
                      f"{c['peak']['gflops']:.0f} GFLOP/s | {t['gflops'] / c['peak']['gflops']:.0%} of peak | "
-                     f"{met(t['gflops'] / c['peak']['gflops'], TARGETS['mfu']).replace('>= 0.5', '>= 50%').replace('target 0.5', 'target 50%')} |")
+                     f"{met(t['gflops'] / c['peak']['gflops'], TARGETS['mfu']).replace('>= 0.5', '>= 50%').replace('target 0.5', 'target 50%')} | |")
+    e = results.get("two_agent")
+    if e:
+        lines.append(f"| (e) two-agent rollout, both LoRA adapters in one batch through the shared base vs two separate decodes "
+                     f"(merged copies), writing.tldr, 2 x {e['rows'] // 2} rows x {e['tokens']} tokens | {e['median']['joint']:.1f} s "
+                     f"({spread(e['times']['joint'])}) | {e['median']['separate']:.1f} s ({spread(e['times']['separate'])}) | "
+                     f"{e['speedup']:.2f}x ({min(e['pair_ratios']):.2f}-{max(e['pair_ratios']):.2f}x) | {met(e['speedup'], TARGETS['two_agent'])} | |")
+    if c:
         lines += ["", f"(d) counts {t['formula']}."]
     detail = []
     for r in results.get("anchors", []):
@@ -279,6 +350,9 @@ def render(results: dict, args) -> str:
                       f"{r['anchor']} {', '.join('%.1f' % x for x in r['anchor_all'])} s"
                       + (f"; teamrl rollout/update split {', '.join('%.1f/%.1f' % (p['rollout_s'], p['update_s']) for p in r['teamrl_phases'])} s"
                          if r.get("teamrl_phases") else ""))
+    for r in results.get("anchors", []):
+        detail.append(f"- sanity {r['kind']} T={r['T']}: teamrl {sanity_verdict(r['teamrl_sanity'], r['T'])}; "
+                      f"{r['anchor']} {sanity_verdict(r['anchor_sanity'], r['T'])}")
     if detail:
         lines += ["", "Every timed iteration:", ""] + detail
     return "\n".join(lines) + "\n"
@@ -305,15 +379,14 @@ def write_results(section: str, out: Path, stamp: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=str(REPO / "bench" / "RESULTS.md"), help="markdown file to put the results table in ('' to skip)")
-    ap.add_argument("--steps", type=int, default=2, help="timed iterations per process (median)")
-    ap.add_argument("--rounds", type=int, default=1, help="alternating teamrl/anchor process rounds")
+    ap.add_argument("--steps", type=int, default=1, help="timed iterations per process, after its warm-up")
+    ap.add_argument("--rounds", type=int, default=3, help="alternating teamrl/anchor process rounds (timed iterations per "
+                    "side: rounds x steps; medians over them)")
     ap.add_argument("--threads", type=int, default=0, help="torch threads on both sides (0: all cores)")
     ap.add_argument("--magrpo-tokens", type=int, nargs="+", default=[32, 64])
     ap.add_argument("--grpo-tokens", type=int, nargs="+", default=[64])
-    ap.add_argument("--comlrl-steps", type=int, default=1, help="timed CoMLRL iterations per process (each takes minutes)")
-    ap.add_argument("--comlrl-warmup", action="store_true", help="warm CoMLRL up with one iteration first (default: no; "
-                    "its one-time costs are a few seconds of a minutes-long iteration)")
-    ap.add_argument("--only", default="a,b,c,d", help="comma-separated subset of a,b,c,d (c and d run together; order run: c/d, b, a)")
+    ap.add_argument("--only", default="a,b,c,d,e", help="comma-separated subset of a,b,c,d,e (c and d run together; "
+                    "order run: c/d, e, b, a)")
     ap.add_argument("--_teamrl", nargs=3, metavar=("KIND", "SPEC", "OUT"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args._teamrl:
@@ -337,14 +410,17 @@ def main(argv: list[str] | None = None) -> int:
         results["core"] = core(args.threads, repeats=3)
         print(f"[bench] core: {json.dumps(results['core'])}", flush=True)
         publish()
+    if "e" in parts:
+        results["two_agent"] = two_agent_rollout(args.threads, repeats=3)
+        print(f"[bench] two-agent rollout: {json.dumps(results['two_agent'])}", flush=True)
+        publish()
     if "b" in parts:
         for T in args.grpo_tokens:
             results["anchors"].append(compare("grpo", T, args.steps, args.rounds, args.threads))
             publish()
     if "a" in parts:
         for T in args.magrpo_tokens:
-            results["anchors"].append(compare("magrpo", T, args.steps, args.rounds, args.threads,
-                                              min(args.comlrl_steps, args.steps), args.comlrl_warmup))
+            results["anchors"].append(compare("magrpo", T, args.steps, args.rounds, args.threads))
             publish()
     print(publish())
     return 0

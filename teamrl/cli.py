@@ -125,6 +125,10 @@ def _main(argv: list[str]) -> int:
     ns = parser.parse_args(argv)
     if plugins and ns.command not in ("train", "config", "eval"):
         raise SystemExit(f"teamrl {ns.command}: --plugin is taken by train, config and eval")
+    if ns.command in ("train", "eval", "study"):
+        from teamrl.core.memory import return_freed_memory_to_os
+
+        return_freed_memory_to_os()  # RSS follows the activations in use, not their high-water mark plus fragments
     if ns.command == "serve":
         return _serve(ns)
     if ns.command == "study":

@@ -32,9 +32,16 @@ task = make_task(spec["task"])
 problems = {p.id: p for p in task.problems()}
 
 
-def reward(completions, problem_id, **kwargs):
+seen: list[tuple[str, int, float]] = []  # (completion text, its token count, reward), for the sanity check
+
+
+def reward(completions, problem_id, completion_ids=None, **kwargs):
     """teamrl's reward of each completion."""
-    return [task.reward(problems[pid], text) for pid, text in zip(problem_id, completions)]
+    values = [task.reward(problems[pid], text) for pid, text in zip(problem_id, completions)]
+    counts = ([len(c) for c in completion_ids] if completion_ids is not None  # else re-tokenise the text
+              else [len(tok(text, add_special_tokens=False)["input_ids"]) for text in completions])
+    seen.extend(zip(completions, counts, values))
+    return values
 
 
 class StepClock(TrainerCallback):
@@ -49,6 +56,8 @@ class StepClock(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kwargs):
         self.times.append(time.perf_counter() - self.t0)
+        if len(self.times) == 1:
+            seen.clear()  # the sanity check covers the timed steps
 
 
 T, G, B = spec["max_new_tokens"], spec["group_size"], spec["problems_per_step"]
@@ -73,7 +82,11 @@ with tempfile.TemporaryDirectory() as out_dir:
         peft_config=peft.LoraConfig(r=lora["r"], lora_alpha=lora["alpha"], lora_dropout=lora["dropout"],
                                     target_modules=lora["target_modules"], bias="none", task_type="CAUSAL_LM"))
     trainer.train()
-out = {"times": clock.times[1:], "warmup_s": clock.times[0], "threads": torch.get_num_threads(),
+sanity = {"completions": len(seen), "non_empty": sum(bool(text.strip()) for text, _, _ in seen),
+          "mean_tokens": sum(n for _, n, _ in seen) / max(1, len(seen)), "rewards": [r for _, _, r in seen],
+          # TRL's loss is masked to the completion tokens (its completion_mask) by construction
+          "completion_only_loss": True}
+out = {"times": clock.times[1:], "warmup_s": clock.times[0], "sanity": sanity, "threads": torch.get_num_threads(),
        "versions": {"trl": trl.__version__, "torch": torch.__version__, "transformers": transformers.__version__,
                     "peft": peft.__version__},
        "prompt_tokens": [len(tok(text)["input_ids"]) for _, text in spec["iterations"][0]]}

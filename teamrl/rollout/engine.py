@@ -76,6 +76,14 @@ class Engine(ABC):
     def generate(self, policy: str, requests: Sequence[GenerationRequest], seed: int | None = None) -> list[list[Completion]]:
         """Return, for each request, its ``n`` completions. Same seed and inputs, same outputs."""
 
+    def generate_many(self, calls: Sequence[tuple[str, Sequence[GenerationRequest], int | None]]) -> list[list[list[Completion]]]:
+        """``generate(policy, requests, seed)`` for each ``(policy, requests, seed)`` of one scheduler flush.
+
+        Each policy gets what its own ``generate`` call would return. This default runs the calls one
+        after another; an engine that decodes policies sharing a base model in one batch overrides it.
+        """
+        return [self.generate(policy, requests, seed) for policy, requests, seed in calls]
+
     def sync_weights(self, policy: str) -> None:
         """Make the engine sample from ``policy``'s current weights (after an optimizer step).
 

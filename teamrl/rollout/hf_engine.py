@@ -10,7 +10,7 @@ only compute live sequences; per-row temperature, top-k and top-p are vectorised
 from __future__ import annotations
 
 import contextlib
-from typing import Callable, Sequence
+from typing import Callable, Hashable, Protocol, Sequence
 
 import torch
 from transformers import DynamicCache, PreTrainedTokenizerBase
@@ -20,6 +20,30 @@ from teamrl.rollout.engine import Completion, Engine, GenerationRequest
 
 # policy name -> context manager that yields the model computing with that policy's weights
 ModelProvider = Callable[[str], contextlib.AbstractContextManager]
+
+
+class RowModel(Protocol):
+    """A model that computes each batch row with its own policy's weights (one base, one adapter per policy)."""
+
+    model: torch.nn.Module
+
+    def select(self, row_policy: torch.Tensor) -> None:
+        """Row ``i`` of the next forward calls computes with policy ``row_policy[i]`` (an index into the policies)."""
+
+    def __enter__(self) -> "RowModel": ...
+
+    def __exit__(self, *exc) -> None: ...
+
+
+class RowModels(Protocol):
+    """Which policies share a base model, and the per-row model that decodes them in one batch
+    (:class:`teamrl.policies.multi_lora.SharedBaseAdapters`)."""
+
+    def base_of(self, policy: str) -> Hashable | None:
+        """The same key for policies on one shared base; ``None``: the policy samples from ``models(policy)``."""
+
+    def rows(self, policies: Sequence[str]) -> RowModel:
+        """The per-row model of ``policies`` (policy index = position in ``policies``)."""
 
 
 class _PreallocatedLayer(DynamicLayer):
@@ -74,11 +98,19 @@ class _PreallocatedLayer(DynamicLayer):
 
 
 class HFEngine(Engine):
-    """The in-process engine. ``models(policy)`` is a context manager yielding the model to use."""
+    """The in-process engine. ``models(policy)`` is a context manager yielding the model to use.
+
+    With ``row_models``, policies that share a base model decode together: every call of
+    :meth:`generate_many` (one scheduler flush) runs all of them in one batch through the shared
+    base, each row with its own policy's adapter, and no merged copy per policy is made. Each
+    policy's rows draw from that policy's own seeded generator, so its tokens are those a
+    separate ``generate`` call with the same seed samples.
+    """
 
     def __init__(self, models: ModelProvider, tokenizer: PreTrainedTokenizerBase, device: str | torch.device = "cpu",
-                 extra_eos_ids: Sequence[int] = ()) -> None:
+                 extra_eos_ids: Sequence[int] = (), row_models: RowModels | None = None) -> None:
         self.models = models
+        self.row_models = row_models
         self.tokenizer = tokenizer
         self.device = torch.device(device)
         eos = {tokenizer.eos_token_id, *extra_eos_ids}
@@ -86,42 +118,75 @@ class HFEngine(Engine):
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
     def generate(self, policy: str, requests: Sequence[GenerationRequest], seed: int | None = None) -> list[list[Completion]]:
-        if not requests:
-            return []
-        with self.models(policy) as model:
-            was_training = model.training
-            model.eval()
-            try:
-                with torch.inference_mode():
-                    rows = self._decode(model, requests, seed)
-            finally:
-                model.train(was_training)
-        out: list[list[Completion]] = []
-        k = 0
-        for req in requests:
-            out.append(rows[k:k + req.n])
-            k += req.n
-        return out
+        return self.generate_many([(policy, requests, seed)])[0]
 
-    def _decode(self, model: torch.nn.Module, requests: Sequence[GenerationRequest], seed: int | None) -> list[Completion]:
+    def generate_many(self, calls: Sequence[tuple[str, Sequence[GenerationRequest], int | None]]) -> list[list[list[Completion]]]:
+        out: list[list[list[Completion]] | None] = [None] * len(calls)
+        joint: dict[Hashable, list[int]] = {}  # shared base -> the calls that decode together on it
+        for i, (policy, requests, seed) in enumerate(calls):
+            key = self.row_models.base_of(policy) if self.row_models is not None and requests else None
+            if key is not None:
+                joint.setdefault(key, []).append(i)
+                continue
+            if not requests:
+                out[i] = []
+                continue
+            with self.models(policy) as model:
+                rows = self._run(model, requests, [seed], [0] * len(requests), None)
+            out[i] = _split(rows, requests)
+        for idx in joint.values():
+            requests = [r for i in idx for r in calls[i][1]]
+            owner = [k for k, i in enumerate(idx) for _ in calls[i][1]]
+            with self.row_models.rows([calls[i][0] for i in idx]) as rm:
+                rows = self._run(rm.model, requests, [calls[i][2] for i in idx], owner, rm.select)
+            k = 0
+            for i in idx:
+                n = sum(r.n for r in calls[i][1])
+                out[i] = _split(rows[k:k + n], calls[i][1])
+                k += n
+        return out  # type: ignore[return-value]
+
+    def _run(self, model: torch.nn.Module, requests: Sequence[GenerationRequest], seeds: list[int | None],
+             request_policy: list[int], select: Callable[[torch.Tensor], None] | None) -> list[Completion]:
+        was_training = model.training
+        model.eval()
+        try:
+            with torch.inference_mode():
+                return self._decode(model, requests, seeds, request_policy, select)
+        finally:
+            model.train(was_training)
+
+    def _decode(self, model: torch.nn.Module, requests: Sequence[GenerationRequest], seeds: list[int | None],
+                request_policy: list[int], select: Callable[[torch.Tensor], None] | None) -> list[Completion]:
+        """Decode ``requests``; request ``i`` belongs to policy ``request_policy[i]`` (non-decreasing), which
+        samples with a generator seeded ``seeds[policy]``; ``select`` (a per-row model's) is told each
+        forward's row policies."""
         dev = self.device
-        gen = torch.Generator(device="cpu")
-        gen.manual_seed(seed if seed is not None else torch.seed() % 2**63)
+        gens = []
+        for seed in seeds:
+            gens.append(torch.Generator(device="cpu"))
+            gens[-1].manual_seed(seed if seed is not None else torch.seed() % 2**63)
 
-        # Unique prompts are prefilled once; each output row points at its prompt.
-        unique: dict[tuple[int, ...], int] = {}
+        # Unique prompts (per policy) are prefilled once; each output row points at its prompt.
+        unique: dict[tuple[int, tuple[int, ...]], int] = {}
         row_prompt: list[int] = []
         row_params = []
-        for req in requests:
+        row_owner: list[int] = []
+        for req, owner in zip(requests, request_policy):
             if req.n < 1:
                 raise ValueError(f"GenerationRequest.n={req.n}: must be >= 1")
             if not req.prompt_ids:
                 raise ValueError("GenerationRequest.prompt_ids is empty")
-            u = unique.setdefault(tuple(req.prompt_ids), len(unique))
+            u = unique.setdefault((owner, tuple(req.prompt_ids)), len(unique))
             row_prompt += [u] * req.n
             row_params += [req.params] * req.n
+            row_owner += [owner] * req.n
+        if any(x > y for x, y in zip(request_policy, request_policy[1:])):
+            raise ValueError(f"request policies {request_policy}: must be grouped by policy (non-decreasing)")
         R = len(row_prompt)
-        prompts = list(unique)
+        prompt_owner = torch.tensor([o for o, _ in unique], dtype=torch.long)
+        row_owner_t = torch.tensor(row_owner, dtype=torch.long)
+        prompts = [p for _, p in unique]
         P = max(len(p) for p in prompts)
         ids = torch.full((len(prompts), P), self.pad_id, dtype=torch.long)
         attn = torch.zeros((len(prompts), P), dtype=torch.long)
@@ -137,11 +202,16 @@ class HFEngine(Engine):
         cache.layer_class_to_replicate = lambda: _PreallocatedLayer(capacity)
         groups = _prefill_groups([len(p) for p in prompts])
         if len(groups) == 1:
+            if select is not None:
+                select(prompt_owner)
             out = model(input_ids=ids, attention_mask=attn if padded else None, position_ids=pos,
                         past_key_values=cache, use_cache=True, logits_to_keep=1)
             last_logits = out.logits[:, -1, :]
         else:
-            last_logits = self._prefill_by_group(model, ids, attn, pos, groups, cache, capacity)
+            if select is not None:  # each group's rows sorted by policy: one contiguous block per adapter
+                groups = [sorted(g, key=lambda i: (int(prompt_owner[i]), i)) for g in groups]
+            before = None if select is None else (lambda rows: select(prompt_owner.index_select(0, rows.cpu())))
+            last_logits = self._prefill_by_group(model, ids, attn, pos, groups, cache, capacity, before)
         src = torch.tensor(row_prompt, device=dev)
         logits = last_logits.index_select(0, src)
         if len(prompts) != R or row_prompt != list(range(R)):
@@ -163,8 +233,8 @@ class HFEngine(Engine):
         live = torch.arange(R, device=dev)  # output row of each batch row
         steps = int(max_new.max())
         for t in range(steps):
-            nxt, lp = _sample(logits, temp.index_select(0, live), top_k.index_select(0, live),
-                              top_p.index_select(0, live), gen)
+            nxt, lp = self._sample_per_policy(logits, temp.index_select(0, live), top_k.index_select(0, live),
+                                              top_p.index_select(0, live), gens, row_owner_t, live)
             nxt_l, lp_l, live_l = nxt.tolist(), lp.tolist(), live.tolist()
             done = torch.zeros(len(live_l), dtype=torch.bool)
             eos_hit = torch.isin(nxt, self.eos_ids) & ~ignore_eos.index_select(0, live)
@@ -189,6 +259,8 @@ class HFEngine(Engine):
                 cache.reorder_cache(keep)
             attn = torch.cat([attn, attn.new_ones((attn.shape[0], 1))], dim=1)
             last_pos = last_pos + 1
+            if select is not None:
+                select(row_owner_t.index_select(0, live.cpu()))
             out = model(input_ids=nxt.unsqueeze(1), attention_mask=attn if padded else None,
                         position_ids=last_pos.unsqueeze(1), past_key_values=cache, use_cache=True, logits_to_keep=1)
             logits = out.logits[:, -1, :]
@@ -198,8 +270,26 @@ class HFEngine(Engine):
                 texts[r] = _cut_after_stop(texts[r], stops[r])
         return [Completion(tokens[r], logps[r], texts[r], finish[r]) for r in range(R)]
 
+    @staticmethod
+    def _sample_per_policy(logits: torch.Tensor, temp: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+                           gens: list[torch.Generator], row_owner: torch.Tensor, live: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """:func:`_sample` on each policy's block of live rows with that policy's generator (one block: one call)."""
+        if len(gens) == 1:
+            return _sample(logits, temp, top_k, top_p, gens[0])
+        counts = torch.bincount(row_owner.index_select(0, live.cpu()), minlength=len(gens)).tolist()
+        toks, lps, start = [], [], 0
+        for k, c in enumerate(counts):
+            if c:
+                sl = slice(start, start + c)
+                tok, lp = _sample(logits[sl], temp[sl], top_k[sl], top_p[sl], gens[k])
+                toks.append(tok)
+                lps.append(lp)
+                start += c
+        return torch.cat(toks), torch.cat(lps)
+
     def _prefill_by_group(self, model: torch.nn.Module, ids: torch.Tensor, attn: torch.Tensor, pos: torch.Tensor,
-                          groups: list[list[int]], cache: DynamicCache, capacity: int) -> torch.Tensor:
+                          groups: list[list[int]], cache: DynamicCache, capacity: int,
+                          before_forward: Callable[[torch.Tensor], None] | None = None) -> torch.Tensor:
         """Prefill prompts of very different lengths in groups of similar length; return last-position logits.
 
         One left-padded batch would spend forward passes on the padding (and use the slower masked
@@ -216,6 +306,8 @@ class HFEngine(Engine):
             g_attn = g_attn[:, P - width:]
             sub = DynamicCache()
             sub.layer_class_to_replicate = lambda: _PreallocatedLayer(width)
+            if before_forward is not None:
+                before_forward(rows)
             out = model(input_ids=ids.index_select(0, rows)[:, P - width:], attention_mask=None if bool(g_attn.all()) else g_attn,
                         position_ids=pos.index_select(0, rows)[:, P - width:], past_key_values=sub, use_cache=True,
                         logits_to_keep=1)
@@ -231,6 +323,15 @@ class HFEngine(Engine):
         # Each token is at least one byte, so the last `window_bytes + 1` tokens hold any stop string just completed.
         tail = self.tokenizer.decode(toks[-(window_bytes + 1):], skip_special_tokens=True)
         return any(s in tail for s in stop)
+
+
+def _split(rows: list[Completion], requests: Sequence[GenerationRequest]) -> list[list[Completion]]:
+    """Output rows -> one list of ``n`` completions per request."""
+    out, k = [], 0
+    for req in requests:
+        out.append(rows[k:k + req.n])
+        k += req.n
+    return out
 
 
 # A prefill batch in which padding would be more than this share of the positions is split by length.

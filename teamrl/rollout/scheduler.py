@@ -18,15 +18,16 @@ from teamrl.rollout.engine import Completion, Engine, GenerationRequest
 class GenerationScheduler:
     """Runs coroutines and batches their generation requests per policy.
 
-    ``calls`` counts engine calls (one per policy per flush), so tests and benchmarks can
-    check that requests were batched.
+    ``calls`` records (policy, number of requests) per policy per flush, so tests and benchmarks
+    can check that requests were batched. The policies of one flush go to the engine together
+    (:meth:`Engine.generate_many`), so policies on a shared base can decode in one batch.
     """
 
     def __init__(self, engine: Engine, seed: int = 0) -> None:
         self.engine = engine
         self.seed = seed
         self.flushes = 0
-        self.calls: list[tuple[str, int]] = []  # (policy, number of requests) per engine call
+        self.calls: list[tuple[str, int]] = []  # (policy, number of requests) per policy per flush
         self._pending: list[tuple[str, GenerationRequest, asyncio.Future]] = []
 
     async def generate(self, policy: str, request: GenerationRequest) -> list[Completion]:
@@ -77,10 +78,15 @@ class GenerationScheduler:
         for policy, req, fut in self._pending:
             by_policy[policy].append((req, fut))
         self._pending = []
+        calls = []
         for policy, items in by_policy.items():
-            seed = derive_seed(self.seed, self.flushes, len(self.calls))
+            calls.append((policy, [r for r, _ in items], derive_seed(self.seed, self.flushes, len(self.calls))))
             self.calls.append((policy, len(items)))
-            results = self.engine.generate(policy, [r for r, _ in items], seed=seed)
-            for (_, fut), res in zip(items, results):
-                fut.set_result(res)
+        if isinstance(self.engine, Engine):  # one call: policies on a shared base decode in one batch
+            results = self.engine.generate_many(calls)
+        else:  # a duck-typed engine with only generate()
+            results = [self.engine.generate(policy, reqs, seed=seed) for policy, reqs, seed in calls]
+        for items, res in zip(by_policy.values(), results):
+            for (_, fut), r in zip(items, res):
+                fut.set_result(r)
         self.flushes += 1

@@ -13,6 +13,7 @@ import torch
 
 from teamrl.core.config import Config, ConfigError
 from teamrl.core.seeding import derive_seed, seed_everything
+from teamrl.policies.multi_lora import SharedBaseAdapters
 from teamrl.policies.router import PolicyRouter
 from teamrl.rollout.engine import SamplingParams
 from teamrl.rollout.hf_engine import HFEngine
@@ -81,7 +82,7 @@ def evaluate(cfg: Config, methods: list[str], checkpoint: Path | None = None, li
             return next(iter(router.policies.values())).reference()
         return router.policies[name].generation_model()
 
-    engine = HFEngine(models, router.tokenizer, device=router.device)
+    engine = HFEngine(models, router.tokenizer, device=router.device, row_models=SharedBaseAdapters(router.policies))
     params = SamplingParams(max_new_tokens=cfg.rollout.max_new_tokens, temperature=temperature, top_p=cfg.rollout.top_p,
                             top_k=cfg.rollout.top_k, stop=tuple(cfg.rollout.stop))
     problems = task.problems()[:limit]

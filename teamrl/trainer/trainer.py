@@ -22,6 +22,7 @@ from teamrl.losses import group_ids_from_keys, trajectory_advantages, trajectory
 from teamrl.policies.chat import encode_chat
 from teamrl.policies.logprobs import build_token_batch, completion_logprobs
 from teamrl.policies.models import generation_eos_ids
+from teamrl.policies.multi_lora import SharedBaseAdapters
 from teamrl.policies.router import PolicyRouter, role_type
 from teamrl.rollout.engine import Engine, SamplingParams
 from teamrl.rollout.hf_engine import HFEngine
@@ -118,8 +119,9 @@ class Trainer:
     def _make_engine(self) -> Engine:
         """The in-process engine, or (``rollout.engine=http``) a client of a ``teamrl serve`` / vLLM / SGLang server."""
         if self.cfg.rollout.engine == "hf":
+            # LoRA policies on one base decode together through it, each row with its own adapter (no merged copies)
             return HFEngine(lambda name: self.router.policies[name].generation_model(), self.tokenizer, device=self.router.device,
-                            extra_eos_ids=self.eos_ids)
+                            extra_eos_ids=self.eos_ids, row_models=SharedBaseAdapters(self.router.policies))
         from teamrl.rollout.http_engine import HTTPEngine
 
         r = self.cfg.rollout
