@@ -342,6 +342,9 @@ def test_a_trainer_survives_a_batch_of_escape_attempts(tmp_path, monkeypatch):
 
     monkeypatch.setattr(SandboxPool, "submit", recording_submit)
     monkeypatch.setattr(trainer.engine, "generate", fake_generate)
+    # the scheduler hands each flush to the engine as one generate_many call (policies on one base share a batch)
+    monkeypatch.setattr(trainer.engine, "generate_many",
+                        lambda calls: [fake_generate(policy, requests, seed) for policy, requests, seed in calls])
     record = trainer.train_step()
     results = [(code, future.result()) for code, future in ran]
     # every attack reached the sandbox with the problem's tests, and none passed one (each
