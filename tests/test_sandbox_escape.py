@@ -417,3 +417,37 @@ def test_subclasses_of_plain_types_are_judged_by_their_content():
     r = run_program(code, tests, FAST)
     assert (r.tests_passed, r.tests_total) == (4, 7), r
     assert r.first_failure.startswith("test 1: assert liar() == 3 -> liar() -> AssertionError: returned 7"), r.first_failure
+
+
+def test_test_sources_are_parsed_one_thread_at_a_time(monkeypatch):
+    """CPython 3.11's AST conversion keeps one recursion counter per interpreter: two pool threads
+    parsing at once can fail with 'SystemError: AST constructor recursion depth mismatch' (seen as a
+    sandbox 'crash' of a correct HumanEval+ solution). The judge parses under one lock."""
+    import ast
+    import threading
+
+    from teamrl.sandbox import judge
+
+    real_parse = ast.parse
+    active, most = [0], [0]
+    guard = threading.Lock()
+
+    def watched_parse(*args, **kwargs):
+        with guard:
+            active[0] += 1
+            most[0] = max(most[0], active[0])
+        time.sleep(0.005)
+        try:
+            return real_parse(*args, **kwargs)
+        finally:
+            with guard:
+                active[0] -= 1
+
+    monkeypatch.setattr(ast, "parse", watched_parse)
+    work = [threading.Thread(target=lambda: [judge.split_test("assert f(1) == 2") or judge.decode_plain("[1, 2]")
+                                             for _ in range(20)]) for _ in range(4)]
+    for t in work:
+        t.start()
+    for t in work:
+        t.join()
+    assert most[0] == 1, f"{most[0]} threads parsed at once"

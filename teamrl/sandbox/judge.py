@@ -26,8 +26,13 @@ from __future__ import annotations
 import ast
 import math
 import operator
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
+
+# CPython 3.11 keeps one AST recursion counter per interpreter: two threads (the sandbox pool's)
+# converting ASTs at once can fail with 'SystemError: AST constructor recursion depth mismatch'.
+_AST_LOCK = threading.Lock()
 
 __all__ = ["CallTest", "decode_plain", "split_test"]
 
@@ -177,7 +182,8 @@ def _ignorable(node: ast.stmt) -> bool:
 def split_test(source: str) -> CallTest | None:
     """The test ``source`` as a :class:`CallTest`, or None when it has another shape."""
     try:
-        tree = ast.parse(source)
+        with _AST_LOCK:
+            tree = ast.parse(source)
     except (SyntaxError, ValueError, MemoryError, RecursionError):
         return None
     body = [n for n in tree.body if not _ignorable(n)]
@@ -273,7 +279,8 @@ def decode_plain(text: str) -> Any:
     if text.startswith("!"):
         raise ValueError(text[1:301])  # the harness's own refusal: "a <type>, not plain data"
     try:
-        tree = ast.literal_eval(text)
+        with _AST_LOCK:
+            tree = ast.literal_eval(text)
     except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError) as exc:
         raise ValueError(f"a malformed value ({type(exc).__name__})") from None
     return _build(tree, 0)
