@@ -26,8 +26,8 @@ the run's own uid, the harness kills every other process of that uid with kill(-
 
 Known gap: a program written against these internals can walk its own stack
 (``sys._getframe(1).f_locals``; frame attributes are not audited) to the harness's reporting
-function. For a split test that gains nothing (the verdict is the caller's); a test run here
-as a snippet could have its pass forged that way.
+function. For a split test, HumanEval+ input chunks included, that gains nothing (the verdict
+is the caller's); a test run here as a snippet could have its pass forged that way.
 """
 
 
@@ -190,9 +190,10 @@ def _harness():  # everything lives in this frame, not in module globals
 
     setup_code, setup_exc = compile_or_error(setup_src, "<setup>") if setup_src else (None, None)
     program_code, program_exc = compile_or_error(code_src, "<solution>")
-    # A test is a snippet (str) to run here, or a call (name, args, kwargs, source) whose
-    # value goes back as plain data: its verdict is taken by the caller, who kept the
-    # expected value.
+    # A test is a snippet (str) to run here, or a call (name, args, kwargs, source, wants)
+    # whose value goes back as plain data: its verdict is taken by the caller, who kept the
+    # expected value. wants "each": args is a list of argument lists, the value the list of
+    # outputs (a HumanEval+ chunk, compared by the caller with a reference run's).
     compiled_tests = [compile_or_error(t, f"<test {i}>") if _isinstance(t, str) else (t, None) for i, t in enumerate(test_srcs)]
     sources = {"<setup>": setup_src, "<solution>": code_src}
     for i, t in enumerate(test_srcs):
@@ -327,7 +328,10 @@ def _harness():  # everything lives in this frame, not in module globals
                         function = _dict_get(pristine_builtins, name, missing)
                     if function is missing:
                         raise _NameError(f"name {name!r} is not defined")
-                    result = function(*args, **kwargs)
+                    if wants == "each":  # a reference test: the outputs on each input, in order
+                        result = [function(*each) for each in args]
+                    else:
+                        result = function(*args, **kwargs)
                     # "truth": only its truth value matters (a bare ``assert f(x)``)
                     value = encode_plain(_truth(result) if wants == "truth" else result)
                     result = None
