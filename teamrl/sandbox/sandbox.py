@@ -482,7 +482,9 @@ def run_program(
     ``def check(candidate): ...`` plus ``check(f)``); it passes if it finishes without an
     exception. Tests run in order in one namespace (a copy of the program's, with the
     builtins as they were before the program ran). A test of a usual data-set shape is split
-    (see ``judge.py``): only its call runs there, and its verdict is taken here. The program
+    (see ``judge.py``): only its call runs there, and its verdict is taken here; for a
+    HumanEval+ input chunk the expected outputs come from the reference solution, run in a
+    second sandbox run (cached per reference and inputs). The program
     runs in a bubblewrap container (its own pid, mount, ipc, uts and network namespaces; only
     /usr and the interpreter visible, read-only; private size-limited tmpfs /tmp and
     /dev/shm), as an unprivileged per-run user when the caller is root, with

@@ -44,7 +44,9 @@ class CodeProblem:
 
     prompt:             what the model sees (a signature with docstring, or a description).
     entry_point:        the function the tests call.
-    tests:              snippets run after the solution, in order, in one namespace.
+    tests:              snippets run after the solution, in order, in one namespace (HumanEval+
+                        input chunks are ``judge.reference_check_source`` tests that
+                        ``run_program`` judges outside the solution's process).
     canonical_solution: a complete reference program that passes the tests, when known.
     source:             the data set: "humaneval", "mbpp", "humanevalplus", "coophumaneval".
     """
