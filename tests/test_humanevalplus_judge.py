@@ -44,6 +44,15 @@ ROWS = [
         "plus_input": [[2.0]],
         "atol": 0,
     },
+    {  # find_zero: any zero of the reference's poly passes, checked in the reference's run
+        "task_id": "Synthetic/3",
+        "prompt": "import math\n\ndef poly(xs, x):\n    return sum(c * math.pow(x, i) for i, c in enumerate(xs))\n\ndef find_zero(xs):\n",
+        "canonical_solution": "    return -xs[0] / xs[1]\n",
+        "entry_point": "find_zero",
+        "base_input": [[[1.0, 2.0]], [[-3.0, 1.5]]],
+        "plus_input": [[[4.0, -8.0]]],
+        "atol": 1e-6,
+    },
 ]
 
 
@@ -129,3 +138,13 @@ def test_float_outputs_are_compared_with_atol(problems):
     assert beyond_default.tests_passed == 0, beyond_default
     as_list = run_program("def pair(x):\n    return [x / 3 + 1e-7, x / 7]\n", pair, FAST)
     assert as_list.tests_passed == 0, as_list  # evalplus: a list within atol of a tuple is not equal
+
+
+def test_find_zero_is_checked_through_the_reference_poly(problems):
+    tests = problems["find_zero"].tests
+    nearly = run_program("def find_zero(xs):\n    return -xs[0] / xs[1] + 1e-9\n", tests, FAST)
+    assert (nearly.status, nearly.tests_passed) == ("ok", len(tests)), nearly
+    # The program's own poly (always 0) is not the one that judges it.
+    cheat = run_program("def poly(xs, x):\n    return 0.0\n\ndef find_zero(xs):\n    return 0.0\n", tests, FAST)
+    assert cheat.status == "failed" and cheat.tests_passed == 0, cheat
+    assert "a zero of poly" in cheat.first_failure, cheat.first_failure
