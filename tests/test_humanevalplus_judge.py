@@ -53,6 +53,15 @@ ROWS = [
         "plus_input": [[[4.0, -8.0]]],
         "atol": 1e-6,
     },
+    {  # large outputs: an int over 4300 digits, a list sent as a digest, a set in any order
+        "task_id": "Synthetic/4",
+        "prompt": "def big(n):\n",
+        "canonical_solution": "    return [2 ** n, list(range(n)), set(range(n))]\n",
+        "entry_point": "big",
+        "base_input": [[3]],
+        "plus_input": [[20000], [5]],
+        "atol": 0,
+    },
 ]
 
 
@@ -148,3 +157,13 @@ def test_find_zero_is_checked_through_the_reference_poly(problems):
     cheat = run_program("def poly(xs, x):\n    return 0.0\n\ndef find_zero(xs):\n    return 0.0\n", tests, FAST)
     assert cheat.status == "failed" and cheat.tests_passed == 0, cheat
     assert "a zero of poly" in cheat.first_failure, cheat.first_failure
+
+
+def test_large_outputs_are_compared_exactly(problems):
+    tests = problems["big"].tests
+    same = run_program("def big(n):\n    return [1 << n, [*range(n)], set(range(n - 1, -1, -1))]\n", tests, FAST)
+    assert (same.status, same.tests_passed) == ("ok", len(tests)), same
+    off_int = run_program("def big(n):\n    return [(1 << n) + (n > 100), [*range(n)], set(range(n))]\n", tests, FAST)
+    assert off_int.status == "failed" and "plus input #0" in off_int.first_failure, off_int
+    off_list = run_program("def big(n):\n    return [1 << n, [*range(n - 1)] + [n + (n > 100) - 1], set(range(n))]\n", tests, FAST)
+    assert off_list.status == "failed" and "plus input #0" in off_list.first_failure, off_list

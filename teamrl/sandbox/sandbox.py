@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from teamrl.sandbox.judge import CallTest, ReferenceTest, decode_plain, split_test
+from teamrl.sandbox.judge import CallTest, ReferenceTest, decode_plain, short_repr, split_test
 from teamrl.sandbox.limits import SandboxLimits
 from teamrl.sandbox.result import ExecutionResult
 
@@ -459,7 +459,7 @@ def _shorten(text: str) -> str:
 
 
 def _short_repr(value: object) -> str:
-    return _shorten(repr(value))
+    return short_repr(value)
 
 
 # ---------------------------------------------------------------------------------------
@@ -542,7 +542,7 @@ class _Run:
     # -- output collection
     def _take(self, name: str, data: bytes) -> None:
         if name == "results":
-            if len(self.results) < 4 << 20:  # a program spamming the channel is tampering anyway
+            if len(self.results) < 16 << 20:  # a program spamming the channel is tampering anyway
                 self.results += data
             return
         buf = self.out[name]
