@@ -24,8 +24,9 @@ in it, only inputs and a reference solution: it becomes a :class:`ReferenceTest`
 sandboxed process calls the candidate on each input and sends back the list of outputs; the
 reference solution runs on the same inputs in a second, separate sandbox run (it never
 enters the candidate's process), and :meth:`ReferenceTest.judge` compares the two here with
-evalplus's rules. Any other test is run in the sandboxed process as before (its verdict is
-that process's word).
+evalplus's rules (an output over 4,000 characters encoded travels as its sha256, a
+:class:`LargeValue`, on both sides). Any other test is run in the sandboxed process as before
+(its verdict is that process's word).
 """
 
 from __future__ import annotations
