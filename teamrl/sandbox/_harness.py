@@ -26,8 +26,8 @@ the run's own uid, the harness kills every other process of that uid with kill(-
 
 Known gap: a program written against these internals can walk its own stack
 (``sys._getframe(1).f_locals``; frame attributes are not audited) to the harness's reporting
-function. For a split test that gains nothing (the verdict is the caller's); a test run here
-as a snippet could have its pass forged that way.
+function. For a split test, HumanEval+ input chunks included, that gains nothing (the verdict
+is the caller's); a test run here as a snippet could have its pass forged that way.
 """
 
 
@@ -40,6 +40,7 @@ def _harness():  # everything lives in this frame, not in module globals
     import types
 
     import math  # noqa: F401 - loaded before the module snapshot below: tests use it
+    from _sha256 import sha256 as _sha256  # digests of large outputs of a reference test
 
     # marshal, not json: it is built in, and importing json (re, enum...) costs ~8 ms a run.
     payload = marshal.loads(sys.stdin.buffer.read())
@@ -108,6 +109,7 @@ def _harness():  # everything lives in this frame, not in module globals
     _int, _float, _complex, _bool, _bytes, _set, _frozenset = int, float, complex, bool, bytes, set, frozenset
     _float_hex = float.hex
     _issubclass = issubclass
+    _int_hex = int.__format__
     _int_int, _float_float, _complex_complex, _str_str = int.__int__, float.__float__, complex.__complex__, str.__str__
     _bytes_join = bytes.join
     _truth = bool
@@ -115,10 +117,10 @@ def _harness():  # everything lives in this frame, not in module globals
     _append = list.append
     _dict_items = dict.items
 
-    def encode_plain(value):
+    def encode_plain(value, limit=200_000, canonical=False):
         """ascii() of a (tag, payload) tree, or '!' and why the value is not plain data.
         Exact types only: no method of the program's classes (or subclasses) ever runs."""
-        budget = [200_000]
+        budget = [limit]
 
         def walk(v, depth):
             t = _type(v)
@@ -133,7 +135,8 @@ def _harness():  # everything lives in this frame, not in module globals
             if t is _bool:
                 return ("b", v)
             if _issubclass(t, _int):
-                return ("i", _int_int(v))
+                v = _int_int(v)  # beyond 4300 digits ascii() refuses an int: hex has no limit
+                return ("i", v) if -(10**18) < v < 10**18 else ("h", _int_hex(v, "x"))
             if _issubclass(t, _float):
                 return ("f", _float_hex(_float_float(v)))
             if _issubclass(t, _complex):
@@ -148,11 +151,15 @@ def _harness():  # everything lives in this frame, not in module globals
                     items = []
                     for x in base.__iter__(v):
                         _append(items, walk(x, depth + 1))
+                    if canonical and tag in ("S", "F"):  # equal sets, one encoding (and digest)
+                        items.sort(key=_ascii)
                     return (tag, items)
             if _issubclass(t, _dict):
                 items = []
                 for k, x in _dict_items(v):
                     _append(items, (walk(k, depth + 1), walk(x, depth + 1)))
+                if canonical:
+                    items.sort(key=_ascii)
                 return ("d", items)
             raise _TypeError(f"a {_type_name(t)}, not plain data (None, bool, int, float, complex, str, bytes, list, tuple, dict, set)")
 
@@ -190,9 +197,10 @@ def _harness():  # everything lives in this frame, not in module globals
 
     setup_code, setup_exc = compile_or_error(setup_src, "<setup>") if setup_src else (None, None)
     program_code, program_exc = compile_or_error(code_src, "<solution>")
-    # A test is a snippet (str) to run here, or a call (name, args, kwargs, source) whose
-    # value goes back as plain data: its verdict is taken by the caller, who kept the
-    # expected value.
+    # A test is a snippet (str) to run here, or a call (name, args, kwargs, source, wants)
+    # whose value goes back as plain data: its verdict is taken by the caller, who kept the
+    # expected value. wants "each": args is a list of argument lists, the value the list of
+    # outputs (a HumanEval+ chunk, compared by the caller with a reference run's).
     compiled_tests = [compile_or_error(t, f"<test {i}>") if _isinstance(t, str) else (t, None) for i, t in enumerate(test_srcs)]
     sources = {"<setup>": setup_src, "<solution>": code_src}
     for i, t in enumerate(test_srcs):
@@ -327,9 +335,23 @@ def _harness():  # everything lives in this frame, not in module globals
                         function = _dict_get(pristine_builtins, name, missing)
                     if function is missing:
                         raise _NameError(f"name {name!r} is not defined")
-                    result = function(*args, **kwargs)
-                    # "truth": only its truth value matters (a bare ``assert f(x)``)
-                    value = encode_plain(_truth(result) if wants == "truth" else result)
+                    if wants == "each":  # a reference test: the outputs on each input, in order
+                        parts = []
+                        for each in args:
+                            part = encode_plain(function(*each), 5_000_000, True)
+                            if part[:1] == "!":
+                                parts = None
+                                value = part
+                                break
+                            if _len(part) > 4_000:  # compared by digest (the reference's too)
+                                part = _ascii(("#", _sha256(_encode(part, "ascii")).hexdigest()))
+                            _append(parts, part)
+                        if parts is not None:
+                            value = _join("", ["('l', [", _join(", ", parts), "])"])
+                    else:
+                        result = function(*args, **kwargs)
+                        # "truth": only its truth value matters (a bare ``assert f(x)``)
+                        value = encode_plain(_truth(result) if wants == "truth" else result)
                     result = None
                 else:
                     _exec(test_code, test_namespace)

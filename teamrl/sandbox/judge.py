@@ -17,13 +17,22 @@ Shapes split (``f`` a name, every argument a literal, ``L`` a literal)::
     assert abs(f(...) - L) < L        assert math.isclose(f(...), L[, rel_tol=L, abs_tol=L])
 
 at module level, or as the single assert of ``def check(candidate): ...`` followed by
-``check(f)``, with only imports and literal assignments (METADATA) around it. Any other
-test is run in the sandboxed process as before (its verdict is that process's word).
+``check(f)``, with only imports and literal assignments (METADATA) around it.
+
+A HumanEval+ input chunk (written by :func:`reference_check_source`) has no expected value
+in it, only inputs and a reference solution: it becomes a :class:`ReferenceTest`. The
+sandboxed process calls the candidate on each input and sends back the list of outputs; the
+reference solution runs on the same inputs in a second, separate sandbox run (it never
+enters the candidate's process), and :meth:`ReferenceTest.judge` compares the two here with
+evalplus's rules (an output over 4,000 characters encoded travels as its sha256, a
+:class:`LargeValue`, on both sides). Any other test is run in the sandboxed process as before
+(its verdict is that process's word).
 """
 
 from __future__ import annotations
 
 import ast
+import json
 import math
 import operator
 import threading
@@ -34,7 +43,7 @@ from typing import Any, Callable
 # converting ASTs at once can fail with 'SystemError: AST constructor recursion depth mismatch'.
 _AST_LOCK = threading.Lock()
 
-__all__ = ["CallTest", "decode_plain", "split_test"]
+__all__ = ["CallTest", "ReferenceTest", "decode_plain", "evalplus_same", "reference_check_source", "split_test"]
 
 # Bigger values than this (as sent) are refused rather than parsed.
 MAX_VALUE_CHARS = 1 << 20
@@ -179,13 +188,135 @@ def _ignorable(node: ast.stmt) -> bool:
     return isinstance(node, ast.Assign) and all(isinstance(t, ast.Name) for t in node.targets) and _literal(node.value)[0]
 
 
-def split_test(source: str) -> CallTest | None:
-    """The test ``source`` as a :class:`CallTest`, or None when it has another shape."""
+# ---------------------------------------------------------------------------------------
+# HumanEval+ input chunks: outputs compared with a reference solution's
+# ---------------------------------------------------------------------------------------
+
+REFERENCE_CHECK = "_teamrl_reference_check"
+
+
+def short_repr(value: Any, limit: int = 200) -> str:
+    """repr() cut to ``limit`` characters; an int too long for decimal is shown by its size."""
+    try:
+        text = repr(value)
+    except ValueError:  # Python's 4300-digit limit on int -> str (inside a container, too)
+        return f"<a value with an int of about {value.bit_length() if isinstance(value, int) else '?'} bits>"
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def evalplus_same(got: Any, expected: Any, atol: float) -> bool:
+    """evalplus's comparison: exact, else for float outputs (a float, or a non-empty list or
+    tuple of floats) ``|got - expected| <= atol + 1e-7 * |expected|`` element-wise, of the same
+    type; ``atol`` 0 means 1e-6 for float outputs (np.allclose without numpy)."""
+    if got == expected:
+        return True
+
+    def floats(x: Any) -> bool:
+        return isinstance(x, float) or (isinstance(x, (list, tuple)) and len(x) > 0 and all(isinstance(i, float) for i in x))
+
+    if atol == 0 and floats(expected):
+        atol = 1e-6
+    if atol == 0 or type(got) != type(expected):
+        return False
+    if isinstance(expected, (list, tuple)):
+        return len(got) == len(expected) and all(abs(g - e) <= atol + 1e-7 * abs(e) for g, e in zip(got, expected))
+    return abs(got - expected) <= atol + 1e-7 * abs(expected)
+
+
+@dataclass(frozen=True, eq=False)
+class ReferenceTest:
+    """Inputs whose expected outputs are a reference solution's (a HumanEval+ chunk).
+
+    The sandbox calls ``name`` on each of ``args`` (argument lists) and sends back the list
+    of outputs; the caller runs ``reference`` on the same inputs in a second sandbox run and
+    calls :meth:`judge`. For ``find_zero`` the check is evalplus's: ``|poly(*input, got)| <=
+    atol``, poly being the reference's, also run in a second sandbox run.
+    """
+
+    name: str
+    args: tuple
+    reference: str
+    atol: float
+    first: int
+    label: str
+    find_zero: bool
+    kwargs: dict = field(default_factory=dict)
+    wants: str = "each"  # the sandbox sends [name(*a) for a in args]
+
+    @property
+    def call_source(self) -> str:
+        last = self.first + len(self.args) - 1
+        return f"{self.name}(*input) for {self.label} inputs #{self.first}-#{last}"
+
+    @property
+    def assert_source(self) -> str:
+        return f"{self.label} inputs #{self.first}-#{self.first + len(self.args) - 1} against the reference solution"
+
+    def reference_call(self, got: list) -> CallTest:
+        """The call the reference's sandbox run makes: its outputs on the same inputs, or for
+        find_zero, poly at each candidate output."""
+        if self.find_zero:
+            args = tuple([*a, g] for a, g in zip(self.args, got))
+            return CallTest("poly", args, {}, f"poly(*input, got) for {self.label} inputs", lambda _: True, wants="each")
+        return CallTest(self.name, self.args, {}, f"{self.name}(*input) for {self.label} inputs", lambda _: True, wants="each")
+
+    def judge(self, got: list, reference_values: list) -> tuple[bool, str | None]:
+        """(passed, why not) for the candidate's outputs ``got`` given the reference run's
+        values (its outputs, or poly at ``got`` for find_zero)."""
+        for k, (args, output, value) in enumerate(zip(self.args, got, reference_values)):
+            expected = "a zero of poly" if self.find_zero else short_repr(value)
+            try:
+                ok = abs(value) <= self.atol if self.find_zero else evalplus_same(output, value, self.atol)
+            except Exception as exc:  # noqa: BLE001 - e.g. abs(None): not a pass
+                ok, expected = False, f"{expected} ({type(exc).__name__}: {exc})"
+            if not ok:
+                return False, f"{self.label} input #{self.first + k}: {short_repr(args)} -> {short_repr(output)}, expected {expected}"
+        return True, None
+
+
+def reference_check_source(entry_point: str, reference: str, inputs: list, atol: float = 0.0, *,
+                           first: int = 0, label: str = "plus") -> str:
+    """A test that :func:`split_test` turns into a :class:`ReferenceTest`: ``entry_point`` on
+    each of ``inputs`` (JSON-like argument lists), compared with what ``reference`` (a complete
+    program) returns. Run as a plain snippet it fails (the name it calls is not defined), so a
+    test the judge cannot read never passes."""
+    spec = {"entry_point": entry_point, "reference": reference, "inputs": [list(a) for a in inputs],
+            "atol": float(atol), "first": first, "label": label}
+    return f"{REFERENCE_CHECK}({json.dumps(spec)!r})\n"
+
+
+def _reference_test(tree: ast.Module) -> ReferenceTest | None:
+    if len(tree.body) != 1 or not isinstance(tree.body[0], ast.Expr):
+        return None
+    call = tree.body[0].value
+    if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == REFERENCE_CHECK):
+        return None
+    if len(call.args) != 1 or call.keywords or not isinstance(call.args[0], ast.Constant) or not isinstance(call.args[0].value, str):
+        return None
+    try:
+        spec = json.loads(call.args[0].value)
+        entry, reference, inputs = spec["entry_point"], spec["reference"], spec["inputs"]
+        atol, first, label = float(spec["atol"]), int(spec["first"]), str(spec["label"])
+    except (ValueError, KeyError, TypeError):
+        return None
+    if not (isinstance(entry, str) and isinstance(reference, str) and isinstance(inputs, list)
+            and all(isinstance(a, list) for a in inputs)):
+        return None
+    return ReferenceTest(name=entry, args=tuple(inputs), reference=reference, atol=atol, first=first,
+                         label=label, find_zero=entry == "find_zero")
+
+
+def split_test(source: str) -> CallTest | ReferenceTest | None:
+    """The test ``source`` as a :class:`CallTest` or :class:`ReferenceTest`, or None when it
+    has another shape."""
     try:
         with _AST_LOCK:
             tree = ast.parse(source)
     except (SyntaxError, ValueError, MemoryError, RecursionError):
         return None
+    reference_test = _reference_test(tree)
+    if reference_test is not None:
+        return reference_test
     body = [n for n in tree.body if not _ignorable(n)]
     candidate = None
     if len(body) == 1 and isinstance(body[0], ast.Assert):
@@ -231,6 +362,16 @@ def split_test(source: str) -> CallTest | None:
 _SCALARS = {"i": int, "s": str, "y": bytes, "b": bool}
 
 
+@dataclass(frozen=True)
+class LargeValue:
+    """An output of a reference test too large to send (over 4,000 characters encoded): the
+    sha256 of its encoding (sets and dicts in a canonical order). Two are equal when their
+    digests are, so a large output matches only an identically encoded one (``[1, 2]`` does
+    not match ``[1.0, 2.0]``, unlike Python's ``==``)."""
+
+    sha256: str
+
+
 def _build(node: Any, depth: int) -> Any:
     if depth > 200:
         raise ValueError("a value nested too deeply")
@@ -246,6 +387,13 @@ def _build(node: Any, depth: int) -> Any:
         if type(payload) is not _SCALARS[tag]:
             raise ValueError("a malformed value")
         return payload
+    if tag == "h" and type(payload) is str:  # an int too long for decimal
+        try:
+            return int(payload, 16)
+        except ValueError:
+            raise ValueError("a malformed value") from None
+    if tag == "#" and type(payload) is str and len(payload) == 64:
+        return LargeValue(payload)
     if tag == "f" and type(payload) is str:
         return float.fromhex(payload)
     if tag == "c" and type(payload) is tuple and len(payload) == 2 and all(type(p) is str for p in payload):

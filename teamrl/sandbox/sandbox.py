@@ -10,6 +10,7 @@ run left behind, and turns it all into an :class:`ExecutionResult`.
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import marshal
 import os
 import re
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from teamrl.sandbox.judge import CallTest, decode_plain, split_test
+from teamrl.sandbox.judge import CallTest, ReferenceTest, decode_plain, short_repr, split_test
 from teamrl.sandbox.limits import SandboxLimits
 from teamrl.sandbox.result import ExecutionResult
 
@@ -356,10 +357,13 @@ def _parse_records(data: bytes, nonce: str, n_tests: int) -> _Records:
     return rec
 
 
-def _judge_calls(rec: _Records, calls: Sequence[CallTest | None]) -> None:
+def _judge_calls(rec: _Records, calls: Sequence[CallTest | ReferenceTest | None], limits: SandboxLimits, network: str) -> None:
     """Decide, here, the tests that were split into a call: a test passes only when the
     harness sent back one plain value for it and that value meets the expectation, which the
-    sandboxed process never saw. Writes the verdict into ``rec.tests`` as the harness would."""
+    sandboxed process never saw (for a :class:`ReferenceTest`, the outputs of the reference
+    solution, run in a second sandbox run by :func:`_judge_references`). Writes the verdict
+    into ``rec.tests`` as the harness would."""
+    pending: list[tuple[int, ReferenceTest, list, str]] = []
     for index, call in enumerate(calls):
         if call is None:
             continue
@@ -380,11 +384,74 @@ def _judge_calls(rec: _Records, calls: Sequence[CallTest | None]) -> None:
         except ValueError as exc:  # a non-plain value (a class of the program's) is a wrong answer
             rec.tests[index] = ["fail", f"{where} -> AssertionError: returned {exc}"]
             continue
+        if isinstance(call, ReferenceTest):
+            if type(got) is not list or len(got) != len(call.args):
+                rec.tests[index] = ["fail", f"{where} -> AssertionError: returned {_short_repr(got)}, not one output per input"]
+            else:
+                pending.append((index, call, got, where))
+            continue
         passed, expected = call.judge(got)
         if passed:
             rec.tests[index] = ["pass"]
         else:
             rec.tests[index] = ["fail", f"{where} -> AssertionError: returned {_short_repr(got)}, expected {_shorten(expected)}"]
+    if pending:
+        _judge_references(rec, pending, limits, network)
+
+
+# Reference outputs by (reference, entry point, inputs): the same for every candidate.
+_REFERENCE_CACHE: dict[bytes, list] = {}
+_REFERENCE_CACHE_MAX = 4096
+_REFERENCE_CACHE_LOCK = threading.Lock()
+
+
+def _reference_key(test: ReferenceTest) -> bytes:
+    return hashlib.sha256(marshal.dumps((test.reference, test.name, test.args))).digest()
+
+
+def _judge_references(rec: _Records, pending: list[tuple[int, ReferenceTest, list, str]], limits: SandboxLimits, network: str) -> None:
+    """Judge reference tests against their reference solution's values, run in a second
+    sandbox run (one per reference solution) on plain values: the inputs, or for find_zero
+    the candidate's decoded outputs. Outputs on the inputs alone are cached."""
+    values: dict[int, list] = {}
+    to_run: dict[str, list[tuple[int, CallTest]]] = {}
+    for index, test, got, _ in pending:
+        cached = None
+        if not test.find_zero:
+            with _REFERENCE_CACHE_LOCK:
+                cached = _REFERENCE_CACHE.get(_reference_key(test))
+        if cached is not None:
+            values[index] = cached
+        else:
+            to_run.setdefault(test.reference, []).append((index, test.reference_call(got)))
+    failures: dict[int, str] = {}
+    for reference, jobs in to_run.items():
+        run_calls = [call for _, call in jobs]
+        records = _Run(reference, [c.call_source for c in run_calls], limits, "", network).records(run_calls)
+        for k, (index, call) in enumerate(jobs):
+            chunks, count = records.values.get(k), records.value_chunks.get(k, 0)
+            outcome = records.tests.get(k) or (records.body if records.body and records.body[0] != "ok" else None)
+            try:
+                if outcome or not chunks or sorted(chunks) != list(range(count)):
+                    raise ValueError(outcome[-1] if outcome else "no value came back")
+                output = decode_plain("".join(chunks[j] for j in range(count)))
+                if type(output) is not list or len(output) != len(call.args):
+                    raise ValueError(f"returned {_short_repr(output)}, not one output per input")
+            except ValueError as exc:
+                failures[index] = _shorten(str(exc))
+                continue
+            values[index] = output
+    for index, test, got, where in pending:
+        if index in failures:
+            rec.tests[index] = ["error", f"{where}: the reference solution's run failed: {failures[index]}"]
+            continue
+        if not test.find_zero and index in values:
+            with _REFERENCE_CACHE_LOCK:
+                if len(_REFERENCE_CACHE) >= _REFERENCE_CACHE_MAX:
+                    _REFERENCE_CACHE.pop(next(iter(_REFERENCE_CACHE)))
+                _REFERENCE_CACHE[_reference_key(test)] = values[index]
+        passed, why = test.judge(got, values[index])
+        rec.tests[index] = ["pass"] if passed else ["fail", f"test {index + 1}: {test.assert_source} -> AssertionError: {why}"]
 
 
 def _shorten(text: str) -> str:
@@ -392,7 +459,7 @@ def _shorten(text: str) -> str:
 
 
 def _short_repr(value: object) -> str:
-    return _shorten(repr(value))
+    return short_repr(value)
 
 
 # ---------------------------------------------------------------------------------------
@@ -415,7 +482,9 @@ def run_program(
     ``def check(candidate): ...`` plus ``check(f)``); it passes if it finishes without an
     exception. Tests run in order in one namespace (a copy of the program's, with the
     builtins as they were before the program ran). A test of a usual data-set shape is split
-    (see ``judge.py``): only its call runs there, and its verdict is taken here. The program
+    (see ``judge.py``): only its call runs there, and its verdict is taken here; for a
+    HumanEval+ input chunk the expected outputs come from the reference solution, run in a
+    second sandbox run (cached per reference and inputs). The program
     runs in a bubblewrap container (its own pid, mount, ipc, uts and network namespaces; only
     /usr and the interpreter visible, read-only; private size-limited tmpfs /tmp and
     /dev/shm), as an unprivileged per-run user when the caller is root, with
@@ -473,7 +542,7 @@ class _Run:
     # -- output collection
     def _take(self, name: str, data: bytes) -> None:
         if name == "results":
-            if len(self.results) < 4 << 20:  # a program spamming the channel is tampering anyway
+            if len(self.results) < 16 << 20:  # a program spamming the channel is tampering anyway
                 self.results += data
             return
         buf = self.out[name]
@@ -486,6 +555,16 @@ class _Run:
 
     def execute(self) -> ExecutionResult:
         start = time.monotonic()
+        calls = [split_test(t) for t in self.tests]
+        records = self.records(calls)
+        # Judged after the run's uid is released: a reference test starts a second run.
+        _judge_calls(records, calls, self.limits, self.network)
+        return self._result(records, *self._outcome, time.monotonic() - start)
+
+    def records(self, calls: Sequence[CallTest | ReferenceTest | None]) -> _Records:
+        """Run the program and its tests (a test with a call runs only that call) and return
+        what the harness reported; how the process ended is kept in ``self._outcome``."""
+        start = time.monotonic()
         lease = _LEASES.acquire() if os.geteuid() == 0 else None
         proc: subprocess.Popen | None = None
         pidfd: int | None = None
@@ -495,7 +574,6 @@ class _Run:
             if lease is not None and _kill_user(lease.uid):  # left by a crashed earlier caller
                 _kill_user_atomically(lease.uid, lease.gid)
                 _kill_user(lease.uid)
-            calls = [split_test(t) for t in self.tests]
             read_fd, write_fd = os.pipe()
             self._results_fd = read_fd
             nonce = secrets.token_hex(16)
@@ -550,9 +628,8 @@ class _Run:
             _, wait_status, rusage = os.wait4(proc.pid, 0)
             proc.returncode = _bwrap_exit_code(os.waitstatus_to_exitcode(wait_status))
             self._drain(streams)
-            records = _parse_records(bytes(self.results), nonce, len(self.tests))
-            _judge_calls(records, calls)
-            return self._result(records, proc.returncode, rusage, timed_out, flooded, lease, time.monotonic() - start)
+            self._outcome = (proc.returncode, rusage, timed_out, flooded, lease)
+            return _parse_records(bytes(self.results), nonce, len(self.tests))
         finally:
             if proc is not None and proc.returncode is None:
                 self._kill_all(proc, lease)

@@ -14,7 +14,6 @@ import ast
 import builtins
 import importlib.util
 import json
-import math
 import re
 import warnings
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from teamrl.core.config import InputError, InputFileMissing
+from teamrl.sandbox.judge import reference_check_source
 from teamrl.tasks.jsonl import read_jsonl
 
 __all__ = [
@@ -44,7 +44,9 @@ class CodeProblem:
 
     prompt:             what the model sees (a signature with docstring, or a description).
     entry_point:        the function the tests call.
-    tests:              snippets run after the solution, in order, in one namespace.
+    tests:              snippets run after the solution, in order, in one namespace (HumanEval+
+                        input chunks are ``judge.reference_check_source`` tests that
+                        ``run_program`` judges outside the solution's process).
     canonical_solution: a complete reference program that passes the tests, when known.
     source:             the data set: "humaneval", "mbpp", "humanevalplus", "coophumaneval".
     """
@@ -213,73 +215,18 @@ def load_mbpp(path: str | Path) -> list[CodeProblem]:
     return problems
 
 
-def _literal(value: Any) -> str:
-    """Python source for a JSON-decoded value (non-finite floats included)."""
-    if value is None or isinstance(value, (bool, int, str)):
-        return repr(value)
-    if isinstance(value, float):
-        if math.isnan(value):
-            return "float('nan')"
-        if math.isinf(value):
-            return "float('inf')" if value > 0 else "float('-inf')"
-        return repr(value)
-    if isinstance(value, list):
-        return "[" + ", ".join(_literal(v) for v in value) + "]"
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{_literal(k)}: {_literal(v)}" for k, v in value.items()) + "}"
-    raise ValueError(f"HumanEval+: cannot write {type(value).__name__} {value!r:.80} as a literal")
-
-
-# The comparison of evalplus (exact, else np.allclose(rtol=1e-7, atol) for float outputs,
-# atol 1e-6 when the task gives 0; find_zero is checked through poly), without numpy.
-_PLUS_CHECK = '''\
-def _teamrl_plus_check(candidate):
-    ref_ns = {{}}
-    exec({reference!r}, ref_ns)
-    reference = ref_ns[{entry_point!r}]
-    atol = {atol!r}
-
-    def floats(x):
-        return isinstance(x, float) or (isinstance(x, (list, tuple)) and len(x) > 0 and all(isinstance(i, float) for i in x))
-
-    def same(got, expected, atol):
-        if got == expected:
-            return True
-        if atol == 0 and floats(expected):
-            atol = 1e-6
-        if atol == 0 or type(got) != type(expected):
-            return False
-        if isinstance(expected, (list, tuple)):
-            return len(got) == len(expected) and all(abs(g - e) <= atol + 1e-7 * abs(e) for g, e in zip(got, expected))
-        return abs(got - expected) <= atol + 1e-7 * abs(expected)
-
-    cases = [
-{cases}    ]
-    for number, make_args in enumerate(cases, start={first}):
-        got = candidate(*make_args())
-        if {find_zero!r}:
-            ok = abs(ref_ns["poly"](*make_args(), got)) <= atol
-            expected = "a zero of poly"
-        else:
-            expected = reference(*make_args())
-            ok = same(got, expected, atol)
-        assert ok, f"{label} input #{{number}}: {{repr(make_args())[:200]}} -> {{repr(got)[:200]}}, expected {{repr(expected)[:200]}}"
-
-
-_teamrl_plus_check({entry_point})
-'''
-
-
 def load_humanevalplus(path: str | Path, chunk_size: int = 50) -> list[CodeProblem]:
     """HumanEval+ (evalplus JSONL(.gz): the HumanEval fields plus ``base_input``,
     ``plus_input`` and ``atol``; HumanEvalPlus.jsonl.gz, -Mini or -NoExtreme).
 
-    The file holds the extra inputs but not their outputs: expected outputs come from the
-    canonical solution, which each input snippet defines in its own namespace and runs on
-    the same inputs inside the sandbox. Tests: the HumanEval ``test`` (split as usual; where
-    a variant has none, ``base_input`` checked like the plus inputs), then one snippet per
-    ``chunk_size`` plus inputs. Inputs are written as literals, evaluated
-    twice, so a candidate that mutates its arguments cannot change the reference's.
+    The file holds the extra inputs but not their outputs: each input chunk is a test that
+    ``run_program`` judges outside the candidate's process (``teamrl.sandbox.judge.
+    ReferenceTest``): the candidate's outputs come back as plain values, the canonical
+    solution runs on the same inputs in a second, separate sandbox run, and the caller
+    compares them with evalplus's rules (exact, else ``atol`` for float outputs, 1e-6 when the
+    task gives 0; find_zero's output is checked through the reference's ``poly``). Tests: the
+    HumanEval ``test`` (split as usual; where a variant has none, ``base_input`` checked like
+    the plus inputs), then one test per ``chunk_size`` plus inputs.
     """
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
         raise ValueError(f"load_humanevalplus: chunk_size={chunk_size!r}; expected a positive int")
@@ -296,18 +243,8 @@ def load_humanevalplus(path: str | Path, chunk_size: int = 50) -> list[CodeProbl
             groups.insert(0, ("base", row.get("base_input") or []))
         for label, inputs in groups:
             for start in range(0, len(inputs), chunk_size):
-                cases = "".join(f"        lambda: {_literal(list(args))},\n" for args in inputs[start : start + chunk_size])
-                tests.append(
-                    _PLUS_CHECK.format(
-                        reference=reference,
-                        entry_point=entry,
-                        atol=float(row.get("atol") or 0),
-                        cases=cases,
-                        first=start,
-                        find_zero=entry == "find_zero",
-                        label=label,
-                    )
-                )
+                chunk = inputs[start : start + chunk_size]
+                tests.append(reference_check_source(entry, reference, chunk, float(row.get("atol") or 0), first=start, label=label))
         if not tests:
             raise InputError(f"{file}: line {i + 1} ({row['task_id']}) has no test, base_input or plus_input")
         problems.append(
