@@ -191,7 +191,7 @@ def load_mbpp(path: str | Path) -> list[CodeProblem]:
     paper present it), so the model knows the function's name; the tests are the asserts,
     each prefixed by the task's test imports.
     """
-    file = _existing(path, "MBPP", "give sanitized-mbpp.json (see ../shared/data/README.md)")
+    file = _existing(path, "MBPP", "give sanitized-mbpp.json (see docs/data.md)")
     rows = json.loads(file.read_text(encoding="utf-8"))
     if not isinstance(rows, list):
         raise InputError(f"MBPP: {file} should hold a JSON list of problems, found {type(rows).__name__}")
@@ -230,7 +230,7 @@ def load_humanevalplus(path: str | Path, chunk_size: int = 50) -> list[CodeProbl
     """
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
         raise ValueError(f"load_humanevalplus: chunk_size={chunk_size!r}; expected a positive int")
-    file = _existing(path, "HumanEval+", "give HumanEvalPlus.jsonl.gz (see ../shared/data/README.md)")
+    file = _existing(path, "HumanEval+", "give HumanEvalPlus.jsonl.gz (see docs/data.md)")
     problems = []
     for i, row in enumerate(read_jsonl(file, str(file))):
         _need(row, ("task_id", "prompt", "entry_point", "canonical_solution"), f"{file}: line {i + 1}")
@@ -263,7 +263,7 @@ def load_humanevalplus(path: str | Path, chunk_size: int = 50) -> list[CodeProbl
 def load_coophumaneval(path: str | Path) -> list[CodeProblem]:
     """CoopHumanEval (che_raw.json or mbpp_raw.json: a list of task_id, prompt, test,
     entry_point). No reference solutions ship with it (canonical_solution is None)."""
-    file = _existing(path, "CoopHumanEval", "give coophumaneval/che_raw.json or mbpp_raw.json (see ../shared/data/README.md)")
+    file = _existing(path, "CoopHumanEval", "give coophumaneval/che_raw.json or mbpp_raw.json (see docs/data.md)")
     rows = json.loads(file.read_text(encoding="utf-8"))
     if not isinstance(rows, list):
         raise InputError(f"CoopHumanEval: {file} should hold a JSON list of problems, found {type(rows).__name__}")
@@ -303,8 +303,7 @@ def load_code_problems(source: str, path: str | Path | None = None, limit: int |
     if path is None:
         if source != "humaneval":
             raise ValueError(
-                f"load_code_problems: source {source!r} needs path= (e.g. the copy under ../shared/data; "
-                "see its README); only 'humaneval' has a built-in copy"
+                f"load_code_problems: source {source!r} needs path= (see docs/data.md); only 'humaneval' has a built-in copy"
             )
         problems = load_humaneval()
     else:

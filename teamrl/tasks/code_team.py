@@ -37,7 +37,7 @@ class CodeProblemsOptions:
 
     name: str = ""
     source: str = option("humaneval", choices=tuple(sorted(CODE_SOURCES)), doc="coding data set")
-    path: str = option("", doc="its file, for every source but humaneval (see ../shared/data/README.md)")
+    path: str = option("", doc="its file, for every source but humaneval (see docs/data.md)")
     num_problems: int = option(0, ge=0, doc="first N problems; 0 = all")
     wall_seconds: float = option(5.0, gt=0, doc="sandbox wall-clock limit per program")
     workers: int = option(0, ge=0, doc="parallel sandbox runs; 0 = one per CPU")
@@ -88,7 +88,7 @@ class CodeProblems:
     def __init__(self, opts) -> None:
         self.opts = opts
         if self.opts.source != "humaneval" and not self.opts.path:
-            raise ConfigError(f"task.path: source {self.opts.source!r} needs the path of its file (see ../shared/data/README.md)")
+            raise ConfigError(f"task.path: source {self.opts.source!r} needs the path of its file (see docs/data.md)")
         code = load_code_problems(self.opts.source, self.opts.path or None, self.opts.num_problems or None)
         self._problems = [Problem(c.task_id, {"code": c}) for c in code]
         self._pool: SandboxPool | None = None

@@ -77,7 +77,7 @@ class MathOptions:
     source: str = option("generated", doc="generated (seeded arithmetic word problems), generated_easy (one "
                                           "operation on numbers up to 20, for small models), gsm8k, math "
                                           "(MATH-500 / AIME / AMC JSONL) or reasoning_gym:<dataset>")
-    path: str = option("", doc="the JSONL file, for gsm8k and math (e.g. ../shared/data/math/math500.jsonl)")
+    path: str = option("", doc="the JSONL file, for gsm8k and math (e.g. math500.jsonl; see docs/data.md)")
     num_problems: int = option(0, ge=0, doc="first N problems of a file (0 = all); generators make N (0 = 64)")
     max_turns: int = option(2, ge=1, doc="turns (reasoner and tool) per episode")
     seed: int = option(0, doc="seed of the generators")
@@ -345,7 +345,7 @@ def _unordered_equal(pa: list[str], pb: list[str]) -> bool:
 
 def load_gsm8k(path: str | Path, limit: int | None = None) -> list[Problem]:
     """GSM8K JSONL (``question``, ``answer`` with the final answer after ``####``)."""
-    rows = read_jsonl(path, "GSM8K", "see ../shared/data/README.md")
+    rows = read_jsonl(path, "GSM8K", "see docs/data.md")
     stem = Path(path).stem
     problems = []
     for i, row in enumerate(rows[:limit] if limit else rows):
@@ -358,7 +358,7 @@ def load_gsm8k(path: str | Path, limit: int | None = None) -> list[Problem]:
 
 def load_math(path: str | Path, limit: int | None = None) -> list[Problem]:
     """MATH-style JSONL (``problem``, ``answer``: MATH-500, AIME, AMC; numeric answers become strings)."""
-    rows = read_jsonl(path, "MATH", "see ../shared/data/README.md")
+    rows = read_jsonl(path, "MATH", "see docs/data.md")
     stem = Path(path).stem
     problems = []
     for i, row in enumerate(rows[:limit] if limit else rows):
@@ -469,7 +469,7 @@ def load_math_problems(opts: MathOptions) -> list[Problem]:
         return load_reasoning_gym(src.split(":", 1)[1], n or GENERATED_DEFAULT, opts.seed)
     if src in ("gsm8k", "math"):
         if not opts.path:
-            raise ConfigError(f"task.path: source {src!r} needs its JSONL file (see ../shared/data/README.md)")
+            raise ConfigError(f"task.path: source {src!r} needs its JSONL file (see docs/data.md)")
         return (load_gsm8k if src == "gsm8k" else load_math)(opts.path, n or None)
     raise ConfigError(f"task.source={src!r}: choose one of {list(SOURCES)}")
 

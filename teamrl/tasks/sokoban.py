@@ -363,7 +363,7 @@ class Sokoban(ToolPlannerEnvironment):
         if o.source == "boxoban":
             if not o.path:
                 raise ConfigError("task.path: source=boxoban needs a Boxoban .txt file or folder "
-                                 "(e.g. ../shared/data/boxoban/unfiltered/test)")
+                                 "(see docs/data.md)")
             for lid, rows in load_boxoban(o.path, o.num_problems):
                 self._problems.append(Problem(f"boxoban/{lid}", {"rows": rows, "optimal": None}))
         elif o.source == "generated":
