@@ -155,6 +155,18 @@ def test_killed_worker_is_named_within_seconds_and_resume_reproduces_the_next_st
             assert records[step][k] == pytest.approx(reference[step][k], rel=1e-5, abs=1e-7), (step + 1, k)
 
 
+def test_a_worker_the_cluster_cannot_place_fails_naming_it_and_what_it_asked_for(cluster, tmp_path):
+    from teamrl.trainer.workers import WorkerFailed
+
+    cfg = _cfg(tmp_path, "grpo", "name=nowhere", "policy.placement=ray", "policy.ray_timeout_s=3",
+               "policy.resources={shared: {num_cpus: 1, resources: {node_c: 1}}}")
+    t0 = time.perf_counter()
+    with pytest.raises(WorkerFailed, match=r"policy worker 'shared' did not start within policy.ray_timeout_s=3 s; it asks "
+                                           r"Ray for \{'num_cpus': 1, 'resources': \{'node_c': 1\}\}"):
+        Trainer(cfg)
+    assert time.perf_counter() - t0 < 30
+
+
 def test_a_dead_driver_leaves_no_actors(cluster, tmp_path):
     driver = textwrap.dedent(f"""
         import json, time, ray

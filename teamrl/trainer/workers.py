@@ -187,13 +187,22 @@ class PolicyPlacement:
             self.workers = {"local": WorkerHandle("policy worker 'local'", PolicyWorker(router), False, timeout)}
             self.worker_of = {name: "local" for name in router.policies}
             return
+        import ray
+
         groups = worker_groups(cfg, list(router.policies))
         actors = _start_actors(cfg, {w: roles_of(router, roles, dict(cfg.policy.roles), names) for w, names in groups.items()})
-        self.workers = {w: WorkerHandle(f"policy worker {w!r}", a, True, timeout) for w, a in actors.items()}
+        self.workers = {w: WorkerHandle(f"policy worker {w!r}", a, True, timeout) for w, (a, _) in actors.items()}
         self.worker_of = {name: w for w, names in groups.items() for name in names}
         try:
             for w, h in self.workers.items():  # fail here, naming the worker, when one cannot start
-                h.call("policies")
+                try:
+                    h.call("policies")
+                except WorkerFailed as e:
+                    if not isinstance(e.__cause__, ray.exceptions.GetTimeoutError):
+                        raise
+                    raise WorkerFailed(f"{h.name} did not start within policy.ray_timeout_s={timeout:g} s; it asks Ray "
+                                       f"for {actors[w][1]} (policy.resources.{w}): does the cluster offer that "
+                                       "(ray status)?") from e
             # the workers start from the driver's weights: the same as placement local's for the same seed
             futures = {name: self._handle(name).submit("load_adapter_state", name, self.router.policies[name].named_state())
                        for name in self.router.policies}
@@ -257,9 +266,9 @@ class PolicyPlacement:
                 pass
 
 
-def _start_actors(cfg: Config, groups: dict[str, tuple[list[str], dict[str, str]]]) -> dict[str, Any]:
+def _start_actors(cfg: Config, groups: dict[str, tuple[list[str], dict[str, str]]]) -> dict[str, tuple[Any, dict]]:
     """One Ray actor per worker (``groups``: its roles and role map), with the resources ``policy.resources``
-    asks for; starts Ray if none runs in this process."""
+    asks for; starts Ray if none runs in this process. Worker name -> (actor handle, the resources it asked for)."""
     import ray
 
     p = cfg.policy
@@ -273,7 +282,7 @@ def _start_actors(cfg: Config, groups: dict[str, tuple[list[str], dict[str, str]
         # Workers import this very teamrl (not another install) and keep to their CPU share.
         env = {"PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")]),
                "OMP_NUM_THREADS": str(threads), "OMP_WAIT_POLICY": "PASSIVE", "TOKENIZERS_PARALLELISM": "false"}
-        opts: dict[str, Any] = {"runtime_env": {"env_vars": env}, "max_restarts": 0, "num_cpus": res.pop("num_cpus", 1)}
-        opts.update(res)
-        actors[worker] = actor_cls.options(**opts).remote(cfg, roles, role_map)
+        asked = {"num_cpus": res.pop("num_cpus", 1), **res}
+        actors[worker] = (actor_cls.options(runtime_env={"env_vars": env}, max_restarts=0, **asked).remote(cfg, roles, role_map),
+                          asked)
     return actors
