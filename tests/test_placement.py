@@ -155,6 +155,34 @@ def test_killed_worker_is_named_within_seconds_and_resume_reproduces_the_next_st
             assert records[step][k] == pytest.approx(reference[step][k], rel=1e-5, abs=1e-7), (step + 1, k)
 
 
+def test_http_rollouts_sample_from_the_weights_the_ray_workers_trained(cluster, tmp_path):
+    import threading
+
+    from teamrl.rollout.server import ModelServer, TeamrlHTTPServer
+
+    httpd = TeamrlHTTPServer(ModelServer("tiny-random", seed=0), "127.0.0.1", 0)
+    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        local = Trainer(_cfg(tmp_path, "grpo", "name=local", "run.log_episodes=true"))
+        served = Trainer(_cfg(tmp_path, "grpo", "name=served", "run.log_episodes=true", "policy.placement=ray",
+                              "rollout.engine=http", f"rollout.server_url={httpd.url}"))
+        for _ in range(2):
+            a, b = local.train_step(), served.train_step()
+            assert a["grad_norm/shared"] > 0  # the adapter moves, so step 2 tests the sync worker -> driver -> server
+            assert b["loss/shared"] == pytest.approx(a["loss/shared"], rel=1e-5, abs=1e-7)
+        served.shutdown()
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+    def episodes(name):
+        lines = (tmp_path / name / "episodes" / "step_000002.jsonl").read_text().splitlines()
+        return [(e["completion"], e["completion_tokens"]) for e in map(json.loads, lines)]
+
+    assert episodes("served") == episodes("local")  # step 2 sampled from the adapter the worker trained
+
+
 def test_a_worker_the_cluster_cannot_place_fails_naming_it_and_what_it_asked_for(cluster, tmp_path):
     from teamrl.trainer.workers import WorkerFailed
 
