@@ -187,7 +187,7 @@ def _main(argv: list[str]) -> int:
     if ns.command == "eval":
         return _eval(cfg, ns)
     from teamrl.rollout.http_engine import ServerError
-    from teamrl.trainer.decoupled import WorkerFailed
+    from teamrl.trainer.workers import WorkerFailed
     from teamrl.trainer.trainer import RunExists, make_trainer
     from teamrl.trainer.update import NonFiniteReward
 

@@ -119,20 +119,19 @@ def test_cli_reports_a_non_finite_reward_in_one_line(tmp_path, monkeypatch, caps
     assert not any("Traceback" in line for line in err)
 
 
-def test_decoupled_workers_check_rewards_too(tmp_path, monkeypatch) -> None:
+def test_decoupled_placement_checks_rewards_too(tmp_path, monkeypatch) -> None:
     from pathlib import Path
 
-    from teamrl.trainer.decoupled import DecoupledTrainer
     from teamrl.trainer.trainer import make_trainer
 
-    rollout = DecoupledTrainer._rollout
+    rollout = Trainer._rollout
 
     def poisoned(self, problems, make_ctx, scheduler):
-        samples = rollout(self, problems, make_ctx, scheduler)  # the objects the workers take from the store
+        samples = rollout(self, problems, make_ctx, scheduler)
         next(s for s in samples if s.role == "main").reward = float("nan")
         return samples
 
-    monkeypatch.setattr(DecoupledTrainer, "_rollout", poisoned)
+    monkeypatch.setattr(Trainer, "_rollout", poisoned)
     config = str(Path(__file__).resolve().parents[1] / "configs" / "m_grpo_research.yaml")
     common = ["model=tiny-random", "threads=1", "rollout.max_new_tokens=6", "rollout.batch_size=2", "rollout.group_size=2",
               "run.progress=false", "run.tensorboard=false", "run.log_episodes=false", "policy.lora.r=4",
@@ -141,8 +140,8 @@ def test_decoupled_workers_check_rewards_too(tmp_path, monkeypatch) -> None:
         make_trainer(load_config(config, [*common, "name=err"])).train_step()
     tr = make_trainer(load_config(config, [*common, "name=drop", "train.nonfinite_reward=drop_group"]))
     rec = tr.train_step()
-    assert rec["nonfinite_groups_dropped/main"] == 1
-    assert all(torch.isfinite(v).all() for w in tr.workers.values() for v in w.call("named_state").values())
+    assert rec["nonfinite_groups_dropped"] == 1  # one trainer counts the dropped groups of every policy
+    assert all(torch.isfinite(v).all() for a in tr.router.policies for v in tr.placement.policy_state(a)[0].values())
 
 
 def test_trainer_logs_a_skipped_step_and_saves_finite_weights(tmp_path, monkeypatch) -> None:

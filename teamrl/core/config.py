@@ -56,6 +56,11 @@ class LoraConfig:
                                    doc="module names that get adapters")
 
 
+PLACEMENTS = ("local", "ray")
+# The Ray actor options a worker may ask for (policy.resources.<worker>)
+WORKER_RESOURCES = ("num_cpus", "num_gpus", "memory", "resources")
+
+
 @dataclass
 class PolicyConfig:
     mode: str = option("shared", choices=("shared", "lora_per_role", "separate"),
@@ -70,6 +75,20 @@ class PolicyConfig:
                                                      "(lora_per_role / separate): every role must be listed, roles with one "
                                                      "policy name share it; empty: a role's type is its name without a "
                                                      "trailing number (generator0 -> generator) and each type has a policy")
+    placement: str = option("local", choices=PLACEMENTS,
+                            doc="where each policy's worker (model, adapters, optimizer) lives: local (the driver's process; "
+                                "the reference for correctness) or ray (one Ray actor per worker, see docs/scale.md)")
+    workers: dict[str, list[str]] = option(factory=dict, doc="ray: worker name -> the policies it holds (they share its "
+                                                             "base model), e.g. {base: [main, sub]}; empty: one worker per "
+                                                             "policy, named after it")
+    resources: dict[str, dict[str, Any]] = option(factory=dict, doc="ray: worker name -> Ray actor resources "
+                                                                    f"({', '.join(WORKER_RESOURCES)}), e.g. "
+                                                                    "{proposer: {num_gpus: 1}, critic: {resources: {node_b: 1}}}; "
+                                                                    "a worker not listed asks for num_cpus 1")
+    ray_address: str = option("", doc="ray: address of a running cluster (ray start --head prints it); empty: a Ray "
+                                      "already initialised in this process, else a local one (ray.init)")
+    ray_timeout_s: float = option(600.0, gt=0, doc="ray: seconds to wait for a worker's answer before failing with an "
+                                                   "error naming it")
 
 
 @dataclass
@@ -173,9 +192,10 @@ class MGRPOConfig:
     sub_reward: str = option("gated", choices=("gated", "outcome", "format"),
                              doc="a sub-trajectory's reward: gated = main reward if its format is valid else 0; outcome = main reward; format = 1 if valid else 0")
     decoupled: str = option("none", choices=("none", "inprocess", "ray"),
-                            doc="none: one process, one router; inprocess / ray: one worker per agent with its own model and optimizer, trajectories through a store")
-    ray_timeout_s: float = option(600.0, gt=0, doc="seconds to wait for a Ray worker before failing with an error naming it")
-    ray_address: str = option("", doc="ray: address of a running cluster; empty starts a local one (ray.init)")
+                            doc="legacy: inprocess / ray set policy.mode=separate (one model per agent) and "
+                                "policy.placement=local / ray, and copy ray_timeout_s / ray_address into policy")
+    ray_timeout_s: float = option(600.0, gt=0, doc="legacy (decoupled): copied to policy.ray_timeout_s")
+    ray_address: str = option("", doc="legacy (decoupled): copied to policy.ray_address")
 
 
 @dataclass
@@ -414,11 +434,9 @@ def validate(cfg: Config) -> None:
         if cfg.policy.lora is None:
             raise ConfigError("rollout.engine: http sends LoRA adapters to the server after each update; "
                               "policy.lora is null (full weights). Use engine hf, or train LoRA adapters")
-    if cfg.algorithm == "m_grpo" and cfg.m_grpo.decoupled == "ray":
-        import importlib.util
-
-        if importlib.util.find_spec("ray") is None:
-            raise ConfigError("m_grpo.decoupled: ray needs the ray package: pip install -e \".[ray]\" (or use inprocess)")
+    if cfg.algorithm == "m_grpo" and cfg.m_grpo.decoupled != "none":
+        _migrate_decoupled(cfg)
+    _check_placement(cfg.policy)
     if "name" not in cfg.task:
         raise ConfigError("task.name: missing; name a task, e.g. word_count")
     if cfg.workflow.name and cfg.algorithm != "grpo":
@@ -430,6 +448,51 @@ def validate(cfg: Config) -> None:
                           "choose one of ['group', 'mean', 'batch', 'none', 'rloo']")
     if cfg.train.advantage in ("group", "rloo", "batch", "mean", "none") and cfg.rollout.group_size < 2:
         raise ConfigError(f"rollout.group_size: {cfg.rollout.group_size} gives groups of one, whose advantage is 0; must be >= 2 (or use train.advantage=max)")
+
+
+def _migrate_decoupled(cfg: Config) -> None:
+    """``m_grpo.decoupled: inprocess | ray`` (the former decoupled trainer) as a placement: one model per agent."""
+    import importlib.util
+
+    m = cfg.m_grpo
+    if m.decoupled == "ray" and importlib.util.find_spec("ray") is None:
+        raise ConfigError("m_grpo.decoupled: ray needs the ray package: pip install -e \".[ray]\" (or use inprocess)")
+    cfg.policy.mode = "separate"
+    cfg.policy.placement = "ray" if m.decoupled == "ray" else "local"
+    cfg.policy.ray_timeout_s, cfg.policy.ray_address = m.ray_timeout_s, m.ray_address
+    m.decoupled = "none"  # the resolved config says it the new way
+
+
+def _check_placement(p: PolicyConfig) -> None:
+    """``policy.workers`` / ``policy.resources`` are well formed, and Ray is installed when placement asks for it."""
+    if p.placement == "ray":
+        import importlib.util
+
+        if importlib.util.find_spec("ray") is None:
+            raise ConfigError("policy.placement: ray needs the ray package: pip install -e \".[ray]\" (or use local)")
+    seen: dict[str, str] = {}
+    for worker, names in p.workers.items():
+        if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
+            raise ConfigError(f"policy.workers.{worker}: expected a non-empty list of policy names, got {names!r}")
+        for n in names:
+            if n in seen:
+                raise ConfigError(f"policy.workers: policy {n!r} is on workers {seen[n]!r} and {worker!r}; give each "
+                                  "policy one worker")
+            seen[n] = worker
+    for worker, res in p.resources.items():
+        if not isinstance(res, dict):
+            raise ConfigError(f"policy.resources.{worker}: expected a mapping of {list(WORKER_RESOURCES)}, got {res!r}")
+        bad = [k for k in res if k not in WORKER_RESOURCES]
+        if bad:
+            raise ConfigError(f"policy.resources.{worker}.{bad[0]}: unknown key; allowed keys are {list(WORKER_RESOURCES)}")
+        for k, v in res.items():
+            if k == "resources":
+                if not isinstance(v, dict) or not all(isinstance(x, (int, float)) and not isinstance(x, bool) and x >= 0
+                                                      for x in v.values()):
+                    raise ConfigError(f"policy.resources.{worker}.resources: expected a mapping of custom resource "
+                                      f"name -> amount >= 0, got {v!r}")
+            elif isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
+                raise ConfigError(f"policy.resources.{worker}.{k}: expected a number >= 0, got {v!r}")
 
 
 def config_to_dict(cfg: Any) -> Any:

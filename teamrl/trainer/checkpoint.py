@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -18,6 +18,39 @@ from teamrl.core.seeding import rng_state, set_rng_state
 from teamrl.policies.router import PolicyRouter
 
 _STEP_DIR = re.compile(r"^step_(\d+)$")
+
+
+class PolicyStates(Protocol):
+    """What a checkpoint reads and restores of the policies, wherever they live (a worker placement)."""
+
+    def policy_names(self) -> list[str]: ...
+
+    def policy_state(self, name: str) -> tuple[dict[str, torch.Tensor], dict[str, Any]]: ...
+
+    def load_policy_state(self, name: str, weights: dict[str, torch.Tensor], optimizer: dict[str, Any]) -> None: ...
+
+
+class RouterStates:
+    """:class:`PolicyStates` of the policies of one in-process router."""
+
+    def __init__(self, router: PolicyRouter) -> None:
+        self.router = router
+
+    def policy_names(self) -> list[str]:
+        return list(self.router.policies)
+
+    def policy_state(self, name: str) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        pol = self.router.policies[name]
+        return pol.named_state(), pol.optimizer.state_dict()
+
+    def load_policy_state(self, name: str, weights: dict[str, torch.Tensor], optimizer: dict[str, Any]) -> None:
+        pol = self.router.policies[name]
+        pol.load_named_state(weights)
+        pol.optimizer.load_state_dict(optimizer)
+
+
+def _states(policies: PolicyRouter | PolicyStates) -> PolicyStates:
+    return RouterStates(policies) if isinstance(policies, PolicyRouter) else policies
 
 
 def _first_nonfinite(tree: Any, path: str = "") -> str | None:
@@ -32,12 +65,13 @@ def _first_nonfinite(tree: Any, path: str = "") -> str | None:
     return None
 
 
-def save_checkpoint(folder: Path, step: int, router: PolicyRouter, state: dict[str, Any], keep: int = 2) -> Path:
-    """Write ``folder/step_N`` and keep only the ``keep`` newest checkpoints.
+def save_checkpoint(folder: Path, step: int, policies: PolicyRouter | PolicyStates, state: dict[str, Any], keep: int = 2) -> Path:
+    """Write ``folder/step_N`` (each policy of a router or a worker placement) and keep only the ``keep`` newest checkpoints.
 
     Raises ValueError, writing nothing, when a policy's weights or optimizer state hold a NaN/inf.
     """
-    saved = {name: (pol.named_state(), pol.optimizer.state_dict()) for name, pol in router.policies.items()}
+    states = _states(policies)
+    saved = {name: states.policy_state(name) for name in states.policy_names()}
     for name, (weights, optim) in saved.items():
         for what, tree in (("weight", weights), ("optimizer state", optim)):
             bad = _first_nonfinite(tree)
@@ -67,14 +101,16 @@ def list_checkpoints(folder: Path) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
-def load_checkpoint(path: Path, router: PolicyRouter) -> dict[str, Any]:
-    """Restore policies, optimizers and RNG states from ``path``; return the trainer state."""
-    for name, pol in router.policies.items():
+def load_checkpoint(path: Path, policies: PolicyRouter | PolicyStates) -> dict[str, Any]:
+    """Restore policies (of a router or a worker placement), optimizers and RNG states from ``path``; return the trainer state."""
+    states = _states(policies)
+    for name in states.policy_names():
         f = path / f"policy_{name}.pt"
         if not f.is_file():
             raise FileNotFoundError(f"checkpoint {path} has no weights for policy {name!r} ({f.name}); was the policy mode changed?")
-        pol.load_named_state(torch.load(f, weights_only=True, map_location="cpu"))  # a GPU run resumes on a CPU too
-        pol.optimizer.load_state_dict(torch.load(path / f"optimizer_{name}.pt", weights_only=True, map_location="cpu"))
+        # a GPU run resumes on a CPU too
+        states.load_policy_state(name, torch.load(f, weights_only=True, map_location="cpu"),
+                                 torch.load(path / f"optimizer_{name}.pt", weights_only=True, map_location="cpu"))
     state = torch.load(path / "trainer_state.pt", weights_only=False)
     set_rng_state(state["rng"])
     return state

@@ -23,7 +23,7 @@ from teamrl.policies.chat import encode_chat
 from teamrl.policies.logprobs import build_token_batch, completion_logprobs
 from teamrl.policies.models import generation_eos_ids
 from teamrl.policies.multi_lora import SharedBaseAdapters
-from teamrl.policies.router import PolicyRouter, role_type
+from teamrl.policies.router import role_type
 from teamrl.rollout.engine import Engine, SamplingParams
 from teamrl.rollout.hf_engine import HFEngine
 from teamrl.rollout.scheduler import GenerationScheduler
@@ -31,8 +31,8 @@ from teamrl.tasks import Problem, make_task
 from teamrl.tasks.solve import SolveTask
 from teamrl.trainer.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
 from teamrl.trainer.diagnostics import CliffDetector, role_capture
-from teamrl.trainer.update import (NonFiniteReward, _to_device, make_update_settings, nonfinite_reward_groups,
-                                   update_policy_steps)
+from teamrl.trainer.update import NonFiniteReward, _to_device, make_update_settings, nonfinite_reward_groups
+from teamrl.trainer.workers import PolicyPlacement, make_router
 from teamrl.tasks.task import TeamTask
 from teamrl.workflows.context import EpisodeContext
 
@@ -42,11 +42,7 @@ class RunExists(RuntimeError):
 
 
 def make_trainer(cfg: Config, resume: bool = False) -> "Trainer":
-    """The trainer a config asks for: decoupled M-GRPO workers (``m_grpo.decoupled``), else :class:`Trainer`."""
-    if cfg.algorithm == "m_grpo" and cfg.m_grpo.decoupled != "none":
-        from teamrl.trainer.decoupled import DecoupledTrainer  # imports Ray only when the mode is ray
-
-        return DecoupledTrainer(cfg, resume=resume)
+    """The trainer a config asks for: one :class:`Trainer` for every algorithm and placement (``policy.placement``)."""
     return Trainer(cfg, resume=resume)
 
 
@@ -79,8 +75,7 @@ class Trainer:
         self.last_role_stats: dict[str, float] = {}
         self.nonfinite_groups_dropped = 0  # groups left out of the last step for a NaN/inf reward
         # the tokenizer's EOS and generation_config's (vLLM stops at both): one set for every engine and the loss mask
-        # (the decoupled trainer's policy views hold no model: its workers keep the tokenizer's EOS)
-        self.eos_ids = generation_eos_ids(getattr(next(iter(self.router.policies.values())), "model", None), self.tokenizer)
+        self.eos_ids = generation_eos_ids(next(iter(self.router.policies.values())).model, self.tokenizer)
         self.problems = self.task.problems()
         if not self.problems:
             raise ConfigError(f"task {self.task.name!r}: no training problems (check task.num_problems / task.test_size)")
@@ -91,7 +86,7 @@ class Trainer:
         self.data_position = 0
         ckpts = list_checkpoints(self.ckpt_dir)
         if resume and ckpts:
-            state = load_checkpoint(ckpts[-1], self.router)
+            state = load_checkpoint(ckpts[-1], self.placement)
             self.step, self.data_position = state["step"], state["data_position"]
             if hasattr(self.algorithm, "load_state_dict"):  # its own RNG (AT-GRPO branch choice, M-GRPO alignment)
                 # a checkpoint from before it was saved: one rollout per step, so the count of rollouts is the step
@@ -145,14 +140,12 @@ class Trainer:
         return [lp[i, :len(c.token_ids)].tolist() for i, c in enumerate(completions)]
 
     def _build_policies(self) -> None:
-        """The policies, the tokenizer and the role -> policy route (one process, one router)."""
-        cfg = self.cfg
-        self.router = PolicyRouter(cfg.policy.mode, self.roles, cfg.model, cfg.policy.lora,
-                                   lr=cfg.train.lr, weight_decay=cfg.train.weight_decay, seed=cfg.seed,
-                                   need_reference=cfg.train.loss.kl_coef > 0, device=cfg.policy.device, dtype=cfg.policy.dtype,
-                                   role_map=cfg.policy.roles)
+        """The driver's router (the rollout engine samples from it), the tokenizer, the role -> policy route, and
+        the workers that train the policies (``policy.placement``: this router itself, or Ray actors)."""
+        self.router = make_router(self.cfg, self.roles)
         self.tokenizer = self.router.tokenizer
         self.route = self.router.policy_name
+        self.placement = PolicyPlacement(self.cfg, self.router, self.roles)
 
     # ---- data -------------------------------------------------------------------------
     def _next_problems(self) -> list[Problem]:
@@ -222,7 +215,7 @@ class Trainer:
             state = {"data_position": self.data_position}
             if hasattr(self.algorithm, "state_dict"):
                 state["algorithm"] = self.algorithm.state_dict()
-            save_checkpoint(self.ckpt_dir, step, self.router, state, keep=self.cfg.run.keep_checkpoints)
+            save_checkpoint(self.ckpt_dir, step, self.placement, state, keep=self.cfg.run.keep_checkpoints)
         return record
 
     def _role_metrics(self, samples: list[Sample], role_stats: dict[str, float], record: dict[str, Any]) -> dict[str, float]:
@@ -265,7 +258,7 @@ class Trainer:
         event = self.cliffs.update(step, out["eval/accuracy"])
         out["eval/peak_accuracy"] = event.peak
         if event.kind == "peak" and step > 0:
-            save_checkpoint(self.run_dir / "best", step, self.router, {"data_position": self.data_position,
+            save_checkpoint(self.run_dir / "best", step, self.placement, {"data_position": self.data_position,
                                                                       "eval_accuracy": event.accuracy}, keep=1)
         if event.kind == "cliff":
             out["eval/cliff"] = 1
@@ -287,12 +280,16 @@ class Trainer:
         if self.cfg.train.nonfinite_reward == "drop_group":
             record["nonfinite_groups_dropped"] = self.nonfinite_groups_dropped
         role_stats: dict[str, list[float]] = {}
-        for name, policy in self.router.policies.items():
+        parts_by_policy = {}
+        for name in self.router.policies:
             own = [s for s in train_samples if s.policy == name]
             # One optimizer step per policy, or (equalize_steps false) one per role instance in turn.
-            parts = [own] if self.cfg.policy.equalize_steps else [[s for s in own if s.role == r] for r in dict.fromkeys(s.role for s in own)]
-            # with several steps, each is clipped against the weights that sampled (old log-probs taken before the first)
-            for part_stats in update_policy_steps(policy, parts, self.update_settings, self.tokenizer.pad_token_id, self.eos_ids):
+            parts_by_policy[name] = [own] if self.cfg.policy.equalize_steps else [[s for s in own if s.role == r] for r in dict.fromkeys(s.role for s in own)]
+        # with several steps, each is clipped against the weights that sampled (old log-probs taken before the first);
+        # every worker updates its policies at once, and the driver's copies are synced after
+        steps = self.placement.update(parts_by_policy, self.update_settings, self.tokenizer.pad_token_id, self.eos_ids)
+        for name, parts in parts_by_policy.items():
+            for part_stats in steps[name]:
                 for k, v in part_stats.items():
                     if "@" in k:
                         role_stats.setdefault(k, []).append(v)
@@ -338,6 +335,16 @@ class Trainer:
     # ---- the loop ---------------------------------------------------------------------
     def train(self) -> list[dict[str, Any]]:
         """Run until ``train.steps``; returns every step's metrics of this run directory."""
+        try:
+            return self._train_loop()
+        finally:
+            self.shutdown()
+
+    def shutdown(self) -> None:
+        """Stop the policy workers (Ray actors); the run directory and its checkpoints stay as they are."""
+        self.placement.shutdown()
+
+    def _train_loop(self) -> list[dict[str, Any]]:
         from tqdm import tqdm
 
         total = self.cfg.train.steps

@@ -28,7 +28,7 @@ class UpdateSettings:
 
 
 def make_update_settings(cfg: Config) -> UpdateSettings:
-    """The update settings a config asks for (the trainer's and every decoupled worker's)."""
+    """The update settings a config asks for (every policy worker's)."""
     t = cfg.train
     return UpdateSettings(
         loss=LossConfig(eps_low=t.loss.eps_low, eps_high=t.loss.eps_high, dual_clip=t.loss.dual_clip,

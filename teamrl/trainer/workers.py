@@ -1,0 +1,288 @@
+"""Policy workers: where each policy's model, adapters and optimizer live, and how the driver reaches them.
+
+The driver (:class:`~teamrl.trainer.trainer.Trainer`) keeps the control flow: rollouts,
+grouping, advantages and which policy updates when. Each policy lives on a :class:`PolicyWorker`,
+which owns one or more policies that share a base (model, adapters, optimizer, device) and does
+what the driver asks of them: an update from the policy's own samples, its weights for a sync or a
+checkpoint, its optimizer state. ``policy.placement`` says where the workers are:
+
+- ``local`` (default): one worker in the driver's process, holding the driver's own router; the
+  rollout engine samples from the very weights the worker trains. The reference for correctness.
+- ``ray``: each worker is a Ray actor with the resources ``policy.resources.<worker>`` asks for
+  (GPUs, CPUs, custom node resources), holding the policies ``policy.workers.<worker>`` lists
+  (default: one worker per policy). The driver keeps a copy of each policy for rollouts; after
+  an update it pulls the policy's weights from its worker when the worker's version of them
+  changed (and the HTTP engine sends them on to its server as usual). At start the workers take
+  the driver's initial weights, so both placements train the same weights from the same seed.
+
+Only samples, weights (adapters, for a LoRA) and optimizer states cross between processes. A dead
+or silent actor raises :class:`WorkerFailed` naming it (every ``ray.get`` has a timeout,
+``policy.ray_timeout_s``), never a hang. The actors are not detached: they die with the driver.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from teamrl.core.config import Config, ConfigError
+from teamrl.core.sample import Sample
+from teamrl.policies.router import PolicyRouter
+from teamrl.trainer.update import UpdateSettings, update_policy_steps
+
+# What a worker asks of Ray when policy.resources does not name it.
+DEFAULT_WORKER_RESOURCES = {"num_cpus": 1}
+
+
+class WorkerFailed(RuntimeError):
+    """A policy worker died or did not answer in time; the message names it."""
+
+
+def make_router(cfg: Config, roles: Sequence[str], role_map: dict[str, str] | None = None) -> PolicyRouter:
+    """The router ``cfg`` asks for, for ``roles`` (``role_map``: a part of ``policy.roles``; default all of it)."""
+    p = cfg.policy
+    role_map = dict(p.roles) if role_map is None else role_map
+    return PolicyRouter(p.mode, list(roles), cfg.model, p.lora, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay,
+                        seed=cfg.seed, need_reference=cfg.train.loss.kl_coef > 0, device=p.device, dtype=p.dtype,
+                        role_map=role_map or None)
+
+
+def roles_of(router: PolicyRouter, roles: Sequence[str], role_map: dict[str, str],
+             policies: Sequence[str]) -> tuple[list[str], dict[str, str]]:
+    """The roles that act with ``policies`` and their part of ``role_map``: what a worker holding only those builds."""
+    return ([r for r in roles if router.policy_name(r) in policies],
+            {r: name for r, name in role_map.items() if name in policies})
+
+
+class PolicyWorker:
+    """Owns the policies of one router (they share its base model and device) and updates them on request."""
+
+    def __init__(self, router: PolicyRouter) -> None:
+        self.router = router
+
+    def _policy(self, name: str):
+        if name not in self.router.policies:
+            raise KeyError(f"policy {name!r} is not on this worker; it holds {sorted(self.router.policies)}")
+        return self.router.policies[name]
+
+    def policies(self) -> list[str]:
+        """The names of the policies this worker holds (also proves that it is up)."""
+        return list(self.router.policies)
+
+    def update(self, name: str, parts: Sequence[Sequence[Sample]], settings: UpdateSettings, pad_id: int,
+               eos_ids: Sequence[int]) -> dict[str, Any]:
+        """One optimizer step of policy ``name`` per non-empty part (see :func:`update_policy_steps`).
+
+        Returns ``{"steps": each step's statistics, "version": the policy's weight version after them}``.
+        """
+        policy = self._policy(name)
+        steps = update_policy_steps(policy, parts, settings, pad_id, eos_ids)
+        return {"steps": steps, "version": policy.version}
+
+    def version(self, name: str) -> int:
+        """How many times policy ``name``'s weights changed (steps and loads)."""
+        return self._policy(name).version
+
+    def adapter_state(self, name: str) -> dict[str, torch.Tensor]:
+        """Policy ``name``'s trainable weights (its adapter for a LoRA), as CPU copies."""
+        return {k: v.detach().to("cpu", copy=True) for k, v in self._policy(name).named_state().items()}
+
+    def load_adapter_state(self, name: str, state: dict[str, torch.Tensor]) -> int:
+        """Replace policy ``name``'s trainable weights; returns its new version."""
+        policy = self._policy(name)
+        policy.load_named_state(state)
+        return policy.version
+
+    def optimizer_state(self, name: str) -> dict[str, Any]:
+        """Policy ``name``'s optimizer state (for a checkpoint)."""
+        return self._policy(name).optimizer.state_dict()
+
+    def load_optimizer_state(self, name: str, state: dict[str, Any]) -> None:
+        """Restore policy ``name``'s optimizer state (from a checkpoint)."""
+        self._policy(name).optimizer.load_state_dict(state)
+
+    def where(self) -> dict[str, Any]:
+        """Where this worker runs: Ray node id (empty outside Ray), process id and the policies' device."""
+        node = ""
+        try:
+            import ray
+
+            if ray.is_initialized():
+                node = ray.get_runtime_context().get_node_id()
+        except ImportError:
+            pass
+        return {"node_id": node, "pid": os.getpid(), "device": str(self.router.device)}
+
+
+class RayPolicyWorker(PolicyWorker):
+    """A :class:`PolicyWorker` that builds its own router inside its Ray actor's process."""
+
+    def __init__(self, cfg: Config, roles: list[str], role_map: dict[str, str]) -> None:
+        torch.set_num_threads(cfg.threads or int(os.environ.get("OMP_NUM_THREADS", "1")))
+        super().__init__(make_router(cfg, roles, role_map))
+
+
+class WorkerHandle:
+    """Calls on a local :class:`PolicyWorker` or on a Ray actor, with one error naming ``name`` if the actor fails."""
+
+    def __init__(self, name: str, target: Any, remote: bool, timeout: float) -> None:
+        self.name, self.target, self.remote, self.timeout = name, target, remote, timeout
+
+    def submit(self, method: str, *args: Any) -> Any:
+        """Start a call; on Ray it runs concurrently with other actors' calls until :meth:`result`."""
+        if self.remote:
+            return getattr(self.target, method).remote(*args)
+        return getattr(self.target, method)(*args)
+
+    def result(self, future: Any) -> Any:
+        """The value of a :meth:`submit`; a dead or silent actor raises :class:`WorkerFailed`."""
+        if not self.remote:
+            return future
+        import ray
+
+        try:
+            return ray.get(future, timeout=self.timeout)
+        except ray.exceptions.GetTimeoutError as e:
+            raise WorkerFailed(f"{self.name}: no answer within policy.ray_timeout_s={self.timeout:g} s") from e
+        except ray.exceptions.RayActorError as e:
+            raise WorkerFailed(f"{self.name} died ({type(e).__name__}); the run cannot continue: restart it with "
+                               "--resume to continue from the last checkpoint") from e
+
+    def call(self, method: str, *args: Any) -> Any:
+        """A blocking call."""
+        return self.result(self.submit(method, *args))
+
+
+def worker_groups(cfg: Config, policies: Sequence[str]) -> dict[str, list[str]]:
+    """Worker name -> the policies it holds: ``policy.workers``, else one worker per policy (checked against ``policies``)."""
+    groups = {w: list(names) for w, names in cfg.policy.workers.items()} or {p: [p] for p in policies}
+    placed = [n for names in groups.values() for n in names]
+    unknown = [n for n in placed if n not in policies]
+    if unknown:
+        raise ConfigError(f"policy.workers: policy {unknown[0]!r} does not exist; the policies are {list(policies)}")
+    missing = [p for p in policies if p not in placed]
+    if missing:
+        raise ConfigError(f"policy.workers: policies {missing} are on no worker; list every one of {list(policies)}")
+    extra = [w for w in cfg.policy.resources if w not in groups]
+    if extra:
+        raise ConfigError(f"policy.resources: {extra[0]!r} is not a worker; the workers are {list(groups)}")
+    return groups
+
+
+class PolicyPlacement:
+    """The driver's view of the policy workers: updates, weight sync to the driver's copy, checkpoint parts.
+
+    ``router`` is the driver's router (the rollout engine samples from its policies). With
+    placement ``local`` it is also the one worker's; with ``ray`` it is a copy kept in sync.
+    """
+
+    def __init__(self, cfg: Config, router: PolicyRouter, roles: Sequence[str]) -> None:
+        self.router = router
+        self.remote = cfg.policy.placement == "ray"
+        timeout = cfg.policy.ray_timeout_s
+        if not self.remote:
+            self.workers = {"local": WorkerHandle("policy worker 'local'", PolicyWorker(router), False, timeout)}
+            self.worker_of = {name: "local" for name in router.policies}
+            return
+        import ray
+
+        groups = worker_groups(cfg, list(router.policies))
+        actors = _start_actors(cfg, {w: roles_of(router, roles, dict(cfg.policy.roles), names) for w, names in groups.items()})
+        self.workers = {w: WorkerHandle(f"policy worker {w!r}", a, True, timeout) for w, (a, _) in actors.items()}
+        self.worker_of = {name: w for w, names in groups.items() for name in names}
+        try:
+            for w, h in self.workers.items():  # fail here, naming the worker, when one cannot start
+                try:
+                    h.call("policies")
+                except WorkerFailed as e:
+                    if not isinstance(e.__cause__, ray.exceptions.GetTimeoutError):
+                        raise
+                    raise WorkerFailed(f"{h.name} did not start within policy.ray_timeout_s={timeout:g} s; it asks Ray "
+                                       f"for {actors[w][1]} (policy.resources.{w}): does the cluster offer that "
+                                       "(ray status)?") from e
+            # the workers start from the driver's weights: the same as placement local's for the same seed
+            futures = {name: self._handle(name).submit("load_adapter_state", name, self.router.policies[name].named_state())
+                       for name in self.router.policies}
+            self._synced = {name: self._handle(name).result(f) for name, f in futures.items()}
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def _handle(self, policy: str) -> WorkerHandle:
+        return self.workers[self.worker_of[policy]]
+
+    def update(self, parts_by_policy: dict[str, list[list[Sample]]], settings: UpdateSettings, pad_id: int,
+               eos_ids: Sequence[int]) -> dict[str, list[dict[str, float]]]:
+        """Each policy's optimizer steps on its parts (on Ray, all workers at once); the driver's copies are
+        synced after. Returns each policy's per-step statistics, in the order of ``parts_by_policy``."""
+        futures = {name: self._handle(name).submit("update", name, parts, settings, pad_id, list(eos_ids))
+                   for name, parts in parts_by_policy.items()}
+        out = {}
+        for name, fut in futures.items():
+            result = self._handle(name).result(fut)
+            out[name] = result["steps"]
+            if self.remote and result["version"] != self._synced[name]:
+                self.router.policies[name].load_named_state(self._handle(name).call("adapter_state", name))
+                self._synced[name] = result["version"]
+        return out
+
+    # ---- checkpoints (teamrl.trainer.checkpoint) --------------------------------------------------
+    def policy_names(self) -> list[str]:
+        """Every policy, in the router's order."""
+        return list(self.router.policies)
+
+    def policy_state(self, name: str) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        """(weights, optimizer state) of policy ``name``, from its worker."""
+        h = self._handle(name)
+        weights, optim = h.submit("adapter_state", name), h.submit("optimizer_state", name)
+        return h.result(weights), h.result(optim)
+
+    def load_policy_state(self, name: str, weights: dict[str, torch.Tensor], optimizer: dict[str, Any]) -> None:
+        """Restore policy ``name`` on its worker (and the driver's copy, for rollouts)."""
+        h = self._handle(name)
+        version = h.call("load_adapter_state", name, weights)
+        h.call("load_optimizer_state", name, optimizer)
+        if self.remote:
+            self.router.policies[name].load_named_state(weights)
+            self._synced[name] = version
+
+    def where(self) -> dict[str, dict[str, Any]]:
+        """Worker name -> where it runs (:meth:`PolicyWorker.where`)."""
+        return {w: h.call("where") for w, h in self.workers.items()}
+
+    def shutdown(self) -> None:
+        """Stop the Ray actors (the Ray runtime itself is left to whoever started it); nothing to do locally."""
+        if not self.remote:
+            return
+        import ray
+
+        for h in self.workers.values() if hasattr(self, "workers") else ():
+            try:
+                ray.kill(h.target)
+            except ray.exceptions.RayError:  # already dead: nothing to stop
+                pass
+
+
+def _start_actors(cfg: Config, groups: dict[str, tuple[list[str], dict[str, str]]]) -> dict[str, tuple[Any, dict]]:
+    """One Ray actor per worker (``groups``: its roles and role map), with the resources ``policy.resources``
+    asks for; starts Ray if none runs in this process. Worker name -> (actor handle, the resources it asked for)."""
+    import ray
+
+    p = cfg.policy
+    if not ray.is_initialized():
+        ray.init(address=p.ray_address or None, include_dashboard=False, log_to_driver=False)
+    actor_cls = ray.remote(RayPolicyWorker)
+    actors = {}
+    for worker, (roles, role_map) in groups.items():
+        res = dict(p.resources.get(worker, DEFAULT_WORKER_RESOURCES))
+        threads = cfg.threads or max(1, int(res.get("num_cpus", 1)))
+        # Workers import this very teamrl (not another install) and keep to their CPU share.
+        env = {"PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")]),
+               "OMP_NUM_THREADS": str(threads), "OMP_WAIT_POLICY": "PASSIVE", "TOKENIZERS_PARALLELISM": "false"}
+        asked = {"num_cpus": res.pop("num_cpus", 1), **res}
+        actors[worker] = (actor_cls.options(runtime_env={"env_vars": env}, max_restarts=0, **asked).remote(cfg, roles, role_map),
+                          asked)
+    return actors
