@@ -68,8 +68,9 @@ class PolicyConfig:
                         doc="model weights dtype; auto is bfloat16 on CUDA and float32 on CPU")
     roles: dict[str, str] = option(factory=dict, doc="explicit role -> policy map, e.g. {critic: critic, critic2: critic} "
                                                      "(lora_per_role / separate): every role must be listed, roles with one "
-                                                     "policy name share it; empty: a role's type is its name without a "
-                                                     "trailing number (generator0 -> generator) and each type has a policy")
+                                                     "policy name share it; empty: each declared role has its own policy "
+                                                     "(critic2, gpt4 included) and numbered instances the workflow "
+                                                     "creates (generator0 of generator) share their role's")
 
 
 @dataclass
