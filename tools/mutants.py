@@ -183,7 +183,7 @@ MUTANTS: list[Mutant] = [
            T_GRPO, "every episode its own group (all advantages 0)"),
     Mutant("grpo.one_episode_short", GRPO, "for e in range(self.group_size)]", "for e in range(self.group_size - 1)]",
            T_GRPO, "G - 1 episodes per problem"),
-    Mutant("grpo.baseline_not_greedy", GRPO, '{"baseline": True, "greedy": True}', '{"baseline": True}',
+    Mutant("grpo.baseline_not_greedy", GRPO, 'make_ctx(p, -1, {"greedy": True})', 'make_ctx(p, -1, {})',
            T_GRPO, "ReMax baseline sampled instead of greedy"),
 
     # --- algorithms/magrpo.py -------------------------------------------------------------------

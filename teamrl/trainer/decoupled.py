@@ -38,7 +38,7 @@ from teamrl.algorithms.m_grpo import prepare_sub_samples
 from teamrl.core.config import Config, ConfigError
 from teamrl.core.sample import Sample
 from teamrl.core.seeding import derive_seed
-from teamrl.losses import group_ids_from_keys, trajectory_advantages, trajectory_ids_from_tags
+from teamrl.losses import group_ids_from_keys, trajectory_advantages, trajectory_ids
 from teamrl.policies.router import PolicyRouter
 from teamrl.rollout.engine import Completion, Engine, GenerationRequest
 from teamrl.rollout.hf_engine import HFEngine
@@ -159,18 +159,18 @@ class PolicyWorker:
             m = self.cfg.m_grpo
             samples = prepare_sub_samples(samples, stats["outcomes"], m.d_max, m.sub_reward, stats["seed"],
                                           frozen=m.sub_agent == "frozen")
-        train = [s for s in samples if not s.tags.get("no_update")]
+        train = [s for s in samples if s.trainable]
         dropped = nonfinite_reward_groups(train, self.cfg.task["name"], self.cfg.train.nonfinite_reward)
         for s in train:
             if s.group in dropped:
-                s.tags["no_update"] = True  # left out of the update and of the trained samples' metrics
+                s.trainable = False  # left out of the update and of the trained samples' metrics
         train = [s for s in train if s.group not in dropped]
         dropped_stats = {"nonfinite_groups_dropped": float(len(dropped))} if self.cfg.train.nonfinite_reward == "drop_group" else {}
         if not train:
             return {"stats": dropped_stats, "samples": samples}
         rewards = torch.tensor([s.reward for s in train], dtype=torch.float32)
         adv = trajectory_advantages(rewards, group_ids_from_keys([s.group for s in train]),
-                                    trajectory_ids_from_tags([s.tags for s in train]), self.cfg.train.advantage,
+                                    trajectory_ids([s.trajectory for s in train]), self.cfg.train.advantage,
                                     eps=self.cfg.train.advantage_eps)
         for s, a in zip(train, adv.tolist()):
             s.advantage = a
@@ -280,7 +280,7 @@ class DecoupledTrainer(Trainer):
             out = self.workers[a].result(fut)
             record.update({f"{k}/{a}": v for k, v in out["stats"].items()})
             logged += out["samples"]
-        trained = [s for s in logged if not s.tags.get("no_update")]
+        trained = [s for s in logged if s.trainable]
         if not trained and any(record.get(f"nonfinite_groups_dropped/{a}") for a in futures):
             raise NonFiniteReward(f"task {self.task.name!r}: every group of step {step} has a NaN/inf reward; "
                                   "nothing is left to train on")

@@ -18,7 +18,7 @@ from teamrl.core.config import Config, ConfigError, config_to_dict
 from teamrl.core.metrics import MetricsSink, read_metrics
 from teamrl.core.sample import Sample
 from teamrl.core.seeding import derive_seed, seed_everything
-from teamrl.losses import group_ids_from_keys, trajectory_advantages, trajectory_ids_from_tags
+from teamrl.losses import group_ids_from_keys, trajectory_advantages, trajectory_ids
 from teamrl.policies.chat import encode_chat
 from teamrl.policies.logprobs import build_token_batch, completion_logprobs
 from teamrl.policies.models import generation_eos_ids
@@ -205,7 +205,7 @@ class Trainer:
                     record[name] = sum(s.tags["normalised_reward"] for s in first_role) / len(first_role)
         if hasattr(self.algorithm, "metrics"):
             record.update(self.algorithm.metrics(train_samples))
-        baselines = [s for s in samples if s.tags.get("baseline")]
+        baselines = [s for s in samples if s.baseline]
         if baselines:
             record["greedy_reward_mean"] = sum(s.reward for s in baselines) / len(baselines)
         if self.cfg.run.log_episodes:
@@ -309,12 +309,12 @@ class Trainer:
     def _assign_advantages(self, samples: list[Sample]) -> list[Sample]:
         """Group-relative advantages over the trainable samples; returns them.
 
-        Left out: greedy baselines, samples tagged ``no_update`` (a frozen agent's, or
+        Left out: greedy baselines, samples not ``trainable`` (a frozen agent's, or
         sub-trajectories dropped by M-GRPO's alignment) and, with ``train.nonfinite_reward:
         drop_group``, every group holding a NaN/inf reward (their count in ``nonfinite_groups_dropped``;
         by default such a reward raises :class:`NonFiniteReward`)."""
-        train = [s for s in samples if not s.tags.get("baseline") and not s.tags.get("no_update")]
-        scored = train + [s for s in samples if s.tags.get("baseline")]  # a greedy baseline's reward enters 'max' advantages
+        train = [s for s in samples if s.trainable and not s.baseline]
+        scored = train + [s for s in samples if s.baseline]  # a greedy baseline's reward enters 'max' advantages
         dropped = nonfinite_reward_groups(scored, self.task.name, self.cfg.train.nonfinite_reward)
         self.nonfinite_groups_dropped = len(dropped)
         if dropped:
@@ -326,10 +326,10 @@ class Trainer:
         ids = group_ids_from_keys([s.group for s in train])
         baselines = None
         if self.cfg.train.advantage == "max":
-            greedy = {s.group: s.reward for s in samples if s.tags.get("baseline")}
+            greedy = {s.group: s.reward for s in samples if s.baseline}
             baselines = torch.tensor([greedy[s.group] for s in train], dtype=torch.float32)
-        # the turns of one rollout tagged as one trajectory (M-GRPO) count once in their group's statistics
-        adv = trajectory_advantages(rewards, ids, trajectory_ids_from_tags([s.tags for s in train]), self.cfg.train.advantage,
+        # the turns of one rollout marked as one trajectory (M-GRPO) count once in their group's statistics
+        adv = trajectory_advantages(rewards, ids, trajectory_ids([s.trajectory for s in train]), self.cfg.train.advantage,
                                     eps=self.cfg.train.advantage_eps, baselines=baselines)
         for s, a in zip(train, adv.tolist()):
             s.advantage = a
