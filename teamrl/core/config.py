@@ -439,7 +439,7 @@ def config_to_dict(cfg: Any) -> Any:
 
 
 def describe_schema(cls: type = Config, prefix: str = "") -> list[tuple[str, str, str, str]]:
-    """(key, type, default, doc) rows for the README's config reference."""
+    """(key, type, default, doc) rows for the config reference (docs/config.md)."""
     rows = []
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
@@ -457,3 +457,11 @@ def describe_schema(cls: type = Config, prefix: str = "") -> list[tuple[str, str
             doc += f" (one of {', '.join(f.metadata['choices'])})"
         rows.append((prefix + f.name, str(tp).replace("typing.", "").replace("<class '", "").replace("'>", ""), repr(default), doc))
     return rows
+
+
+def schema_table() -> str:
+    """The config reference as a Markdown table, one row per key of :func:`describe_schema`."""
+    lines = ["| key | type | default | meaning |", "|---|---|---|---|"]
+    for key, tp, default, doc in describe_schema():
+        lines.append(f"| `{key}` | {tp} | `{default}` | {doc} |" if default else f"| `{key}` | {tp} | | {doc} |")
+    return "\n".join(lines) + "\n"
