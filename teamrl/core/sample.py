@@ -22,17 +22,18 @@ class Sample:
     algorithm wrote them:
 
     - ``trainable``: False keeps the sample out of the advantages and the update (it is still
-      logged): a frozen agent's, a parallel candidate that never acted, a sub-trajectory that
-      M-GRPO's alignment dropped, a group with a non-finite reward under ``drop_group``.
+      logged): a frozen agent's, a parallel candidate that never acted, a sub-trajectory an
+      alignment dropped, a group with a non-finite reward under ``drop_group``.
     - ``baseline``: a greedy baseline episode's sample; never trained, its reward is its group's
       baseline for ``train.advantage: max``.
     - ``role_reward``: the sample's own reward, set by the workflow (``workflow.reward: per_role``
       uses it instead of the episode's outcome); None: the outcome.
     - ``trajectory``: samples with one trajectory key count once in their group's statistics
-      (M-GRPO: the main turns of one rollout; one aligned sub-trajectory slot); None: alone.
+      (the turns of one rollout; one aligned sub-trajectory slot); None: the sample alone.
 
-    ``tags`` holds free-form diagnostics (logged, never read by the trainer); the old steering
-    keys (:data:`STEERING_TAGS`) are refused there. ``slots``: a misspelt field is an error.
+    ``tags`` holds free-form diagnostics (logged; metrics may read them, training never does);
+    the old steering keys (:data:`STEERING_TAGS`) are refused there. ``slots``: a misspelt field
+    is an error.
     """
 
     role: str

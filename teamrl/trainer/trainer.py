@@ -33,7 +33,6 @@ from teamrl.trainer.checkpoint import list_checkpoints, load_checkpoint, save_ch
 from teamrl.trainer.diagnostics import CliffDetector, role_capture
 from teamrl.trainer.update import (NonFiniteReward, _to_device, make_update_settings, nonfinite_reward_groups,
                                    update_policy_steps)
-from teamrl.tasks.task import TeamTask
 from teamrl.workflows.context import EpisodeContext
 
 
@@ -196,11 +195,12 @@ class Trainer:
         })
         if len(self.roles) > 1:
             record.update(self._role_metrics(train_samples, self.last_role_stats, record))
-        if isinstance(self.task, TeamTask):
+        normalised = [s for s in train_samples if "normalised_reward" in s.tags]  # the joint actions' (MAGRPO)
+        if normalised:
             # mean normalised reward of the joint actions, at the first and the last turn sampled
-            last = max(s.turn for s in train_samples)
+            last = max(s.turn for s in normalised)
             for name, turn in (("normalised_return", 0), ("normalised_return_last_turn", last)):
-                first_role = [s for s in train_samples if s.turn == turn and s.role == self.roles[0]]
+                first_role = [s for s in normalised if s.turn == turn and s.role == self.roles[0]]
                 if first_role:  # none when train.nonfinite_reward=drop_group dropped that turn's groups
                     record[name] = sum(s.tags["normalised_reward"] for s in first_role) / len(first_role)
         if hasattr(self.algorithm, "metrics"):
