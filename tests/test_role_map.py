@@ -3,10 +3,18 @@ declared role (``generator0`` of ``generator``) share it; an explicit ``policy.r
 
 from __future__ import annotations
 
+import copy
+from types import SimpleNamespace
+
 import pytest
 
 from teamrl.core.config import LoraConfig
+from teamrl.core.sample import Sample
+from teamrl.losses import LossConfig
+from teamrl.policies.policy import Policy
 from teamrl.policies.router import PolicyRouter, declared_role
+from teamrl.trainer.trainer import Trainer
+from teamrl.trainer.update import UpdateSettings, update_policy
 
 LORA = LoraConfig(r=4, alpha=8, target_modules=["q_proj", "v_proj"])
 
@@ -40,3 +48,28 @@ def test_an_explicit_map_may_join_declared_roles_and_instances_follow_their_type
                           role_map={"critic": "critic", "critic2": "critic", "judge": "judge"})
     assert sorted(router.policies) == ["critic", "judge"]
     assert [router.policy_name(r) for r in ("critic2", "judge0", "critic2_1")] == ["critic", "judge", "critic"]
+
+
+def _stat_samples(tok, role: str, advs: list[float], offset: int) -> list[Sample]:
+    return [Sample(role=role, policy="p", problem_id=0, prompt_ids=[256, 40 + offset, 41 + i], sampling_logprobs=[],
+                   completion_ids=[60 + offset + i] * 2 + [tok.eos_token_id], advantage=a) for i, a in enumerate(advs)]
+
+
+def test_role_statistics_keep_a_declared_critic2_apart_and_fold_instances(tiny):
+    model, tok = tiny
+    samples = (_stat_samples(tok, "critic", [1.0, -1.0], 0) + _stat_samples(tok, "critic2", [0.5, -0.5], 3)
+               + _stat_samples(tok, "judge0", [0.2, -0.2], 6))
+    pol = Policy("p", copy.deepcopy(model), None, lr=1e-3, weight_decay=0.0)
+    stats = update_policy(pol, samples, UpdateSettings(loss=LossConfig(), role_stats=True, roles=("critic", "critic2", "judge")),
+                          tok.pad_token_id, [tok.eos_token_id])
+    assert sorted(k for k in stats if k.startswith("tokens@")) == ["tokens@critic", "tokens@critic2", "tokens@judge"]
+
+
+def test_trainer_role_metrics_are_per_declared_role():
+    samples = [Sample(role=r, policy=r.rstrip("0"), problem_id=0, prompt_ids=[1], completion_ids=[2] * n, sampling_logprobs=[],
+                      reward=rw) for r, n, rw in (("critic", 1, 1.0), ("critic2", 3, 0.0), ("judge0", 2, 0.5))]
+    trainer = SimpleNamespace(roles=["critic", "critic2", "judge"], cfg=SimpleNamespace(policy=SimpleNamespace(mode="shared")),
+                              route=lambda r: "shared")
+    out = Trainer._role_metrics(trainer, samples, {}, {})
+    assert out == {"reward/critic": 1.0, "completion_len/critic": 1.0, "reward/critic2": 0.0, "completion_len/critic2": 3.0,
+                   "reward/judge": 0.5, "completion_len/judge": 2.0}

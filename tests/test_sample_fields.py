@@ -9,12 +9,10 @@ import pickle
 
 import pytest
 
-from teamrl.algorithms.grpo import GRPO
 from teamrl.core.sample import Sample
-from teamrl.tasks.task import Problem, Task
-from teamrl.workflows.outcome import EpisodeOutcome
+from teamrl.losses import trajectory_ids
 from teamrl.workflows import REWARDS
-from tests.fakes import run_all, scripted_factory
+from teamrl.workflows.outcome import EpisodeOutcome
 
 
 def _sample(**kw) -> Sample:
@@ -56,27 +54,4 @@ def test_per_role_reward_reads_the_typed_field():
 
 
 def test_trajectory_ids_count_samples_of_one_trajectory_once():
-    from teamrl.losses import trajectory_ids
-
     assert trajectory_ids([(0, 1), None, (0, 1), None]).tolist() == [0, 1, 0, 2]
-
-
-class _Echo(Task):
-    name = "echo"
-
-    def problems(self):
-        return [Problem("a", {}), Problem("b", {})]
-
-    def prompt(self, problem):
-        return [{"role": "user", "content": f"problem {problem.id}"}]
-
-    def reward(self, problem, text):
-        return float(len(text))
-
-
-def test_grpo_greedy_baseline_samples_are_marked_baseline():
-    task = _Echo()
-    samples = GRPO(2, greedy_baseline=True).rollout(task.problems(), task, scripted_factory(lambda r, p, j: "x", []), run_all)
-    assert sorted((s.problem_id, s.episode) for s in samples if s.baseline) == [("a", -1), ("b", -1)]
-    assert all(s.tags.get("greedy") for s in samples if s.baseline)
-    assert not any(s.tags.get("greedy") for s in samples if not s.baseline)

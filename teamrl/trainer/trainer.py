@@ -23,7 +23,7 @@ from teamrl.policies.chat import encode_chat
 from teamrl.policies.logprobs import build_token_batch, completion_logprobs
 from teamrl.policies.models import generation_eos_ids
 from teamrl.policies.multi_lora import SharedBaseAdapters
-from teamrl.policies.router import PolicyRouter, role_type
+from teamrl.policies.router import PolicyRouter, declared_role
 from teamrl.rollout.engine import Engine, SamplingParams
 from teamrl.rollout.hf_engine import HFEngine
 from teamrl.rollout.scheduler import GenerationScheduler
@@ -74,7 +74,7 @@ class Trainer:
         self.params = SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
                                      top_k=r.top_k, stop=tuple(r.stop), ignore_eos=r.ignore_eos)
         self.greedy_params = dataclasses.replace(self.params, temperature=0.0)  # baselines and evaluation
-        self.update_settings = make_update_settings(cfg)
+        self.update_settings = make_update_settings(cfg, self.roles)
         self.last_role_stats: dict[str, float] = {}
         self.nonfinite_groups_dropped = 0  # groups left out of the last step for a NaN/inf reward
         # the tokenizer's EOS and generation_config's (vLLM stops at both): one set for every engine and the loss mask
@@ -226,12 +226,12 @@ class Trainer:
         return record
 
     def _role_metrics(self, samples: list[Sample], role_stats: dict[str, float], record: dict[str, Any]) -> dict[str, float]:
-        """Per role type: reward, response length and, when measured, loss, entropy, gradient
-        norm and role capture (share of the summed gradient norms)."""
+        """Per declared role (its instances ``generator0..`` included): reward, response length and,
+        when measured, loss, entropy, gradient norm and role capture (share of the summed gradient norms)."""
         out: dict[str, float] = {}
-        types = list(dict.fromkeys(role_type(r) for r in self.roles))
+        types = list(dict.fromkeys(self.roles))
         for t in types:
-            own = [s for s in samples if role_type(s.role) == t]
+            own = [s for s in samples if declared_role(s.role, types) == t]
             if own:
                 out[f"reward/{t}"] = sum(s.reward for s in own) / len(own)
                 out[f"completion_len/{t}"] = sum(len(s.completion_ids) for s in own) / len(own)
