@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import dataclasses
 import pickle
+from types import SimpleNamespace
 
 import pytest
 
 from teamrl.core.sample import Sample
 from teamrl.losses import trajectory_ids
+from teamrl.trainer.trainer import Trainer
 from teamrl.workflows import REWARDS
 from teamrl.workflows.outcome import EpisodeOutcome
 
@@ -55,3 +57,10 @@ def test_per_role_reward_reads_the_typed_field():
 
 def test_trajectory_ids_count_samples_of_one_trajectory_once():
     assert trajectory_ids([(0, 1), None, (0, 1), None]).tolist() == [0, 1, 0, 2]
+
+
+def test_a_steering_tag_written_after_construction_stops_the_trainer():
+    late = _sample()
+    late.tags["no_update"] = True  # ignored silently if nothing looked
+    with pytest.raises(ValueError, match=r"tags\['no_update'\].*Sample\.trainable"):
+        Trainer._assign_advantages(SimpleNamespace(), [_sample(), late])

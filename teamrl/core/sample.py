@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Hashable
+from typing import Any, Hashable, Iterable
 
 # Keys that once steered training from ``Sample.tags``; each is now the typed field named here.
 STEERING_TAGS = {"no_update": "trainable", "baseline": "baseline", "role_reward": "role_reward",
@@ -59,11 +59,7 @@ class Sample:
     tags: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        steering = [k for k in STEERING_TAGS if k in self.tags]
-        if steering:
-            k = steering[0]
-            raise ValueError(f"Sample tags[{k!r}] steers training and is no longer read from tags; "
-                             f"set the field Sample.{STEERING_TAGS[k]} instead (tags are diagnostics only)")
+        check_steering_tags([self])
 
     def to_record(self) -> dict[str, Any]:
         """A JSON-friendly view for episode logs (texts, not token ids)."""
@@ -87,3 +83,13 @@ class Sample:
             "trajectory": None if self.trajectory is None else repr(self.trajectory),
             **({"tags": self.tags} if self.tags else {}),
         }
+
+
+def check_steering_tags(samples: Iterable[Sample]) -> None:
+    """Raise :class:`ValueError` when a sample's ``tags`` hold a key that once steered training
+    (it would be ignored silently), naming the typed field to set instead."""
+    for s in samples:
+        for k in STEERING_TAGS:
+            if k in s.tags:
+                raise ValueError(f"Sample tags[{k!r}] steers training and is no longer read from tags; "
+                                 f"set the field Sample.{STEERING_TAGS[k]} instead (tags are diagnostics only)")

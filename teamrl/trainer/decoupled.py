@@ -36,7 +36,7 @@ import torch
 
 from teamrl.algorithms.m_grpo import prepare_sub_samples
 from teamrl.core.config import Config, ConfigError
-from teamrl.core.sample import Sample
+from teamrl.core.sample import Sample, check_steering_tags
 from teamrl.core.seeding import derive_seed
 from teamrl.losses import group_ids_from_keys, trajectory_advantages, trajectory_ids
 from teamrl.policies.router import PolicyRouter
@@ -159,6 +159,7 @@ class PolicyWorker:
             m = self.cfg.m_grpo
             samples = prepare_sub_samples(samples, stats["outcomes"], m.d_max, m.sub_reward, stats["seed"],
                                           frozen=m.sub_agent == "frozen")
+        check_steering_tags(samples)
         train = [s for s in samples if s.trainable]
         dropped = nonfinite_reward_groups(train, self.cfg.task["name"], self.cfg.train.nonfinite_reward)
         for s in train:

@@ -16,7 +16,7 @@ import yaml
 from teamrl.algorithms import make_algorithm
 from teamrl.core.config import Config, ConfigError, config_to_dict
 from teamrl.core.metrics import MetricsSink, read_metrics
-from teamrl.core.sample import Sample
+from teamrl.core.sample import Sample, check_steering_tags
 from teamrl.core.seeding import derive_seed, seed_everything
 from teamrl.losses import group_ids_from_keys, trajectory_advantages, trajectory_ids
 from teamrl.policies.chat import encode_chat
@@ -313,6 +313,7 @@ class Trainer:
         sub-trajectories dropped by M-GRPO's alignment) and, with ``train.nonfinite_reward:
         drop_group``, every group holding a NaN/inf reward (their count in ``nonfinite_groups_dropped``;
         by default such a reward raises :class:`NonFiniteReward`)."""
+        check_steering_tags(samples)  # one written into tags after construction would be ignored
         train = [s for s in samples if s.trainable and not s.baseline]
         scored = train + [s for s in samples if s.baseline]  # a greedy baseline's reward enters 'max' advantages
         dropped = nonfinite_reward_groups(scored, self.task.name, self.cfg.train.nonfinite_reward)
