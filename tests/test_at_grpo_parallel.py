@@ -83,5 +83,5 @@ def test_candidates_of_a_role_whose_turn_never_came_are_not_trained(env):
     assert all(s.reward is not None for s in samples) and all(s.tags["solved"] for s in samples)
     late = [s for s in samples if s.role == "tool" and s.turn == 1]
     assert len(late) == 2  # generated with the reasoner's (parallel), but the episode ended before they acted
-    assert all(s.tags.get("no_update") and s.tags.get("unused") and s.reward == 0.0 for s in late)
-    assert not any(s.tags.get("no_update") for s in samples if s not in late)
+    assert all(not s.trainable and s.tags.get("unused") and s.reward == 0.0 for s in late)
+    assert all(s.trainable for s in samples if s not in late)

@@ -75,9 +75,9 @@ def test_schema_reference_lists_every_leaf():
         assert k in keys
 
 
-def test_readme_config_reference_lists_every_key():
+def test_config_reference_lists_every_key():
     from pathlib import Path
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    missing = [k for k, *_ in describe_schema() if f"| `{k}` |" not in readme]
-    assert not missing, f"README config reference lacks {missing}; regenerate with python -m teamrl.core"
+    reference = (Path(__file__).resolve().parents[1] / "docs" / "config.md").read_text()
+    missing = [k for k, *_ in describe_schema() if f"| `{k}` |" not in reference]
+    assert not missing, f"docs/config.md lacks {missing}; regenerate with python tools/config_reference.py"

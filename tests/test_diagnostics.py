@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pytest
 import torch
@@ -50,7 +51,7 @@ def test_role_gradients_are_the_parts_of_the_joint_gradient(tiny):
 def test_identical_roles_sum_to_the_joint_norm(tiny):
     model, tok = tiny
     a = _samples(tok, "evaluator", [1.0, -1.0, 0.5, -0.5])
-    b = [Sample(**{**s.__dict__, "role": "generator", "tags": {}}) for s in a]
+    b = [dataclasses.replace(s, role="generator", tags={}) for s in a]
     on = _run(model, tok, a + b, role_stats=True)
     # equal parts point the same way: the norms add up exactly
     assert on["grad_norm@evaluator"] == pytest.approx(on["grad_norm@generator"], rel=1e-5)

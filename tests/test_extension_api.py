@@ -169,9 +169,9 @@ def test_load_plugin_rejects_a_file_that_is_not_python(tmp_path):
         load_plugin(tmp_path / "notes.txt")
 
 
-def test_explicit_role_map_routes_each_listed_role_and_the_default_is_the_role_type():
+def test_explicit_role_map_routes_each_listed_role_and_the_default_is_one_policy_per_declared_role():
     default = PolicyRouter("lora_per_role", ["critic", "critic2"], "tiny-random", LORA, lr=1e-2)
-    assert sorted(default.policies) == ["critic"]  # documented default: critic2 is an instance of critic
+    assert sorted(default.policies) == ["critic", "critic2"]  # documented default: a declared critic2 is its own role
     explicit = PolicyRouter("lora_per_role", ["critic", "critic2", "judge"], "tiny-random", LORA, lr=1e-2,
                             role_map={"critic": "critic", "critic2": "second", "judge": "second"})
     assert sorted(explicit.policies) == ["critic", "second"]

@@ -143,7 +143,7 @@ def test_sub_rewards_follow_the_parent_outcome_as_configured(mode):
     sub = [_sub("q", 0, c, 0, valid=c != 1) for c in range(3)] + [_sub("q", 1, 0, 0, True), _sub("q", 1, 0, 1, True)]
     outcomes = {("q", 0): 1.0, ("q", 1): 0.1, ("q", 2): 0.0}
     out = prepare_sub_samples(sub, outcomes, d_max=2, mode=mode, seed=5)
-    trained = [s for s in out if not s.tags.get("no_update")]
+    trained = [s for s in out if s.trainable]
     dropped = [s for s in out if s.tags.get("dropped")]
     assert sum(s.turn == 0 for s in trained) == 3 * 2  # K * d_max sub-trajectories
     assert len(dropped) == 1 and dropped[0].tags["parent_episode"] == 0
@@ -160,7 +160,7 @@ def test_sub_rewards_follow_the_parent_outcome_as_configured(mode):
     dups = [s for s in trained if s.tags.get("duplicate")]
     assert dups and all(d is not o for d in dups for o in sub)  # duplicates are copies, full samples in the loss
     frozen = prepare_sub_samples([_sub("q", 0, 0, 0, True)], {("q", 0): 1.0}, d_max=2, mode=mode, seed=5, frozen=True)
-    assert len(frozen) == 2 and all(s.tags["no_update"] for s in frozen)
+    assert len(frozen) == 2 and all(not s.trainable for s in frozen)
     with pytest.raises(ValueError, match=r"rollout\(s\) \[\('q', 7\)\] have no main outcome"):
         prepare_sub_samples([_sub("q", 7, 0, 0, True)], {("q", 0): 1.0}, d_max=2, mode=mode, seed=5)
 
@@ -222,7 +222,7 @@ def test_team_rollout_rewards_reach_sub_samples_through_parent_ids(tmp_path, scr
         assert s.tags["parent_episode"] == s.episode
         assert s.reward == sub_reward(main[(s.problem_id, s.episode)], s.tags["format_valid"], "gated")
     for pid in {s.problem_id for s in sub}:  # 4 rollouts x d_max=2 sub-trajectories per question
-        assert sum(1 for s in sub if s.problem_id == pid and s.turn == 0 and not s.tags.get("no_update")) == 8
+        assert sum(1 for s in sub if s.problem_id == pid and s.turn == 0 and s.trainable) == 8
     assert rec["sub_calls_per_rollout"] > 0 and "sub_format_valid" in rec and "reward/sub" in rec
     for name in ("main", "sub"):  # both agents learned (their own adapters)
         after = tr.router.policies[name].named_state()

@@ -7,7 +7,7 @@ import torch
 
 from teamrl.algorithms import m_grpo as m_grpo_module
 from teamrl.core.config import load_config
-from teamrl.losses import group_advantages, trajectory_advantages, trajectory_ids_from_tags
+from teamrl.losses import group_advantages, trajectory_advantages, trajectory_ids
 from teamrl.trainer.trainer import make_trainer
 from teamrl.workflows.research_team import ResearchOutcome, SubCall
 
@@ -49,6 +49,6 @@ def test_trajectory_advantages_weigh_each_trajectory_once():
     assert per_rollout.tolist() == pytest.approx([ADV, ADV, ADV, -ADV, -ADV, ADV], abs=1e-3)
     for mode in ("group", "rloo", "batch", "mean"):  # one sample per trajectory: exactly group_advantages
         assert torch.equal(trajectory_advantages(rewards, groups, torch.arange(6), mode), group_advantages(rewards, groups, mode))
-    assert trajectory_ids_from_tags([{"trajectory": 3}, {}, {"trajectory": 3}, {}]).tolist() == [0, 1, 0, 2]
+    assert trajectory_ids([3, None, 3, None]).tolist() == [0, 1, 0, 2]
     with pytest.raises(ValueError, match=r"rewards: sample 1 has 0.0 but sample 0 of its trajectory"):
         trajectory_advantages(torch.tensor([1.0, 0.0]), torch.zeros(2, dtype=torch.long), torch.zeros(2, dtype=torch.long))

@@ -4,6 +4,7 @@ tools/mutants.py."""
 
 import contextlib
 import copy
+import dataclasses
 import math
 
 import pytest
@@ -62,7 +63,7 @@ def test_update_computes_logprobs_at_the_sampling_temperature(tiny):
     loss.backward()
     expected = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).flatten() for p in m.parameters()])
     assert torch.allclose(step, expected, atol=1e-6, rtol=1e-4)
-    at_one = _step(model, [Sample(**{**s.__dict__, "temperature": 1.0}) for s in samples], tok)
+    at_one = _step(model, [dataclasses.replace(s, temperature=1.0) for s in samples], tok)
     assert not torch.allclose(step, at_one, atol=1e-4)  # the temperature matters here
 
 
@@ -150,7 +151,7 @@ def test_sub_trajectory_validity_is_read_from_its_last_turn():
 
 def test_outcome_mode_ignores_role_rewards():
     """Mutant: the per-role reward used in ``outcome`` mode too."""
-    samples = [Sample("evaluator", "p", "q", [1], [2], [0.0], tags={"role_reward": 0.0}),
+    samples = [Sample("evaluator", "p", "q", [1], [2], [0.0], role_reward=0.0),
                Sample("generator", "p", "q", [1], [2], [0.0])]
     outcome = EpisodeOutcome(final_text="4", answer="4", correct=True)
     assign_rewards(samples, outcome, "outcome")

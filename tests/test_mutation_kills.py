@@ -4,6 +4,7 @@ token) against a value worked out by hand."""
 
 import contextlib
 import copy
+import dataclasses
 import math
 
 import pytest
@@ -90,7 +91,7 @@ def test_update_trains_no_token_after_eos(tiny):
     model, tok = tiny
     eos = tok.eos_token_id
     clean = _samples(tok, [1.0, -1.0])
-    tailed = [Sample(**{**s.__dict__, "completion_ids": s.completion_ids + [90, eos, 91]}) for s in clean]
+    tailed = [dataclasses.replace(s, completion_ids=s.completion_ids + [90, eos, 91]) for s in clean]
     settings = UpdateSettings(loss=LossConfig(), max_grad_norm=1e9)
     steps = []
     for samples in (clean, tailed):
@@ -184,10 +185,10 @@ def test_grpo_groups_every_episode_of_a_problem_together():
     task, contexts = LengthTask(), []
     algo = GRPO(3, greedy_baseline=True)
     samples = algo.rollout(task.problems(), task, scripted_factory(lambda r, p, j: "x" * (len(p) % 3 + 1), contexts), run_all)
-    regular = [s for s in samples if not s.tags.get("baseline")]
+    regular = [s for s in samples if not s.baseline]
     assert sorted((s.problem_id, s.episode) for s in regular) == [(p, e) for p in "ab" for e in range(3)]
     assert {s.group for s in samples} == {("a",), ("b",)}
-    baselines = [s for s in samples if s.tags.get("baseline")]
+    baselines = [s for s in samples if s.baseline]
     assert [(s.problem_id, s.episode, s.tags.get("greedy")) for s in baselines] == [("a", -1, True), ("b", -1, True)]
     assert all(s.reward == len(s.text) for s in samples)
 

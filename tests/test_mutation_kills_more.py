@@ -9,17 +9,17 @@ import torch
 
 import teamrl.trainer.update as update_module
 from teamrl.core.sample import Sample
-from teamrl.losses import LossConfig, trajectory_advantages, trajectory_ids_from_tags
+from teamrl.losses import LossConfig, trajectory_advantages, trajectory_ids
 from teamrl.policies.policy import Policy
 from teamrl.trainer.update import UpdateSettings, nonfinite_reward_groups, update_policy
 
 
 def test_an_untagged_sample_is_never_part_of_a_tagged_trajectory():
     # sample 1 has no tag: its own trajectory, even though another sample is tagged with trajectory 1
-    assert trajectory_ids_from_tags([{"trajectory": 1}, {}, {"trajectory": 1}]).tolist() == [0, 1, 0]
+    assert trajectory_ids([1, None, 1]).tolist() == [0, 1, 0]
     rewards = torch.tensor([1.0, 0.0, 1.0, 0.0])  # trajectories {0, 2} (reward 1), {1} and {3} (reward 0)
     adv = trajectory_advantages(rewards, torch.zeros(4, dtype=torch.long),
-                                trajectory_ids_from_tags([{"trajectory": 1}, {}, {"trajectory": 1}, {}]))
+                                trajectory_ids([1, None, 1, None]))
     # units [1, 0, 0]: mean 1/3, unbiased std sqrt(1/3)
     expected = [(2 / 3) / (1 / 3) ** 0.5, -(1 / 3) / (1 / 3) ** 0.5]
     assert adv.tolist() == pytest.approx([expected[0], expected[1], expected[0], expected[1]], abs=1e-3)

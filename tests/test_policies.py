@@ -44,7 +44,7 @@ def test_role_types_strip_instance_numbers():
 
 
 def test_lora_per_role_update_changes_only_its_own_adapter():
-    router = PolicyRouter("lora_per_role", ["planner", "coder", "generator0", "generator1"], "tiny-random", LORA, lr=1e-2)
+    router = PolicyRouter("lora_per_role", ["planner", "coder", "generator"], "tiny-random", LORA, lr=1e-2)
     assert sorted(router.policies) == ["coder", "generator", "planner"]
     assert router.policy_name("generator1") == router.policy_name("generator0") == "generator"
     before = _snapshot(router)

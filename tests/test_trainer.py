@@ -51,10 +51,10 @@ def test_advantages_sum_to_zero_per_group_and_max_mode_uses_greedy_baseline(tmp_
     t2 = Trainer(_cfg(tmp_path, "name=b", "train.steps=1", "train.advantage=max"))
     rec = t2.train_step()
     eps = [json.loads(l) for l in (tmp_path / "b" / "episodes" / "step_000001.jsonl").read_text().splitlines()]
-    base = {e["group"]: e["reward"] for e in eps if e.get("tags", {}).get("baseline")}
+    base = {e["group"]: e["reward"] for e in eps if e["baseline"]}
     assert len(base) == 2 and "greedy_reward_mean" in rec
     for e in eps:
-        if not e.get("tags", {}).get("baseline"):
+        if not e["baseline"]:
             assert e["advantage"] == pytest.approx(e["reward"] - base[e["group"]], abs=1e-6)
 
 

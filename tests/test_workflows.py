@@ -109,7 +109,7 @@ def test_eval_opt_revises_until_correct(math_task):
     revise_prompt = engine.calls[2][1][0]
     assert "Wrong operation." in revise_prompt and "different method" in revise_prompt
     assert f"Answer: {truth}" not in revise_prompt  # the evaluator's leaked answer was redacted
-    assert [s.tags["role_reward"] for s in ctx.samples if s.role == "evaluator"] == [1.0, 1.0]
+    assert [s.role_reward for s in ctx.samples if s.role == "evaluator"] == [1.0, 1.0]
 
 
 def test_eval_opt_stops_at_the_limit_without_judging_the_last_attempt(math_task):
@@ -124,7 +124,7 @@ def test_eval_opt_stops_at_the_limit_without_judging_the_last_attempt(math_task)
     assert outcome.stats["iterations"] == 3 and not outcome.correct
     assert outcome.stats["verdicts"] == [(None, False), (None, False)]
     # an unreadable verdict on a wrong answer is a right "not correct"
-    assert [s.tags["role_reward"] for s in ctx.samples if s.role == "evaluator"] == [1.0, 1.0]
+    assert [s.role_reward for s in ctx.samples if s.role == "evaluator"] == [1.0, 1.0]
     outcome2, ctx2, _ = run_episode(eval_opt, math_task, problem, script, WorkflowSettings(max_iterations=2))
     assert [s.role for s in ctx2.samples] == ["generator", "evaluator", "generator"]
 
@@ -135,7 +135,7 @@ def test_eval_opt_false_correct_verdict_is_penalised(math_task):
                                   lambda p, t, i: "Answer: 999999" if p == "generator" else "Verdict: Correct")
     assert outcome.stats["iterations"] == 1 and not outcome.correct
     (ev,) = [s for s in ctx.samples if s.role == "evaluator"]
-    assert ev.tags["role_reward"] == 0.0
+    assert ev.role_reward == 0.0
     m = outcome_metrics("eval_opt", [outcome])
     assert m["evaluator/false_correct"] == 1.0 and m["accuracy"] == 0.0
 
@@ -159,7 +159,7 @@ def test_voting_generators_share_one_batch_and_aggregator_picks(math_task):
     assert [s.role for s in ctx.samples] == ["generator0", "generator1", "generator2", "aggregator"]
     assert outcome.correct and outcome.stats["agreement"] == "split" and outcome.stats["oracle"]
     assert not outcome.stats["miss"] and not outcome.stats["recovery"]
-    assert [s.tags["role_reward"] for s in ctx.samples] == [0.0, 1.0, 1.0, 1.0]
+    assert [s.role_reward for s in ctx.samples] == [0.0, 1.0, 1.0, 1.0]
 
 
 def test_voting_miss_and_recovery(math_task):
@@ -175,7 +175,7 @@ def test_voting_miss_and_recovery(math_task):
     junk, ctx, _ = run_episode(voting, math_task, problem, lambda p, t, i: replies[i] if p == "generator" else "???",
                                route=role_type)
     assert junk.stats["choice_source"] == "majority"
-    assert ctx.samples[-1].tags["role_reward"] == 0.0  # a fallback earns the aggregator nothing
+    assert ctx.samples[-1].role_reward == 0.0  # a fallback earns the aggregator nothing
 
 
 # --- Orch-Workers ---------------------------------------------------------------------------------
@@ -276,7 +276,7 @@ def test_workflow_grpo_groups_and_rewards(math_task):
     assert 0.0 < m["accuracy"] < 1.0 and m["voting/oracle_accuracy"] == 1.0
     # outcome mode: every sample of an episode gets the episode's reward
     for s in samples:
-        s.tags.pop("role_reward", None)
+        s.role_reward = None
     assign_rewards(gen_group, algo.outcomes[0], "outcome")
     assert len({s.reward for s in gen_group}) == 1
 

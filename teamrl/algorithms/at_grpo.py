@@ -11,7 +11,7 @@ The three places where algorithms differ:
    roles' chosen actions produced, so a candidate is scored on the state it really leads to and
    the episode continues from that very state. When an earlier role's chosen action ends the
    episode, the later roles' candidates of that turn never act: they are logged, tagged
-   ``unused`` and ``no_update`` (reward 0), and not trained. ``grouping: trajectory`` (the ablation): K
+   ``unused``, not ``trainable`` (reward 0), and not trained. ``grouping: trajectory`` (the ablation): K
    independent episodes per problem, one sample per agent per turn.
 2. group key: (problem, turn, agent) for the tree: K samples that saw one state and prompt;
    (problem, agent) for trajectory grouping.
@@ -128,7 +128,7 @@ class ATGRPO:
                 if env.done(state):  # parallel: the later roles' candidates never acted; nothing to learn from them
                     for s in (s for g in groups[i:] for s in g):
                         s.reward = 0.0
-                        s.tags.update(no_update=True, unused=True)
+                        s.tags["unused"], s.trainable = True, False
                     break
                 group = groups[i] if env.parallel else await ctx.generate_group(role, env.observe(state, role),
                                                                                 n=self.s.k, turn=turn)

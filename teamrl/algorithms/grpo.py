@@ -47,12 +47,13 @@ class GRPO:
         """Run every episode of every problem together (one engine batch per turn) and return the samples."""
         jobs = [(p, make_ctx(p, e, {})) for p in problems for e in range(self.group_size)]
         if self.greedy_baseline:
-            jobs += [(p, make_ctx(p, -1, {"baseline": True, "greedy": True})) for p in problems]
+            jobs += [(p, make_ctx(p, -1, {"greedy": True})) for p in problems]
         rewards = run([single_agent(ctx, task, p) for p, ctx in jobs])
         samples: list[Sample] = []
         for (_, ctx), r in zip(jobs, rewards):
             self.assign_rewards(ctx.samples, r)
             for s in ctx.samples:
                 s.group = self.group_key(s)
+                s.baseline = ctx.episode == -1  # the greedy episode
             samples += ctx.samples
         return samples

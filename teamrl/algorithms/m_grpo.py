@@ -29,8 +29,8 @@ the sub-trajectory with the same reward), in the group statistics (a trajectory 
 and in the token loss alike, so every rollout contributes exactly ``d_max`` sub-trajectories,
 the paper's fixed batch. A sub-trajectory duplicated once thus weighs twice. Copies carry ``tags["duplicate"] = True``.
 
-Baselines: ``m_grpo.sub_agent: frozen`` trains the main agent only (sub samples are tagged
-``no_update``); ``m_grpo.agents: single`` is single-agent GRPO where one agent has the tools.
+Baselines: ``m_grpo.sub_agent: frozen`` trains the main agent only (sub samples are not
+``trainable``); ``m_grpo.agents: single`` is single-agent GRPO where one agent has the tools.
 """
 
 from __future__ import annotations
@@ -98,8 +98,8 @@ def prepare_sub_samples(sub: Sequence[Sample], outcomes: dict[tuple[Hashable, in
 
     ``outcomes`` maps every rollout ``(problem_id, episode)`` to its main reward (rollouts
     without calls included: they get slots too). Returns the aligned samples (duplicates as
-    copies tagged ``duplicate``) followed by the dropped ones (tagged ``dropped`` and
-    ``no_update``); with ``frozen`` every returned sample is tagged ``no_update``. A pure
+    copies tagged ``duplicate``) followed by the dropped ones (tagged ``dropped``, not
+    ``trainable``); with ``frozen`` no returned sample is ``trainable``. A pure
     function of its inputs: the decoupled sub-agent worker calls it with what the store gave it.
     """
     if mode not in SUB_REWARD_MODES:
@@ -134,18 +134,18 @@ def prepare_sub_samples(sub: Sequence[Sample], outcomes: dict[tuple[Hashable, in
                 used.add(key)
                 for s in samples:
                     t = dataclasses.replace(s, tags={**s.tags, "duplicate": True}) if dup else s
-                    t.tags["trajectory"] = (eps[rollout], slot)  # one slot: one sub-trajectory in the group statistics
+                    t.trajectory = (eps[rollout], slot)  # one slot: one sub-trajectory in the group statistics
                     t.reward = r
                     t.group = group_key(t)
                     if frozen:
-                        t.tags["no_update"] = True
+                        t.trainable = False
                     out.append(t)
     for key, samples in trajs.items():
         if key not in used:
             r = sub_reward(outcomes[key[:2]], bool(samples[-1].tags.get("format_valid", False)), mode)
             for s in samples:
                 s.reward, s.group = r, group_key(s)
-                s.tags.update(dropped=True, no_update=True)
+                s.tags["dropped"], s.trainable = True, False
                 out.append(s)
     return out
 
@@ -226,7 +226,7 @@ class MGRPO:
                     sub.append(s)
                 else:
                     s.reward, s.group = res.reward, group_key(s)
-                    s.tags["trajectory"] = ctx.episode  # all main turns of a rollout: one member of its group
+                    s.trajectory = ctx.episode  # all main turns of a rollout: one member of its group
                     main.append(s)
         calls = [c for r in results for c in r.calls]
         metrics = {

@@ -1,7 +1,5 @@
-"""``python -m teamrl.core`` prints the config reference table (Markdown) for the README."""
+"""``python -m teamrl.core`` prints the config reference table (Markdown; docs/config.md holds it)."""
 
-from teamrl.core.config import describe_schema
+from teamrl.core.config import schema_table
 
-print("| key | type | default | meaning |\n|---|---|---|---|")
-for key, tp, default, doc in describe_schema():
-    print(f"| `{key}` | {tp} | `{default}` | {doc} |" if default else f"| `{key}` | {tp} | | {doc} |")
+print(schema_table(), end="")

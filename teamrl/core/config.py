@@ -73,8 +73,9 @@ class PolicyConfig:
                         doc="model weights dtype; auto is bfloat16 on CUDA and float32 on CPU")
     roles: dict[str, str] = option(factory=dict, doc="explicit role -> policy map, e.g. {critic: critic, critic2: critic} "
                                                      "(lora_per_role / separate): every role must be listed, roles with one "
-                                                     "policy name share it; empty: a role's type is its name without a "
-                                                     "trailing number (generator0 -> generator) and each type has a policy")
+                                                     "policy name share it; empty: each declared role has its own policy "
+                                                     "(critic2, gpt4 included) and numbered instances the workflow "
+                                                     "creates (generator0 of generator) share their role's")
     placement: str = option("local", choices=PLACEMENTS,
                             doc="where each policy's worker (model, adapters, optimizer) lives: local (the driver's process; "
                                 "the reference for correctness) or ray (one Ray actor per worker, see docs/scale.md)")
@@ -501,7 +502,7 @@ def config_to_dict(cfg: Any) -> Any:
 
 
 def describe_schema(cls: type = Config, prefix: str = "") -> list[tuple[str, str, str, str]]:
-    """(key, type, default, doc) rows for the README's config reference."""
+    """(key, type, default, doc) rows for the config reference (docs/config.md)."""
     rows = []
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
@@ -519,3 +520,11 @@ def describe_schema(cls: type = Config, prefix: str = "") -> list[tuple[str, str
             doc += f" (one of {', '.join(f.metadata['choices'])})"
         rows.append((prefix + f.name, str(tp).replace("typing.", "").replace("<class '", "").replace("'>", ""), repr(default), doc))
     return rows
+
+
+def schema_table() -> str:
+    """The config reference as a Markdown table, one row per key of :func:`describe_schema`."""
+    lines = ["| key | type | default | meaning |", "|---|---|---|---|"]
+    for key, tp, default, doc in describe_schema():
+        lines.append(f"| `{key}` | {tp} | `{default}` | {doc} |" if default else f"| `{key}` | {tp} | | {doc} |")
+    return "\n".join(lines) + "\n"

@@ -3,16 +3,37 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Hashable
+from typing import Any, Hashable, Iterable
+
+# Keys that once steered training from ``Sample.tags``; each is now the typed field named here.
+STEERING_TAGS = {"no_update": "trainable", "baseline": "baseline", "role_reward": "role_reward",
+                 "trajectory": "trajectory"}
 
 
-@dataclass
+@dataclass(slots=True)
 class Sample:
     """One LLM call in a rollout.
 
     Who acted (``role``, ``policy``), where (``problem_id``, ``episode``, ``turn``, ``branch``),
     what it saw and said (token ids, the sampling log-probs), and, once the episode ends,
     its ``reward``, comparison ``group`` and ``advantage``.
+
+    The fields that steer training are typed, read by the trainer and the losses whatever
+    algorithm wrote them:
+
+    - ``trainable``: False keeps the sample out of the advantages and the update (it is still
+      logged): a frozen agent's, a parallel candidate that never acted, a sub-trajectory an
+      alignment dropped, a group with a non-finite reward under ``drop_group``.
+    - ``baseline``: a greedy baseline episode's sample; never trained, its reward is its group's
+      baseline for ``train.advantage: max``.
+    - ``role_reward``: the sample's own reward, set by the workflow (``workflow.reward: per_role``
+      uses it instead of the episode's outcome); None: the outcome.
+    - ``trajectory``: samples with one trajectory key count once in their group's statistics
+      (the turns of one rollout; one aligned sub-trajectory slot); None: the sample alone.
+
+    ``tags`` holds free-form diagnostics (logged; metrics may read them, training never does);
+    the old steering keys (:data:`STEERING_TAGS`) are refused there. ``slots``: a misspelt field
+    is an error.
     """
 
     role: str
@@ -31,7 +52,14 @@ class Sample:
     reward: float | None = None
     advantage: float | None = None
     group: Hashable | None = None
+    trainable: bool = True
+    baseline: bool = False
+    role_reward: float | None = None
+    trajectory: Hashable | None = None
     tags: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        check_steering_tags([self])
 
     def to_record(self) -> dict[str, Any]:
         """A JSON-friendly view for episode logs (texts, not token ids)."""
@@ -49,5 +77,19 @@ class Sample:
             "reward": self.reward,
             "advantage": self.advantage,
             "group": repr(self.group),
+            "trainable": self.trainable,
+            "baseline": self.baseline,
+            "role_reward": self.role_reward,
+            "trajectory": None if self.trajectory is None else repr(self.trajectory),
             **({"tags": self.tags} if self.tags else {}),
         }
+
+
+def check_steering_tags(samples: Iterable[Sample]) -> None:
+    """Raise :class:`ValueError` when a sample's ``tags`` hold a key that once steered training
+    (it would be ignored silently), naming the typed field to set instead."""
+    for s in samples:
+        for k in STEERING_TAGS:
+            if k in s.tags:
+                raise ValueError(f"Sample tags[{k!r}] steers training and is no longer read from tags; "
+                                 f"set the field Sample.{STEERING_TAGS[k]} instead (tags are diagnostics only)")

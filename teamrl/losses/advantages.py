@@ -15,7 +15,7 @@ from collections.abc import Hashable, Sequence
 
 import torch
 
-__all__ = ["ADVANTAGE_MODES", "group_advantages", "group_ids_from_keys", "trajectory_advantages", "trajectory_ids_from_tags"]
+__all__ = ["ADVANTAGE_MODES", "group_advantages", "group_ids_from_keys", "trajectory_advantages", "trajectory_ids"]
 
 ADVANTAGE_MODES: tuple[str, ...] = ("group", "mean", "batch", "none", "rloo", "max")
 
@@ -198,7 +198,7 @@ def trajectory_advantages(
     return group_advantages(rewards[first], units[:, 0], mode, eps, unit_baselines)[inv]
 
 
-def trajectory_ids_from_tags(tags: Sequence[dict]) -> torch.Tensor:
-    """Integer trajectory ids from each sample's ``tags["trajectory"]`` (any hashable); a sample
-    without that tag is a trajectory of its own."""
-    return group_ids_from_keys([("tag", t["trajectory"]) if "trajectory" in t else ("sample", i) for i, t in enumerate(tags)])
+def trajectory_ids(keys: Sequence[Hashable | None]) -> torch.Tensor:
+    """Integer trajectory ids from each sample's trajectory key (``Sample.trajectory``, any
+    hashable); a sample whose key is None is a trajectory of its own."""
+    return group_ids_from_keys([("sample", i) if k is None else ("trajectory", k) for i, k in enumerate(keys)])

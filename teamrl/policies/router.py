@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import re
+from typing import Collection
 
 import torch
 from transformers import PreTrainedTokenizerBase
@@ -16,9 +17,28 @@ POLICY_MODES = ("shared", "lora_per_role", "separate")
 
 
 def role_type(role: str) -> str:
-    """The type of a role instance: ``generator0`` -> ``generator`` (instances share a policy)."""
+    """A role name without its instance number: ``generator0`` -> ``generator``.
+
+    A rule on names only: which policy acts for a role is :func:`declared_role`'s answer
+    (``gpt4`` declared by a workflow keeps its own policy)."""
     base = re.sub(r"[_-]?\d+$", "", role)
     return base or role
+
+
+def declared_role(role: str, declared: Collection[str]) -> str:
+    """The declared role that the role name ``role`` acts as.
+
+    ``role`` itself when it is declared (``critic2``, ``gpt4``: each its own role), else the
+    declared role it is a numbered instance of (``generator0``, ``worker_2`` -> ``generator``,
+    ``worker``: instances a workflow creates at run time share their role's policy). Any other
+    name raises :class:`KeyError` naming the declared roles."""
+    if role in declared:
+        return role
+    base = role_type(role)
+    if base != role and base in declared:
+        return base
+    raise KeyError(f"role {role!r} is not declared and is not a numbered instance (<role><n>) of a declared role; "
+                   f"declared roles are {sorted(declared)}")
 
 
 def check_role_map(role_map: dict[str, str], roles: list[str]) -> None:
@@ -44,13 +64,16 @@ class PolicyRouter:
     """Maps each role to the :class:`Policy` that acts for it and learns from its samples.
 
     - ``shared``: one policy named ``shared`` for every role (a LoRA adapter, or full weights).
-    - ``lora_per_role``: one LoRA adapter per role type on one base model; the instances
-      ``generator0..2`` share the ``generator`` adapter.
-    - ``separate``: one model per role type (each with its own LoRA, or full weights).
+    - ``lora_per_role``: one LoRA adapter per declared role on one base model; the instances
+      ``generator0..2`` of a declared ``generator`` share the ``generator`` adapter.
+    - ``separate``: one model per declared role (each with its own LoRA, or full weights).
 
-    ``role_map`` (``policy.roles``) replaces the default grouping by :func:`role_type`: each role
-    names its policy (``{critic: critic, critic2: critic}``); every role in ``roles`` must be
-    listed, and an instance ``generator0`` not listed itself uses its type's entry.
+    ``roles`` are the roles the team declares (a workflow's ``roles=(...)``, a task's ``roles``).
+    By default each declared role has its own policy, named after it, whatever its name
+    (``critic2`` and ``gpt4`` included); a role name used at run time that is not declared acts
+    as the declared role it is a numbered instance of (:func:`declared_role`). ``role_map``
+    (``policy.roles``) replaces the default: each declared role names its policy
+    (``{critic: critic, critic2: critic}``) and every declared role must be listed.
     """
 
     def __init__(self, mode: str, roles: list[str], model_name: str, lora: LoraConfig | None,
@@ -67,8 +90,8 @@ class PolicyRouter:
         self.device, self.dtype = resolve_device(device, dtype)
         if role_map:
             check_role_map(role_map, roles)
-        # role (type) -> policy name: the explicit map, else one policy per role type
-        route = dict(role_map) if role_map else {t: t for t in dict.fromkeys(role_type(r) for r in roles)}
+        # declared role -> policy name: the explicit map, else one policy per declared role
+        route = dict(role_map) if role_map else {r: r for r in dict.fromkeys(roles)}
         if mode == "shared":
             route = {t: "shared" for t in route}
         self.policies: dict[str, Policy] = {}
@@ -90,11 +113,9 @@ class PolicyRouter:
         self.policies = {p.name: p for p in built}
 
     def policy_name(self, role: str) -> str:
-        """Name of the policy that acts for ``role`` (an instance name such as ``worker2`` is fine)."""
-        t = role if role in self._route else role_type(role)
-        if t not in self._route:
-            raise KeyError(f"role {role!r} (type {t!r}) has no policy; known role types: {sorted(self._route)}")
-        return self._route[t]
+        """Name of the policy that acts for ``role`` (a numbered instance such as ``worker2`` of a
+        declared ``worker`` is fine; see :func:`declared_role`)."""
+        return self._route[declared_role(role, self._route)]
 
     def policy_for(self, role: str) -> Policy:
         """The :class:`Policy` for ``role``."""

@@ -16,14 +16,14 @@ import yaml
 from teamrl.algorithms import make_algorithm
 from teamrl.core.config import Config, ConfigError, config_to_dict
 from teamrl.core.metrics import MetricsSink, read_metrics
-from teamrl.core.sample import Sample
+from teamrl.core.sample import Sample, check_steering_tags
 from teamrl.core.seeding import derive_seed, seed_everything
-from teamrl.losses import group_ids_from_keys, trajectory_advantages, trajectory_ids_from_tags
+from teamrl.losses import group_ids_from_keys, trajectory_advantages, trajectory_ids
 from teamrl.policies.chat import encode_chat
 from teamrl.policies.logprobs import build_token_batch, completion_logprobs
 from teamrl.policies.models import generation_eos_ids
 from teamrl.policies.multi_lora import SharedBaseAdapters
-from teamrl.policies.router import role_type
+from teamrl.policies.router import declared_role
 from teamrl.rollout.engine import Engine, SamplingParams
 from teamrl.rollout.hf_engine import HFEngine
 from teamrl.rollout.scheduler import GenerationScheduler
@@ -33,7 +33,6 @@ from teamrl.trainer.checkpoint import list_checkpoints, load_checkpoint, save_ch
 from teamrl.trainer.diagnostics import CliffDetector, role_capture
 from teamrl.trainer.update import NonFiniteReward, _to_device, make_update_settings, nonfinite_reward_groups
 from teamrl.trainer.workers import PolicyPlacement, make_router
-from teamrl.tasks.task import TeamTask
 from teamrl.workflows.context import EpisodeContext
 
 
@@ -71,7 +70,7 @@ class Trainer:
         self.params = SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
                                      top_k=r.top_k, stop=tuple(r.stop), ignore_eos=r.ignore_eos)
         self.greedy_params = dataclasses.replace(self.params, temperature=0.0)  # baselines and evaluation
-        self.update_settings = make_update_settings(cfg)
+        self.update_settings = make_update_settings(cfg, self.roles)
         self.last_role_stats: dict[str, float] = {}
         self.nonfinite_groups_dropped = 0  # groups left out of the last step for a NaN/inf reward
         # the tokenizer's EOS and generation_config's (vLLM stops at both): one set for every engine and the loss mask
@@ -189,16 +188,17 @@ class Trainer:
         })
         if len(self.roles) > 1:
             record.update(self._role_metrics(train_samples, self.last_role_stats, record))
-        if isinstance(self.task, TeamTask):
+        normalised = [s for s in train_samples if "normalised_reward" in s.tags]  # the joint actions' (MAGRPO)
+        if normalised:
             # mean normalised reward of the joint actions, at the first and the last turn sampled
-            last = max(s.turn for s in train_samples)
+            last = max(s.turn for s in normalised)
             for name, turn in (("normalised_return", 0), ("normalised_return_last_turn", last)):
-                first_role = [s for s in train_samples if s.turn == turn and s.role == self.roles[0]]
+                first_role = [s for s in normalised if s.turn == turn and s.role == self.roles[0]]
                 if first_role:  # none when train.nonfinite_reward=drop_group dropped that turn's groups
                     record[name] = sum(s.tags["normalised_reward"] for s in first_role) / len(first_role)
         if hasattr(self.algorithm, "metrics"):
             record.update(self.algorithm.metrics(train_samples))
-        baselines = [s for s in samples if s.tags.get("baseline")]
+        baselines = [s for s in samples if s.baseline]
         if baselines:
             record["greedy_reward_mean"] = sum(s.reward for s in baselines) / len(baselines)
         if self.cfg.run.log_episodes:
@@ -219,12 +219,12 @@ class Trainer:
         return record
 
     def _role_metrics(self, samples: list[Sample], role_stats: dict[str, float], record: dict[str, Any]) -> dict[str, float]:
-        """Per role type: reward, response length and, when measured, loss, entropy, gradient
-        norm and role capture (share of the summed gradient norms)."""
+        """Per declared role (its instances ``generator0..`` included): reward, response length and,
+        when measured, loss, entropy, gradient norm and role capture (share of the summed gradient norms)."""
         out: dict[str, float] = {}
-        types = list(dict.fromkeys(role_type(r) for r in self.roles))
+        types = list(dict.fromkeys(self.roles))
         for t in types:
-            own = [s for s in samples if role_type(s.role) == t]
+            own = [s for s in samples if declared_role(s.role, types) == t]
             if own:
                 out[f"reward/{t}"] = sum(s.reward for s in own) / len(own)
                 out[f"completion_len/{t}"] = sum(len(s.completion_ids) for s in own) / len(own)
@@ -306,12 +306,13 @@ class Trainer:
     def _assign_advantages(self, samples: list[Sample]) -> list[Sample]:
         """Group-relative advantages over the trainable samples; returns them.
 
-        Left out: greedy baselines, samples tagged ``no_update`` (a frozen agent's, or
+        Left out: greedy baselines, samples not ``trainable`` (a frozen agent's, or
         sub-trajectories dropped by M-GRPO's alignment) and, with ``train.nonfinite_reward:
         drop_group``, every group holding a NaN/inf reward (their count in ``nonfinite_groups_dropped``;
         by default such a reward raises :class:`NonFiniteReward`)."""
-        train = [s for s in samples if not s.tags.get("baseline") and not s.tags.get("no_update")]
-        scored = train + [s for s in samples if s.tags.get("baseline")]  # a greedy baseline's reward enters 'max' advantages
+        check_steering_tags(samples)  # one written into tags after construction would be ignored
+        train = [s for s in samples if s.trainable and not s.baseline]
+        scored = train + [s for s in samples if s.baseline]  # a greedy baseline's reward enters 'max' advantages
         dropped = nonfinite_reward_groups(scored, self.task.name, self.cfg.train.nonfinite_reward)
         self.nonfinite_groups_dropped = len(dropped)
         if dropped:
@@ -323,10 +324,10 @@ class Trainer:
         ids = group_ids_from_keys([s.group for s in train])
         baselines = None
         if self.cfg.train.advantage == "max":
-            greedy = {s.group: s.reward for s in samples if s.tags.get("baseline")}
+            greedy = {s.group: s.reward for s in samples if s.baseline}
             baselines = torch.tensor([greedy[s.group] for s in train], dtype=torch.float32)
-        # the turns of one rollout tagged as one trajectory (M-GRPO) count once in their group's statistics
-        adv = trajectory_advantages(rewards, ids, trajectory_ids_from_tags([s.tags for s in train]), self.cfg.train.advantage,
+        # the turns of one rollout marked as one trajectory (M-GRPO) count once in their group's statistics
+        adv = trajectory_advantages(rewards, ids, trajectory_ids([s.trajectory for s in train]), self.cfg.train.advantage,
                                     eps=self.cfg.train.advantage_eps, baselines=baselines)
         for s, a in zip(train, adv.tolist()):
             s.advantage = a

@@ -15,7 +15,7 @@ from teamrl.losses import LossConfig, completion_mask, policy_loss
 from teamrl.policies.logprobs import (build_shared_prefix_batch, build_token_batch, completion_logprobs,
                                      shared_prefix_logprobs)
 from teamrl.policies.policy import Policy
-from teamrl.policies.router import role_type
+from teamrl.policies.router import declared_role, role_type
 
 
 @dataclass
@@ -25,17 +25,21 @@ class UpdateSettings:
     micro_batch_size: int = 16
     max_grad_norm: float = 1.0
     role_stats: bool = False  # per role type: loss share, entropy, tokens and gradient norm
+    # the team's declared roles: statistics per declared role each sample acts as (generator0 -> generator);
+    # empty: per role name without its instance number
+    roles: tuple[str, ...] = ()
 
 
-def make_update_settings(cfg: Config) -> UpdateSettings:
-    """The update settings a config asks for (every policy worker's)."""
+def make_update_settings(cfg: Config, roles: Sequence[str] = ()) -> UpdateSettings:
+    """The update settings a config asks for (every policy worker's);
+    ``roles``: the team's declared roles, for per-role statistics."""
     t = cfg.train
     return UpdateSettings(
         loss=LossConfig(eps_low=t.loss.eps_low, eps_high=t.loss.eps_high, dual_clip=t.loss.dual_clip,
                         kl_coef=t.loss.kl_coef, kl_bias_correction=t.loss.kl_bias_correction, aggregation=t.loss.aggregation,
                         max_completion_length=cfg.rollout.max_new_tokens if t.loss.aggregation == "dr_grpo" else None),
         ppo_epochs=t.ppo_epochs, micro_batch_size=t.micro_batch_size, max_grad_norm=t.max_grad_norm,
-        role_stats=t.role_grad_norms)
+        role_stats=t.role_grad_norms, roles=tuple(roles))
 
 
 class NonFiniteReward(ValueError):
@@ -191,7 +195,8 @@ def update_policy(policy: Policy, samples: Sequence[Sample], settings: UpdateSet
     # prompts of similar length next to each other so that micro-batches pad little, and (for
     # role statistics) each role type's samples together.
     roles: dict[str, int] = {}
-    role_of = (lambda s: role_type(s.role)) if settings.role_stats else (lambda s: "")
+    role_of = ((lambda s: declared_role(s.role, settings.roles) if settings.roles else role_type(s.role))
+               if settings.role_stats else (lambda s: ""))
     first: dict[tuple[int, ...], tuple[int, int]] = {}
     for s in samples:
         first.setdefault(tuple(s.prompt_ids), (len(s.prompt_ids), len(first)))

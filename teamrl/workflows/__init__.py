@@ -86,9 +86,8 @@ def outcome_reward(sample: Sample, outcome: EpisodeOutcome) -> float:
 
 @register_reward("per_role")
 def per_role_reward(sample: Sample, outcome: EpisodeOutcome) -> float:
-    """A sample's own reward where the workflow set one (``tags["role_reward"]``), else the outcome."""
-    own = sample.tags.get("role_reward")
-    return float(own) if own is not None else outcome.reward
+    """A sample's own reward where the workflow set one (``sample.role_reward``), else the outcome."""
+    return float(sample.role_reward) if sample.role_reward is not None else outcome.reward
 
 
 __all__ = ["REWARDS", "WORKFLOWS", "EpisodeOutcome", "Workflow", "WorkflowSettings", "register_reward",

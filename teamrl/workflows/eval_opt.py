@@ -98,7 +98,7 @@ async def eval_opt(ctx: EpisodeContext, task: SolveTask, problem: Problem, setti
     answers = [task.extract(t) for t in attempts]
     correct = task.correct_many(problem, answers)
     for sample, verdict, truth in zip(evaluator_samples, verdicts, correct):
-        sample.tags["role_reward"] = 1.0 if bool(verdict) == truth else 0.0
+        sample.role_reward = 1.0 if bool(verdict) == truth else 0.0
     return EpisodeOutcome(attempts[-1], answers[-1], correct[-1], stats={
         "iterations": len(attempts), "first_correct": correct[0],
         "verdicts": [(v, c) for v, c in zip(verdicts, correct)],  # (verdict or None, truth) per evaluation

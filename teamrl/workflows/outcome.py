@@ -28,7 +28,7 @@ class EpisodeOutcome:
     """One episode of a workflow: its final text and answer, whether that answer is correct,
     and the workflow's own statistics (verdicts, votes, plans) for the diagnostics.
 
-    Samples that earn a per-role reward carry it in ``sample.tags["role_reward"]``; the
+    Samples that earn a per-role reward carry it in ``sample.role_reward``; the
     algorithm uses it when ``workflow.reward`` is ``per_role``.
     """
 

@@ -86,8 +86,8 @@ async def voting(ctx: EpisodeContext, task: SolveTask, problem: Problem, setting
     chosen, source = choose(agg.text, answers, task)
     correct = task.correct_many(problem, answers)
     for s, c in zip(gen_samples, correct):
-        s.tags["role_reward"] = 1.0 if c else 0.0
-    agg.tags["role_reward"] = 1.0 if source == "parsed" and correct[chosen] else 0.0
+        s.role_reward = 1.0 if c else 0.0
+    agg.role_reward = 1.0 if source == "parsed" and correct[chosen] else 0.0
     right = sum(correct)
     majority_right = right * 2 > len(correct)
     return EpisodeOutcome(candidates[chosen], answers[chosen], correct[chosen], stats={
