@@ -107,6 +107,8 @@ def outcome_metrics(workflow: str, outcomes: Sequence[EpisodeOutcome]) -> dict[s
     if not n:
         return {}
     out: dict[str, Any] = {"accuracy": sum(o.correct for o in outcomes) / n}
+    if any("dropped" in o.stats for o in outcomes):  # gateway episodes: those without a reward in time
+        out["episodes_dropped"] = sum(bool(o.stats["dropped"]) for o in outcomes)
     if workflow == "eval_opt":
         out["first_attempt_accuracy"] = sum(o.stats["first_correct"] for o in outcomes) / n
         out["iterations_mean"] = sum(o.stats["iterations"] for o in outcomes) / n
