@@ -100,6 +100,7 @@ class Gateway:
         self.stats = GatewayStats()
         self._episodes: dict[str, GatewayEpisode] = {}
         self._unclaimed: list[str] = []  # external episodes waiting for a client, oldest first
+        self._idle: dict[asyncio.AbstractEventLoop, int] = {}  # per rollout: live episodes without a call in flight
         self._lock = threading.Lock()
         self._server: Any = None
         self._thread: threading.Thread | None = None
@@ -138,10 +139,11 @@ class Gateway:
                      external: bool = False) -> GatewayEpisode:
         """Register an episode of ``ctx``; an external one waits in the claim queue until a client takes it."""
         loop = asyncio.get_running_loop()
-        ep = GatewayEpisode(uuid.uuid4().hex[:16], ctx, loop, tuple(roles), problem, external=external, active=not external,
+        ep = GatewayEpisode(uuid.uuid4().hex[:16], ctx, loop, tuple(roles), problem, external=external, active=False,
                             reward=loop.create_future() if external else None)
         with self._lock:
             self._episodes[ep.id] = ep
+            self._update(ep, active=not external)
             if external:
                 self._unclaimed.append(ep.id)
         return ep
@@ -153,7 +155,8 @@ class Gateway:
     def finish_episode(self, ep: GatewayEpisode, dropped: bool) -> list[Sample]:
         """Close ``ep`` (later calls get 410); its recorded samples, or none when ``dropped``."""
         with self._lock:
-            ep.closed, ep.active = True, False
+            self._update(ep, active=False)
+            ep.closed = True
             self._episodes.pop(ep.id, None)
             if ep.id in self._unclaimed:
                 self._unclaimed.remove(ep.id)
@@ -164,13 +167,26 @@ class Gateway:
                 self.stats.episodes_finished += 1
         return samples
 
+    def _update(self, ep: GatewayEpisode, active: bool | None = None, in_flight: int = 0) -> None:
+        """Change ``ep``'s state, keeping the count of live episodes without a call in flight (hold the lock)."""
+        was = ep.active and ep.in_flight == 0 and not ep.closed
+        if active is not None:
+            ep.active = active
+        ep.in_flight += in_flight
+        now = ep.active and ep.in_flight == 0 and not ep.closed
+        idle = self._idle.get(ep.loop, 0) + int(now) - int(was)
+        if idle:
+            self._idle[ep.loop] = idle
+        else:
+            self._idle.pop(ep.loop, None)
+
     def claim(self) -> GatewayEpisode | None:
         """The oldest unclaimed external episode, now claimed (None when there is none)."""
         with self._lock:
             while self._unclaimed:
                 ep = self._episodes.get(self._unclaimed.pop(0))
                 if ep is not None and not ep.closed:
-                    ep.active = True
+                    self._update(ep, active=True)
                     return ep
         return None
 
@@ -194,7 +210,7 @@ class Gateway:
         deadline = time.monotonic() + self.options.batch_window_s
         while time.monotonic() < deadline:
             with self._lock:
-                waiting = any(e.active and e.in_flight == 0 for e in self._episodes.values() if e.loop is loop)
+                waiting = self._idle.get(loop, 0)
             if not waiting:
                 return
             await asyncio.sleep(0.002)
@@ -250,7 +266,7 @@ class Gateway:
         with self._lock:
             if ep.closed:
                 raise RequestError(410, f"episode {ep.id!r} is not open", "episode")
-            ep.in_flight += 1
+            self._update(ep, in_flight=1)
         try:
             future = asyncio.run_coroutine_threadsafe(self._generate(ep, role, prompt, chat, tools, params, n), ep.loop)
             waiting = asyncio.wrap_future(future)
@@ -272,7 +288,7 @@ class Gateway:
             return samples
         finally:
             with self._lock:
-                ep.in_flight -= 1
+                self._update(ep, in_flight=-1)
 
     def post_reward(self, ep: GatewayEpisode, body: dict[str, Any]) -> None:
         """An external episode's reward: resolves the episode in the scheduler's loop."""
