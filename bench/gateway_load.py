@@ -162,7 +162,7 @@ def gateway_round(gateway: Any, engine: Any, tokenizer: Any, task: Any, episodes
 
 
 def run(episodes: int = 64, calls: int = 3, tokens: int = 16, kill_fraction: float = 0.1, model: str = "tiny-random",
-        reward_timeout_s: float = 10.0) -> list[dict[str, Any]]:
+        reward_timeout_s: float = 10.0, batch_window_s: float = 0.02) -> list[dict[str, Any]]:
     """The three rounds (plus the clean round after the kills); one summary dict per round."""
     from teamrl.policies.models import load_model
     from teamrl.rollout.hf_engine import HFEngine
@@ -172,7 +172,8 @@ def run(episodes: int = 64, calls: int = 3, tokens: int = 16, kill_fraction: flo
     model_, tok = load_model(model, seed=0)
     engine = HFEngine(lambda policy: contextlib.nullcontext(model_), tok)
     task = MathSolve(MathSolveOptions(source="generated_easy", num_problems=16, test_size=2))
-    gateway = Gateway(GatewayOptions(reward_timeout_s=reward_timeout_s, max_episodes=max(256, episodes)))
+    gateway = Gateway(GatewayOptions(reward_timeout_s=reward_timeout_s, max_episodes=max(256, episodes),
+                                     batch_window_s=batch_window_s))
     gateway.start()
     try:
         rounds = [in_process_round(engine, tok, episodes, calls, tokens),
@@ -189,7 +190,7 @@ def run(episodes: int = 64, calls: int = 3, tokens: int = 16, kill_fraction: flo
 def markdown(rounds: list[dict[str, Any]], args: argparse.Namespace) -> str:
     lines = [f"# Training gateway load test\n",
              f"`python bench/gateway_load.py --episodes {args.episodes} --calls {args.calls} --tokens {args.tokens} "
-             f"--kill {args.kill} --model {args.model}` on 127.0.0.1 ({args.threads} torch thread(s)); "
+             f"--kill {args.kill} --model {args.model} --batch-window {args.batch_window}` on 127.0.0.1 ({args.threads} torch thread(s)); "
              f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.\n",
              "Every call generates exactly --tokens tokens (EOS ignored); all episodes of a round share one generation "
              "scheduler. Latency is per call (client side for the gateway).\n",
@@ -210,12 +211,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kill", type=float, default=0.1, help="fraction of clients killed mid-call in the third round")
     p.add_argument("--model", default="tiny-random")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--batch-window", type=float, default=0.02, help="workflow.options.batch_window_s of the gateway")
     p.add_argument("--out", type=Path, default=None, help="write the table here (e.g. bench/GATEWAY.md)")
     args = p.parse_args(argv)
     import torch
 
     torch.set_num_threads(args.threads)
-    rounds = run(args.episodes, args.calls, args.tokens, args.kill, args.model)
+    rounds = run(args.episodes, args.calls, args.tokens, args.kill, args.model, batch_window_s=args.batch_window)
     for r in rounds:
         print(f"{r['round']:<40} {r['calls']:>4} calls  {r['calls_per_s']:7.1f} calls/s  p50 {r['p50_ms']:6.0f} ms  "
               f"p99 {r['p99_ms']:6.0f} ms  batches {r['engine_batches']:>3}  killed {r.get('killed', '-')}  dropped "
