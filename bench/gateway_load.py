@@ -99,6 +99,9 @@ def gateway_round(gateway: Any, engine: Any, tokenizer: Any, task: Any, episodes
 
     from teamrl.workflows.openai_workflow import run_gateway_episode
 
+    # the clients are built before the episodes open (building 64 takes seconds on a busy machine; the reward clock runs)
+    clients = [openai.OpenAI(base_url=gateway.url, api_key="teamrl", max_retries=0, timeout=60) for _ in range(episodes)]
+    http = httpx.Client(base_url=gateway.url, timeout=60, limits=httpx.Limits(max_connections=episodes))  # claims, rewards
     sched, ctxs = _contexts(engine, tokenizer, episodes, tokens, seed=2)
     problems = task.problems()
     latencies: list[float] = []
@@ -109,36 +112,43 @@ def gateway_round(gateway: Any, engine: Any, tokenizer: Any, task: Any, episodes
     ready = threading.Barrier(episodes)
     before = dict(vars(gateway.stats))
 
+    errors: list[str] = []
+
     def client(index: int) -> None:
-        with httpx.Client(base_url=gateway.url, timeout=60) as http:
-            claimed = http.post("/episodes", params={"wait": 30}).json()
-            ep_id = claimed["episode_id"]
-            got: list[tuple[str, tuple[int, ...]]] = []
-            dies_at = calls - 1 if index < kill else None  # killed during its last call
-            oai = openai.OpenAI(base_url=claimed["base_url"], api_key="teamrl", max_retries=0, timeout=60)
-            ready.wait()  # clients built and episodes claimed: the calls start together
+        try:
+            drive(index)
+        except Exception as e:  # reported in the summary: the round is not exactly-once then
             with lock:
-                first_call[0] = first_call[0] or time.perf_counter()
-            text = ""
-            for k in range(calls):
-                role = ROLES[k % len(ROLES)]
-                if k == dies_at:  # send the whole call, then die: the connection closes while the call waits for its batch
-                    _send_and_die(claimed["base_url"] + "/chat/completions", {"model": role, "messages": _prompt(index, k, text)})
-                    with lock:
-                        killed.add(ep_id)
-                        received[ep_id] = got
-                    return
-                t0 = time.perf_counter()
-                r = oai.chat.completions.create(model=role, messages=_prompt(index, k, text))
+                errors.append(f"client {index}: {type(e).__name__}: {e}")
+
+    def drive(index: int) -> None:
+        claimed = http.post("/episodes", params={"wait": 30}).json()
+        ep_id = claimed["episode_id"]
+        got: list[tuple[str, tuple[int, ...]]] = []
+        dies_at = calls - 1 if index < kill else None  # killed during its last call
+        oai = clients[index].with_options(base_url=claimed["base_url"])  # shares the client's connection pool
+        ready.wait()  # clients built and episodes claimed: the calls start together
+        with lock:
+            first_call[0] = first_call[0] or time.perf_counter()
+        text = ""
+        for k in range(calls):
+            role = ROLES[k % len(ROLES)]
+            if k == dies_at:  # send the whole call, then die: the connection closes while the call waits for its batch
+                _send_and_die(claimed["base_url"] + "/chat/completions", {"model": role, "messages": _prompt(index, k, text)})
                 with lock:
-                    latencies.append(time.perf_counter() - t0)
-                    last_answer[0] = time.perf_counter()
-                text = r.choices[0].message.content
-                got.append((role, tuple(r.choices[0].token_ids)))
-            oai.close()
+                    killed.add(ep_id)
+                    received[ep_id] = got
+                return
+            t0 = time.perf_counter()
+            r = oai.chat.completions.create(model=role, messages=_prompt(index, k, text))
             with lock:
-                received[ep_id] = got
-            http.post(f"/episodes/{ep_id}/reward", json={"reward": 1.0}).raise_for_status()
+                latencies.append(time.perf_counter() - t0)
+                last_answer[0] = time.perf_counter()
+            text = r.choices[0].message.content
+            got.append((role, tuple(r.choices[0].token_ids)))
+        with lock:
+            received[ep_id] = got
+        http.post(f"/episodes/{ep_id}/reward", json={"reward": 1.0}).raise_for_status()
 
     threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(episodes)]
     t0 = time.perf_counter()
@@ -149,15 +159,17 @@ def gateway_round(gateway: Any, engine: Any, tokenizer: Any, task: Any, episodes
     wall = time.perf_counter() - t0
     for t in threads:
         t.join(10)
+    http.close()
     recorded = {c.samples[0].tags["gateway_episode"]: [(s.role, tuple(s.completion_ids)) for s in c.samples]
                 for c in ctxs if c.samples}
     completed = {e: got for e, got in received.items() if e not in killed}
     after = vars(gateway.stats)
     delta = {k: after[k] - before[k] for k in after}
     # calls/s over the time the calls took (a killed round also waits reward_timeout_s for the dead clients' rewards)
-    return _summary(name, latencies, last_answer[0] - first_call[0], round_wall_s=wall, engine_batches=len(sched.calls), killed=len(killed),
+    return _summary(name, latencies, last_answer[0] - first_call[0], round_wall_s=wall, setup_s=first_call[0] - t0, engine_batches=len(sched.calls), killed=len(killed),
                     dropped=sum(bool(o.stats["dropped"]) for o in outcomes),
-                    exactly_once=recorded == completed and len(completed) == episodes - len(killed),
+                    exactly_once=recorded == completed and len(completed) == episodes - len(killed) and not errors,
+                    client_errors=errors,
                     withdrawn=delta["calls_withdrawn"], recorded_calls=sum(len(v) for v in recorded.values()))
 
 
@@ -219,6 +231,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     rounds = run(args.episodes, args.calls, args.tokens, args.kill, args.model, batch_window_s=args.batch_window)
     for r in rounds:
+        for e in r.get("client_errors", [])[:5]:
+            print(f"{r['round']}: {e}", file=sys.stderr)
         print(f"{r['round']:<40} {r['calls']:>4} calls  {r['calls_per_s']:7.1f} calls/s  p50 {r['p50_ms']:6.0f} ms  "
               f"p99 {r['p99_ms']:6.0f} ms  batches {r['engine_batches']:>3}  killed {r.get('killed', '-')}  dropped "
               f"{r.get('dropped', '-')}  withdrawn {r.get('withdrawn', '-')}  exactly once {r.get('exactly_once', '-')}")
