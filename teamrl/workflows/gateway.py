@@ -25,7 +25,6 @@ FastAPI and uvicorn are imported when a gateway starts (the ``gateway`` extra).
 
 
 import asyncio
-import json
 import math
 import threading
 import time
@@ -38,7 +37,7 @@ from teamrl.core.sample import Sample
 from teamrl.policies.chat import render_chat
 from teamrl.policies.router import role_type
 from teamrl.rollout.engine import GenerationRequest, SamplingParams
-from teamrl.rollout.server import RequestError
+from teamrl.rollout.asgi import AsgiServer, Guard, RequestError, json_errors, require_asgi
 from teamrl.workflows.context import EpisodeContext
 
 # vLLM/OpenAI finish reasons from the engine's
@@ -108,30 +107,25 @@ class Gateway:
 
     # ---- lifetime -------------------------------------------------------------------------
     def start(self) -> str:
-        """Start serving (once); return the base URL ``http://host:port``."""
+        """Start serving (once), on a thread; return the base URL ``http://host:port``."""
         if self._server is not None:
             return self.url
-        import uvicorn
-
-        config = uvicorn.Config(build_app(self), host=self.options.host, port=self.options.port, log_level="warning",
-                                access_log=False, lifespan="off", timeout_keep_alive=30, backlog=2048)
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run, name="teamrl-gateway", daemon=True)
+        self._server = AsgiServer(build_app(self), self.options.host, self.options.port)
+        self._thread = threading.Thread(target=self._server.serve_forever, name="teamrl-gateway", daemon=True)
         self._thread.start()
         deadline = time.monotonic() + 30
         while not self._server.started:
             if not self._thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError(f"gateway: could not serve on {self.options.host}:{self.options.port} (port in use?)")
+                raise RuntimeError(f"gateway: uvicorn did not start on {self._server.url}")
             time.sleep(0.01)
-        port = self._server.servers[0].sockets[0].getsockname()[1]
-        self.url = f"http://{self.options.host}:{port}"
+        self.url = self._server.url
         return self.url
 
     def close(self) -> None:
         """Stop serving."""
         if self._server is not None:
-            self._server.should_exit = True
-            self._thread.join(timeout=10)
+            self._server.shutdown()
+            self._server.server_close()
             self._server = None
 
     # ---- episodes (called from the scheduler's loop) --------------------------------------------
@@ -377,57 +371,11 @@ def _usage(samples: list[Sample]) -> dict[str, int]:
             "total_tokens": len(samples[0].prompt_ids) + completion}
 
 
-class _BodyTooLarge(Exception):
-    pass
-
-
-class Guard:
-    """ASGI middleware: with a ``token``, a request without ``Authorization: Bearer <token>`` is a 401;
-    a body over ``limit`` bytes is a 413, before any of it is parsed."""
-
-    def __init__(self, app: Any, limit: int, token: str = "") -> None:
-        self.app, self.limit, self.token = app, limit, token
-
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        headers = dict(scope.get("headers") or [])
-        if self.token and headers.get(b"authorization") != f"Bearer {self.token}".encode():
-            return await _send_json(send, 401, RequestError(401, "missing or wrong bearer token (send Authorization: Bearer "
-                                                                 "<token>)", "authorization").body())
-        error = RequestError(413, f"the request body is over {self.limit} bytes (workflow.options.max_request_bytes)", "body")
-        length = headers.get(b"content-length")
-        if length is not None and length.isdigit() and int(length) > self.limit:
-            return await _send_json(send, 413, error.body())
-        seen = 0
-
-        async def limited() -> dict:
-            nonlocal seen
-            message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.limit:
-                    raise _BodyTooLarge
-            return message
-
-        try:
-            await self.app(scope, limited, send)
-        except _BodyTooLarge:
-            await _send_json(send, 413, error.body())
-
-
-async def _send_json(send: Any, status: int, body: dict) -> None:
-    data = json.dumps(body).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]})
-    await send({"type": "http.response.body", "body": data})
-
-
 def build_app(gateway: Gateway) -> Any:
     """The FastAPI app of ``gateway`` (request bodies validated against the pydantic schemas below)."""
+    require_asgi()
     from fastapi import FastAPI, Request
-    from fastapi.exceptions import RequestValidationError
-    from fastapi.responses import JSONResponse, Response
+    from fastapi.responses import Response
     from pydantic import BaseModel, ConfigDict, Field
 
     opts = gateway.options
@@ -462,16 +410,7 @@ def build_app(gateway: Gateway) -> Any:
         stream: bool | None = False
 
     app = FastAPI(title="teamrl training gateway", docs_url=None, redoc_url=None, openapi_url=None)
-
-    @app.exception_handler(RequestError)
-    async def _request_error(request: Request, e: RequestError) -> JSONResponse:
-        return JSONResponse(e.body(), status_code=e.status)
-
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(request: Request, e: RequestValidationError) -> JSONResponse:
-        first = e.errors()[0]
-        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
-        return JSONResponse(RequestError(400, f"{where}: {first.get('msg')}", where).body(), status_code=400)
+    json_errors(app)
 
     def _stop(stop: str | list[str] | None) -> list[str]:
         return [stop] if isinstance(stop, str) else list(stop or [])
@@ -540,7 +479,7 @@ def build_app(gateway: Gateway) -> Any:
     async def health() -> dict[str, str]:
         return {"status": "ok"}
 
-    return Guard(app, opts.max_request_bytes, opts.token)
+    return Guard(app, opts.max_request_bytes, opts.token, what="workflow.options.max_request_bytes")
 
 
 _GATEWAYS: dict[Hashable, Gateway] = {}

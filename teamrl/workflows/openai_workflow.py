@@ -27,7 +27,7 @@ from typing import Any, Callable
 
 from teamrl.core.config import InputError
 from teamrl.policies.router import role_type
-from teamrl.rollout.server import RequestError
+from teamrl.rollout.asgi import RequestError
 from teamrl.tasks.solve import SolveTask
 from teamrl.tasks.task import Problem
 from teamrl.workflows import register_workflow
