@@ -23,7 +23,10 @@ from teamrl.rollout.scheduler import GenerationScheduler
 from teamrl.tasks.solve import MathSolve, MathSolveOptions
 from teamrl.workflows.context import EpisodeContext
 from teamrl.workflows.gateway import Gateway, GatewayOptions
-from teamrl.workflows.openai_workflow import run_gateway_episode
+from teamrl.algorithms.workflow_grpo import WorkflowGRPO
+from teamrl.core.config import InputError
+from teamrl.workflows import Workflow
+from teamrl.workflows.openai_workflow import GatewayOutcome, run_gateway_episode
 
 ROLES = ("writer", "checker")
 
@@ -256,3 +259,18 @@ def test_an_external_program_claims_an_episode_calls_and_posts_the_reward(engine
 def test_algorithms_that_cannot_train_a_black_box_program_are_refused_with_the_reason(algorithm, reason):
     with pytest.raises(ConfigError, match=reason):
         load_config(None, ["workflow.name=my_team", f"algorithm={algorithm}", "task.name=math.solve"])
+
+
+async def _dropped_episode(ctx, task, problem, settings):
+    return GatewayOutcome("", None, False, {"dropped": True, "calls": 0})
+
+
+DROPPING = Workflow(_dropped_episode, ("writer",))  # referenced as tests.test_gateway:DROPPING
+
+
+def test_a_step_whose_episodes_were_all_dropped_is_a_clear_error(engine, task):
+    algorithm = WorkflowGRPO("tests.test_gateway:DROPPING", group_size=2, settings=None)
+    sched = GenerationScheduler(engine)
+    make_ctx = lambda p, e, tags: EpisodeContext(sched, role_type, engine.tokenizer, SamplingParams(), p.id, e, tags)
+    with pytest.raises(InputError, match="all 4 episodes of this step were dropped"):
+        algorithm.rollout(task.problems()[:2], task, make_ctx, sched.run)

@@ -77,6 +77,9 @@ class WorkflowGRPO:
                 run: Callable[[list[Awaitable]], list]) -> list[Sample]:
         """Run G episodes per problem (one engine batch per policy per step) and return the samples."""
         ctxs, self.outcomes = self.episodes(problems, task, make_ctx, run, self.group_size)
+        if all(o.stats.get("dropped") for o in self.outcomes):  # gateway episodes: none reported a reward in time
+            raise InputError(f"workflow {self.workflow!r}: all {len(self.outcomes)} episodes of this step were dropped (no reward "
+                             "within workflow.options.reward_timeout_s); nothing to train on")
         samples: list[Sample] = []
         for ctx, outcome in zip(ctxs, self.outcomes):
             assign_rewards(ctx.samples, outcome, self.reward_mode)

@@ -262,7 +262,10 @@ class Gateway:
                 raise RequestError(410, f"episode {ep.id!r} is not open", "episode")
             self._update(ep, in_flight=1)
         try:
-            future = asyncio.run_coroutine_threadsafe(self._generate(ep, role, prompt, chat, tools, params, n), ep.loop)
+            try:
+                future = asyncio.run_coroutine_threadsafe(self._generate(ep, role, prompt, chat, tools, params, n), ep.loop)
+            except RuntimeError as e:  # the rollout's loop has closed: the episode ended as the call came in
+                raise RequestError(410, f"episode {ep.id!r} ended during the call", "episode") from e
             waiting = asyncio.wrap_future(future)
             gone = False
             while not waiting.done():
@@ -271,7 +274,7 @@ class Gateway:
                     gone = True  # let the generation finish (it shares a batch), then drop its result
             try:
                 samples = waiting.result()
-            except (asyncio.CancelledError, RuntimeError) as e:  # the rollout ended under the call
+            except asyncio.CancelledError as e:  # the rollout ended under the call
                 raise RequestError(410, f"episode {ep.id!r} ended during the call ({type(e).__name__})", "episode") from e
             if gone or await disconnected():
                 with self._lock:
