@@ -159,7 +159,9 @@ def test_request_sizes_are_bounded(engine, task):
         big = httpx.post(url, json={"model": "writer", "messages": [{"role": "user", "content": "x" * 5000}]})
         many = httpx.post(url, json={"model": "writer", "messages": [{"role": "user", "content": "x"}] * 9})
         long = httpx.post(url, json={"model": "writer", "messages": [{"role": "user", "content": "y" * 900}]})
-        statuses.update(big=(big.status_code, big.json()), many=many.status_code, long=(long.status_code, long.json()))
+        ids = httpx.post(str(client.base_url) + "completions", json={"model": "writer", "prompt": [1, 10 ** 6]})
+        statuses.update(big=(big.status_code, big.json()), many=many.status_code, long=(long.status_code, long.json()),
+                        ids=(ids.status_code, ids.json()))
         return 0.0
 
     with serving(max_request_bytes=4096, max_messages=8, max_prompt_tokens=512) as gw:
@@ -167,6 +169,7 @@ def test_request_sizes_are_bounded(engine, task):
     assert statuses["big"][0] == 413 and "4096 bytes" in statuses["big"][1]["error"]["message"]
     assert statuses["many"] == 400
     assert statuses["long"][0] == 400 and "at most 512" in statuses["long"][1]["error"]["message"]
+    assert statuses["ids"][0] == 400 and "outside the tokenizer's vocabulary" in statuses["ids"][1]["error"]["message"]
     assert ctxs[0].samples == []
 
 
@@ -241,6 +244,7 @@ def test_an_external_program_claims_an_episode_calls_and_posts_the_reward(engine
             bad = http.post(f"/episodes/{claimed['episode_id']}/reward", json={"reward": "high"})
             results["bad"] = bad.status_code
             http.post(f"/episodes/{claimed['episode_id']}/reward", json={"reward": 0.25, "roles": {"writer": 0.75}}).raise_for_status()
+            results["again"] = http.post(f"/episodes/{claimed['episode_id']}/reward", json={"reward": 1.0}).status_code
             results["none_left"] = http.post("/episodes").status_code
 
     with serving() as gw:
@@ -249,7 +253,7 @@ def test_an_external_program_claims_an_episode_calls_and_posts_the_reward(engine
         ctxs, outcomes, _ = run_episodes(gw, engine, task, None, 1)
         worker.join(30)
     assert results["claimed"]["roles"] == list(ROLES) and results["claimed"]["problem"]["id"] == ctxs[0].problem_id
-    assert results["bad"] == 400 and results["none_left"] == 204
+    assert results["bad"] == 400 and results["again"] in (409, 410) and results["none_left"] == 204
     (s,) = ctxs[0].samples
     assert s.completion_ids == results["ids"] and s.tags["role_reward"] == 0.75 and outcomes[0].reward == 0.25
 

@@ -35,7 +35,7 @@ class RequestError(Exception):
 
     def body(self) -> dict[str, Any]:
         kind = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError", 405: "MethodNotAllowed",
-                410: "GoneError", 413: "RequestTooLarge"}.get(self.status, "Error")
+                409: "ConflictError", 410: "GoneError", 413: "RequestTooLarge"}.get(self.status, "Error")
         return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.status}}
 
 

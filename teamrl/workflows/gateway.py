@@ -60,8 +60,8 @@ class GatewayOptions:
     max_episodes: int = option(256, ge=1, doc="episode functions running at once (threads for sync code)")
 
 
-class EpisodeDropped(Exception):
-    """The episode was dropped (reward timeout) or has ended: its calls are refused."""
+class ClientGone(Exception):
+    """The client disconnected before its answer was ready: nothing is recorded and nothing sent."""
 
 
 @dataclass
@@ -79,6 +79,7 @@ class GatewayEpisode:
     in_flight: int = 0
     committed: list[Sample] = field(default_factory=list)
     reward: asyncio.Future | None = None  # external episodes: resolved by POST /reward
+    rewarded: bool = False
 
 
 @dataclass
@@ -219,6 +220,9 @@ class Gateway:
         elif isinstance(prompt, str):
             prompt_ids, prompt_text = tok(prompt, add_special_tokens=False)["input_ids"], prompt
         else:
+            bad = [t for t in prompt if not 0 <= t < len(tok)]
+            if bad:
+                raise RequestError(400, f"prompt: token id {bad[0]} is outside the tokenizer's vocabulary [0, {len(tok)})", "prompt")
             prompt_ids, prompt_text = list(prompt), tok.decode(prompt)
         if len(prompt_ids) > self.options.max_prompt_tokens:
             raise RequestError(400, f"the prompt is {len(prompt_ids)} tokens; this gateway accepts at most "
@@ -279,7 +283,7 @@ class Gateway:
             if gone or await disconnected():
                 with self._lock:
                     self.stats.calls_withdrawn += 1
-                raise EpisodeDropped("client disconnected")
+                raise ClientGone(ep.id)
             if not self._commit(ep, samples):
                 raise RequestError(410, f"episode {ep.id!r} closed during the call (reward timeout?)", "episode")
             return samples
@@ -292,6 +296,10 @@ class Gateway:
         if not ep.external:
             raise RequestError(400, f"episode {ep.id!r} runs an episode function: its reward is what the function returns", "episode")
         value = parse_reward(body, ep.roles)
+        with self._lock:
+            if ep.rewarded:
+                raise RequestError(409, f"episode {ep.id!r}: its reward was already posted", "episode")
+            ep.rewarded = True
         ep.loop.call_soon_threadsafe(lambda: ep.reward.done() or ep.reward.set_result(value))
 
 
@@ -426,7 +434,7 @@ def build_app(gateway: Gateway) -> Any:
         role = gateway.check_role(ep, model)
         try:
             samples = await gateway.serve_call(ep, role, prompt, chat, tools, max_tokens, stop, n, request.is_disconnected)
-        except EpisodeDropped:
+        except ClientGone:
             return Response(status_code=499)  # nobody reads it: the client has gone
         return ep, role, samples
 
