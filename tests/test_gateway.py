@@ -278,3 +278,26 @@ def test_a_step_whose_episodes_were_all_dropped_is_a_clear_error(engine, task):
     make_ctx = lambda p, e, tags: EpisodeContext(sched, role_type, engine.tokenizer, SamplingParams(), p.id, e, tags)
     with pytest.raises(InputError, match="all 4 episodes of this step were dropped"):
         algorithm.rollout(task.problems()[:2], task, make_ctx, sched.run)
+
+
+def test_tool_calls_pass_through_to_the_template_and_a_roles_repeated_calls_are_its_turns(engine, task):
+    tools = [{"type": "function", "function": {"name": "add", "description": "add two numbers",
+                                               "parameters": {"type": "object", "properties": {"a": {"type": "number"}}}}}]
+    messages = [{"role": "user", "content": "What is 2 + 3?"},
+                {"role": "assistant", "content": None, "tool_calls": [
+                    {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": "{\"a\": 2}"}}]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "5"}]
+
+    def episode(problem, client):
+        for _ in range(2):
+            client.chat.completions.create(model="writer", messages=messages, tools=tools)
+        client.chat.completions.create(model="checker", messages=messages[:1])
+        return 1.0
+
+    with serving() as gw:
+        ctxs, _, _ = run_episodes(gw, engine, task, episode, 1)
+    writer = [s for s in ctxs[0].samples if s.role == "writer"]
+    expected = [{**m, "content": m["content"] or ""} for m in messages]  # OpenAI's null content is the empty string
+    assert writer[0].prompt_ids == encode_chat(engine.tokenizer, expected, tools=tools)
+    assert "5" in writer[0].prompt_text and [s.turn for s in writer] == [0, 1]  # the role's k-th call is its turn k
+    assert [s.turn for s in ctxs[0].samples if s.role == "checker"] == [0]
