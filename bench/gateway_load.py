@@ -174,7 +174,7 @@ def gateway_round(gateway: Any, engine: Any, tokenizer: Any, task: Any, episodes
 
 
 def run(episodes: int = 64, calls: int = 3, tokens: int = 16, kill_fraction: float = 0.1, model: str = "tiny-random",
-        reward_timeout_s: float = 10.0, batch_window_s: float = 0.02) -> list[dict[str, Any]]:
+        reward_timeout_s: float = 10.0, batch_window_s: float = 0.1) -> list[dict[str, Any]]:
     """The three rounds (plus the clean round after the kills); one summary dict per round."""
     from teamrl.policies.models import load_model
     from teamrl.rollout.hf_engine import HFEngine
@@ -223,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kill", type=float, default=0.1, help="fraction of clients killed mid-call in the third round")
     p.add_argument("--model", default="tiny-random")
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--batch-window", type=float, default=0.02, help="workflow.options.batch_window_s of the gateway")
+    p.add_argument("--batch-window", type=float, default=0.1, help="workflow.options.batch_window_s of the gateway")
     p.add_argument("--out", type=Path, default=None, help="write the table here (e.g. bench/GATEWAY.md)")
     args = p.parse_args(argv)
     import torch

@@ -41,6 +41,7 @@ from teamrl.rollout.asgi import AsgiServer, Guard, RequestError, json_errors, re
 from teamrl.workflows.context import EpisodeContext
 
 # vLLM/OpenAI finish reasons from the engine's
+BATCH_WAIT_LIMIT = 10  # a call waits at most this many batch windows for others to join its batch
 FINISH = {"eos": "stop", "stop": "stop", "length": "length"}
 
 
@@ -52,7 +53,8 @@ class GatewayOptions:
     port: int = option(0, ge=0, le=65535, doc="port (0: a free one, printed at start)")
     token: str = option("", doc="when set, every request needs `Authorization: Bearer <token>`")
     reward_timeout_s: float = option(600.0, gt=0, doc="an episode without a reward this long after it opens is dropped and counted")
-    batch_window_s: float = option(0.02, ge=0, doc="how long a call waits for the other live episodes' calls to join its batch")
+    batch_window_s: float = option(0.1, ge=0, doc="a call waits for the other live episodes' calls until for this long none "
+                                                  "has come and no answer gone out (at most 10 times this)")
     max_request_bytes: int = option(1 << 20, ge=1024, doc="largest request body (413 above)")
     max_messages: int = option(256, ge=1, doc="most messages in one chat request")
     max_prompt_tokens: int = option(8192, ge=1, doc="longest prompt in tokens (400 above)")
@@ -76,7 +78,7 @@ class GatewayEpisode:
     external: bool = False
     active: bool = True  # its caller may send calls (function running, or claimed by an external client)
     closed: bool = False
-    in_flight: int = 0
+    queued: int = 0  # calls waiting for their batch or being generated
     committed: list[Sample] = field(default_factory=list)
     reward: asyncio.Future | None = None  # external episodes: resolved by POST /reward
     rewarded: bool = False
@@ -100,7 +102,10 @@ class Gateway:
         self.stats = GatewayStats()
         self._episodes: dict[str, GatewayEpisode] = {}
         self._unclaimed: list[str] = []  # external episodes waiting for a client, oldest first
-        self._idle: dict[asyncio.AbstractEventLoop, int] = {}  # per rollout: live episodes without a call in flight
+        self._idle: dict[asyncio.AbstractEventLoop, int] = {}  # per rollout: live episodes without a queued call
+        # per rollout: when a call last came in or an answer went out (its episode's next call may follow)
+        self._last_change: dict[asyncio.AbstractEventLoop, float] = {}
+        self._gates: dict[asyncio.AbstractEventLoop, asyncio.Event] = {}  # per rollout; touched in its loop only
         self._lock = threading.Lock()
         self._server: Any = None
         self._thread: threading.Thread | None = None
@@ -162,18 +167,22 @@ class Gateway:
                 self.stats.episodes_finished += 1
         return samples
 
-    def _update(self, ep: GatewayEpisode, active: bool | None = None, in_flight: int = 0) -> None:
-        """Change ``ep``'s state, keeping the count of live episodes without a call in flight (hold the lock)."""
-        was = ep.active and ep.in_flight == 0 and not ep.closed
+    def _update(self, ep: GatewayEpisode, active: bool | None = None, queued: int = 0) -> None:
+        """Change ``ep``'s state, keeping the count of live episodes without a queued call (hold the lock).
+
+        An episode whose last answer is on its way back counts as idle: its next call is coming."""
+        was = ep.active and ep.queued == 0 and not ep.closed
         if active is not None:
             ep.active = active
-        ep.in_flight += in_flight
-        now = ep.active and ep.in_flight == 0 and not ep.closed
+        ep.queued += queued
+        now = ep.active and ep.queued == 0 and not ep.closed
         idle = self._idle.get(ep.loop, 0) + int(now) - int(was)
         if idle:
             self._idle[ep.loop] = idle
         else:
             self._idle.pop(ep.loop, None)
+        if not any(e.loop is ep.loop for e in self._episodes.values()):  # the rollout is over
+            self._last_change.pop(ep.loop, None)
 
     def claim(self) -> GatewayEpisode | None:
         """The oldest unclaimed external episode, now claimed (None when there is none)."""
@@ -201,14 +210,30 @@ class Gateway:
         raise RequestError(404, f"model {model!r} is not a role of this team; the roles are {list(ep.roles)}", "model")
 
     async def _join_batch(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Wait (at most ``batch_window_s``) until every live episode of this rollout has a call in flight."""
-        deadline = time.monotonic() + self.options.batch_window_s
-        while time.monotonic() < deadline:
-            with self._lock:
-                waiting = self._idle.get(loop, 0)
-            if not waiting:
-                return
-            await asyncio.sleep(0.002)
+        """Wait at the rollout's gate: it opens for every waiting call at once (so they reach the
+        scheduler in one batch) when every live episode has a call queued, or when for ``batch_window_s``
+        no call has come and no answer gone out (at most ``BATCH_WAIT_LIMIT`` windows after it formed):
+        calls that trickle in, and the next calls of episodes just answered, join one batch."""
+        gate = self._gates.get(loop)
+        if gate is None:
+            gate = self._gates[loop] = asyncio.Event()
+            asyncio.ensure_future(self._open_gate(loop, gate))
+        await gate.wait()
+
+    async def _open_gate(self, loop: asyncio.AbstractEventLoop, gate: asyncio.Event) -> None:
+        window = self.options.batch_window_s
+        give_up = time.monotonic() + BATCH_WAIT_LIMIT * window
+        try:
+            while True:
+                now = time.monotonic()
+                with self._lock:
+                    idle, last = self._idle.get(loop, 0), self._last_change.get(loop, 0.0)
+                if not idle or now - last >= window or now >= give_up:
+                    break
+                await asyncio.sleep(0.002)
+        finally:  # also when the rollout ends under it
+            self._gates.pop(loop, None)  # later calls form the next gate
+            gate.set()
 
     async def _generate(self, ep: GatewayEpisode, role: str, prompt: Any, chat: bool, tools: list | None,
                         params: SamplingParams, n: int) -> list[Sample]:
@@ -229,9 +254,17 @@ class Gateway:
                                     f"{self.options.max_prompt_tokens} (workflow.options.max_prompt_tokens)", "messages")
         if not prompt_ids:
             raise RequestError(400, "the prompt is empty; send at least one token", "prompt")
-        await self._join_batch(ep.loop)
-        policy = ep.ctx.route(role)
-        completions = await ep.ctx.scheduler.generate(policy, GenerationRequest(prompt_ids, params, n=n))
+        with self._lock:
+            self._update(ep, queued=1)
+            self._last_change[ep.loop] = time.monotonic()
+        try:
+            await self._join_batch(ep.loop)
+            policy = ep.ctx.route(role)
+            completions = await ep.ctx.scheduler.generate(policy, GenerationRequest(prompt_ids, params, n=n))
+        finally:
+            with self._lock:
+                self._update(ep, queued=-1)
+                self._last_change[ep.loop] = time.monotonic()
         return [Sample(role=role, policy=policy, problem_id=ep.ctx.problem_id, prompt_ids=list(prompt_ids),
                        completion_ids=c.token_ids, sampling_logprobs=c.logprobs, text=c.text, finish_reason=c.finish_reason,
                        episode=ep.ctx.episode, branch=j, temperature=params.temperature, prompt_text=prompt_text,
@@ -261,35 +294,29 @@ class Gateway:
         limit = base.max_new_tokens if max_tokens is None else min(max_tokens, base.max_new_tokens)
         params = SamplingParams(max_new_tokens=limit, temperature=base.temperature, top_p=base.top_p, top_k=base.top_k,
                                 stop=tuple(dict.fromkeys((*base.stop, *stop))), ignore_eos=base.ignore_eos)
-        with self._lock:
-            if ep.closed:
-                raise RequestError(410, f"episode {ep.id!r} is not open", "episode")
-            self._update(ep, in_flight=1)
+        if ep.closed:
+            raise RequestError(410, f"episode {ep.id!r} is not open", "episode")
         try:
-            try:
-                future = asyncio.run_coroutine_threadsafe(self._generate(ep, role, prompt, chat, tools, params, n), ep.loop)
-            except RuntimeError as e:  # the rollout's loop has closed: the episode ended as the call came in
-                raise RequestError(410, f"episode {ep.id!r} ended during the call", "episode") from e
-            waiting = asyncio.wrap_future(future)
-            gone = False
-            while not waiting.done():
-                done, _ = await asyncio.wait([waiting], timeout=0.05)
-                if not done and await disconnected():
-                    gone = True  # let the generation finish (it shares a batch), then drop its result
-            try:
-                samples = waiting.result()
-            except asyncio.CancelledError as e:  # the rollout ended under the call
-                raise RequestError(410, f"episode {ep.id!r} ended during the call ({type(e).__name__})", "episode") from e
-            if gone or await disconnected():
-                with self._lock:
-                    self.stats.calls_withdrawn += 1
-                raise ClientGone(ep.id)
-            if not self._commit(ep, samples):
-                raise RequestError(410, f"episode {ep.id!r} closed during the call (reward timeout?)", "episode")
-            return samples
-        finally:
+            future = asyncio.run_coroutine_threadsafe(self._generate(ep, role, prompt, chat, tools, params, n), ep.loop)
+        except RuntimeError as e:  # the rollout's loop has closed: the episode ended as the call came in
+            raise RequestError(410, f"episode {ep.id!r} ended during the call", "episode") from e
+        waiting = asyncio.wrap_future(future)
+        gone = False
+        while not waiting.done():
+            done, _ = await asyncio.wait([waiting], timeout=0.05)
+            if not done and await disconnected():
+                gone = True  # let the generation finish (it shares a batch), then drop its result
+        try:
+            samples = waiting.result()
+        except asyncio.CancelledError as e:  # the rollout ended under the call
+            raise RequestError(410, f"episode {ep.id!r} ended during the call ({type(e).__name__})", "episode") from e
+        if gone or await disconnected():
             with self._lock:
-                self._update(ep, in_flight=-1)
+                self.stats.calls_withdrawn += 1
+            raise ClientGone(ep.id)
+        if not self._commit(ep, samples):
+            raise RequestError(410, f"episode {ep.id!r} closed during the call (reward timeout?)", "episode")
+        return samples
 
     def post_reward(self, ep: GatewayEpisode, body: dict[str, Any]) -> None:
         """An external episode's reward: resolves the episode in the scheduler's loop."""
