@@ -5,6 +5,8 @@
   against them; ``package.module:object`` in the config works without registering);
 - :class:`Task`, :class:`SolveTask`, :class:`Problem`: what a task is built from;
   :class:`EpisodeContext`, :class:`EpisodeOutcome`: what a workflow acts through and returns;
+- :func:`openai_workflow`, :func:`external_workflow`: a team written against the ``openai`` package,
+  or run by another program over HTTP, trained through the gateway (docs/gateway.md);
 - :func:`load_plugin`: import a file that registers (what ``teamrl train --plugin FILE`` does);
   installed packages register through entry points in the group ``teamrl.plugins``.
 """
@@ -15,6 +17,8 @@ from teamrl.tasks.solve import SolveTask
 from teamrl.tasks.task import Problem, Task
 from teamrl.workflows import REWARDS, WORKFLOWS, EpisodeOutcome, Workflow, register_reward, register_workflow
 from teamrl.workflows.context import EpisodeContext
+from teamrl.workflows.openai_workflow import external_workflow, openai_workflow
 
 __all__ = ["ENTRY_POINT_GROUP", "REWARDS", "TASKS", "WORKFLOWS", "EpisodeContext", "EpisodeOutcome", "Problem", "Registry",
-           "SolveTask", "Task", "Workflow", "load_plugin", "register_reward", "register_task", "register_workflow"]
+           "SolveTask", "Task", "Workflow", "external_workflow", "load_plugin", "openai_workflow", "register_reward",
+           "register_task", "register_workflow"]

@@ -77,6 +77,9 @@ class WorkflowGRPO:
                 run: Callable[[list[Awaitable]], list]) -> list[Sample]:
         """Run G episodes per problem (one engine batch per policy per step) and return the samples."""
         ctxs, self.outcomes = self.episodes(problems, task, make_ctx, run, self.group_size)
+        if all(o.stats.get("dropped") for o in self.outcomes):  # gateway episodes: none reported a reward in time
+            raise InputError(f"workflow {self.workflow!r}: all {len(self.outcomes)} episodes of this step were dropped (no reward "
+                             "within workflow.options.reward_timeout_s); nothing to train on")
         samples: list[Sample] = []
         for ctx, outcome in zip(ctxs, self.outcomes):
             assign_rewards(ctx.samples, outcome, self.reward_mode)
@@ -107,6 +110,8 @@ def outcome_metrics(workflow: str, outcomes: Sequence[EpisodeOutcome]) -> dict[s
     if not n:
         return {}
     out: dict[str, Any] = {"accuracy": sum(o.correct for o in outcomes) / n}
+    if any("dropped" in o.stats for o in outcomes):  # gateway episodes: those without a reward in time
+        out["episodes_dropped"] = sum(bool(o.stats["dropped"]) for o in outcomes)
     if workflow == "eval_opt":
         out["first_attempt_accuracy"] = sum(o.stats["first_correct"] for o in outcomes) / n
         out["iterations_mean"] = sum(o.stats["iterations"] for o in outcomes) / n

@@ -441,7 +441,13 @@ def validate(cfg: Config) -> None:
     if "name" not in cfg.task:
         raise ConfigError("task.name: missing; name a task, e.g. word_count")
     if cfg.workflow.name and cfg.algorithm != "grpo":
-        raise ConfigError(f"workflow.name: study workflows train with algorithm grpo, not {cfg.algorithm!r}")
+        why = {"at_grpo": "AT-GRPO branches K ways at every step, which needs branch points that a workflow function "
+                          "(or an OpenAI-API program behind the gateway) does not expose",
+               "magrpo": "a workflow's G episodes per problem are already compared per problem, role and call under grpo "
+                         "(MAGRPO's joint groups)",
+               "m_grpo": "M-GRPO needs the research environment's nested sub-agent episodes"}.get(cfg.algorithm, "")
+        raise ConfigError(f"workflow.name: workflows (study workflows, your own, OpenAI-API programs through the gateway) "
+                          f"train with algorithm grpo, not {cfg.algorithm!r}" + (f": {why}" if why else ""))
     if cfg.workflow.name and cfg.train.advantage == "max":
         raise ConfigError("train.advantage: max (greedy baseline) is not supported with a study workflow; use group")
     if cfg.train.advantage == "max" and cfg.algorithm != "grpo":  # only GRPO runs the greedy baseline rollouts

@@ -29,11 +29,14 @@ class GenerationScheduler:
         self.flushes = 0
         self.calls: list[tuple[str, int]] = []  # (policy, number of requests) per policy per flush
         self._pending: list[tuple[str, GenerationRequest, asyncio.Future]] = []
+        self._arrived: asyncio.Event | None = None  # set by generate(): wakes the loop early (requests from other threads)
 
     async def generate(self, policy: str, request: GenerationRequest) -> list[Completion]:
         """Queue ``request`` for ``policy``; resolves when the batch it joined is generated."""
         fut: asyncio.Future = asyncio.get_running_loop().create_future()
         self._pending.append((policy, request, fut))
+        if self._arrived is not None:
+            self._arrived.set()
         return await fut
 
     def run(self, coros: Sequence[Awaitable[Any]]) -> list[Any]:
@@ -52,8 +55,13 @@ class GenerationScheduler:
                     self._flush()
                 elif all(t.done() for t in tasks):
                     break
-                else:  # episodes wait on something else (e.g. a sandbox run)
-                    await asyncio.wait([t for t in tasks if not t.done()], return_when=asyncio.FIRST_COMPLETED, timeout=0.05)
+                else:  # episodes wait on something else (e.g. a sandbox run, or gateway calls from other threads)
+                    self._arrived = asyncio.Event()
+                    arrived = asyncio.ensure_future(self._arrived.wait())
+                    await asyncio.wait([*(t for t in tasks if not t.done()), arrived], return_when=asyncio.FIRST_COMPLETED,
+                                       timeout=0.05)
+                    arrived.cancel()
+                    self._arrived = None
         finally:
             for t in tasks:
                 if not t.done():

@@ -22,12 +22,13 @@ log-prob of each sampled token under ``softmax(logits / temperature)`` before to
 temperature 1 for greedy requests), the distribution the trainer recomputes. (vLLM and SGLang
 return their own definitions; see the README.)
 
+The app is FastAPI on uvicorn (:mod:`teamrl.rollout.asgi`, shared with the training gateway); the
+validation of each field stays here, with vLLM's names and teamrl's messages.
 Requests are served one at a time by one :class:`HFEngine` (a lock): a request's prompts, each
 with ``n`` samples, form one batch. The HTTP engine sends all pending requests of one policy in
 one call, so rollouts batch as they do in process.
 """
 
-from __future__ import annotations
 
 import contextlib
 import copy
@@ -36,13 +37,13 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Iterator
 
 import torch
 
 from teamrl.policies.models import load_model, resolve_device
+from teamrl.rollout.asgi import AsgiServer, Guard, RequestError, json_errors, require_asgi
 from teamrl.rollout.engine import GenerationRequest, SamplingParams
 from teamrl.rollout.hf_engine import HFEngine
 from teamrl.rollout.strict_server import GENERATION_DEFAULT_FIELDS, RowSettings, StrictBehaviour, decode_row, generation_defaults
@@ -52,18 +53,6 @@ COMPLETION_FIELDS = ("model", "prompt", "max_tokens", "temperature", "top_p", "t
                      "logprobs", "return_tokens_as_token_ids", "return_token_ids", "ignore_eos",
                      "include_stop_str_in_output", "skip_special_tokens", "stream", "echo", "user")
 MAX_BODY_BYTES = 64 * 2**20
-
-
-class RequestError(Exception):
-    """A client error: becomes an OpenAI-style JSON error response with ``status``."""
-
-    def __init__(self, status: int, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.status, self.message, self.param = status, message, param
-
-    def body(self) -> dict[str, Any]:
-        kind = {400: "BadRequestError", 404: "NotFoundError", 405: "MethodNotAllowed", 413: "RequestTooLarge"}.get(self.status, "Error")
-        return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.status}}
 
 
 @dataclass
@@ -397,116 +386,88 @@ def _bool(body: dict, key: str, default: bool) -> bool:
     return v
 
 
-class _Handler(BaseHTTPRequestHandler):
-    server: "TeamrlHTTPServer"
-    protocol_version = "HTTP/1.1"
-
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
-        if self.server.verbose:
-            super().log_message(format, *args)
-
-    def _send(self, status: int, payload: Any) -> None:
-        data = json.dumps(payload).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def _send_text(self, status: int, text: str) -> None:
-        data = text.encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "text/plain; charset=utf-8")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def _body(self) -> Any:
-        length = int(self.headers.get("Content-Length") or 0)
-        if length > MAX_BODY_BYTES:
-            raise RequestError(413, f"request body of {length} bytes is over the limit of {MAX_BODY_BYTES}")
-        raw = self.rfile.read(length) if length else b""
-        try:
-            return json.loads(raw or b"null")
-        except json.JSONDecodeError as e:
-            raise RequestError(400, f"the request body is not valid JSON: {e}") from None
-
-    def _route(self, method: str) -> None:
-        ms = self.server.model_server
-        path = self.path.split("?", 1)[0].rstrip("/")
-        routes = {("GET", "/health"): None, ("GET", "/v1/models"): None, ("POST", "/v1/completions"): None}
-        flavor = ms.strict.flavor if ms.strict else None
-        # vLLM serves LoRA loading under /v1, SGLang at the root; plain teamrl serve accepts both.
-        for prefix in {"vllm": ("/v1",), "sglang": ("",), None: ("/v1", "")}[flavor]:
-            routes[("POST", f"{prefix}/load_lora_adapter")] = routes[("POST", f"{prefix}/unload_lora_adapter")] = None
-        try:
-            if (method, path) not in routes:
-                if any(p == path for _, p in routes):
-                    raise RequestError(405, f"{method} {path}: method not allowed")
-                raise RequestError(404, f"{method} {path}: no such endpoint; endpoints: "
-                                   f"{sorted({f'{m} {p}' for m, p in routes})}")
-            if path == "/health":
-                self._send(200, {"status": "ok"})
-            elif path == "/v1/models":
-                self._send(200, ms.list_models())
-            elif path == "/v1/completions":
-                self._send(200, ms.complete(self._body()))
-            elif path.endswith("/load_lora_adapter"):
-                body = self._body()
-                if not isinstance(body, dict):
-                    raise RequestError(400, "expected a JSON object {\"lora_name\": ..., \"lora_path\": ...}")
-                unknown = [k for k in body if k not in ("lora_name", "lora_path", "load_inplace")]
-                if unknown and not flavor:
-                    raise RequestError(400, f"{unknown[0]}: unsupported field; accepted: lora_name, lora_path, load_inplace", unknown[0])
-                with ms._lock:
-                    version = ms.load_adapter(body.get("lora_name"), body.get("lora_path"), _bool(body, "load_inplace", False))
-                message = f"Success: LoRA adapter '{body['lora_name']}' added successfully."
-                if flavor == "vllm":
-                    self._send_text(200, message)
-                elif flavor == "sglang":
-                    self._send(200, {"success": True, "error_message": "", "loaded_adapters": {n: a.path for n, a in ms.adapters.items()}})
-                else:
-                    self._send(200, {"status": "ok", "message": message, "lora_name": body["lora_name"], "version": version})
-            else:
-                body = self._body()
-                if not isinstance(body, dict) or not isinstance(body.get("lora_name"), str):
-                    raise RequestError(400, "lora_name: required, a string", "lora_name")
-                with ms._lock:
-                    ms.unload_adapter(body["lora_name"])
-                message = f"Success: LoRA adapter '{body['lora_name']}' removed successfully."
-                if flavor == "vllm":
-                    self._send_text(200, message)
-                elif flavor == "sglang":
-                    self._send(200, {"success": True, "error_message": "", "loaded_adapters": {n: a.path for n, a in ms.adapters.items()}})
-                else:
-                    self._send(200, {"status": "ok", "message": message})
-        except RequestError as e:
-            self._send(e.status, e.body())
-        except Exception as e:  # a server bug: say so instead of dropping the connection
-            self._send(500, {"error": {"message": f"{type(e).__name__}: {e}", "type": "InternalServerError", "param": None, "code": 500}})
-
-    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
-        self._route("GET")
-
-    def do_POST(self) -> None:  # noqa: N802
-        self._route("POST")
+def _json_body(raw: bytes) -> Any:
+    try:
+        return json.loads(raw or b"null")
+    except json.JSONDecodeError as e:
+        raise RequestError(400, f"the request body is not valid JSON: {e}") from None
 
 
-class TeamrlHTTPServer(ThreadingHTTPServer):
-    """A threading HTTP server bound to a :class:`ModelServer`."""
+def build_app(ms: "ModelServer") -> Any:
+    """The FastAPI app of ``teamrl serve``: completions, models, health and LoRA load/unload at the
+    paths of the imitated server (vLLM under ``/v1``, SGLang at the root; plain teamrl serve both)."""
+    require_asgi()
+    from fastapi import FastAPI, Request
+    from fastapi.responses import JSONResponse, PlainTextResponse
+    from starlette.concurrency import run_in_threadpool
 
-    daemon_threads = True
+    app = FastAPI(title="teamrl serve", docs_url=None, redoc_url=None, openapi_url=None)
+    flavor = ms.strict.flavor if ms.strict else None
+    prefixes = {"vllm": ("/v1",), "sglang": ("",), None: ("/v1", "")}[flavor]
+    endpoints = sorted({"GET /health", "GET /v1/models", "POST /v1/completions",
+                        *(f"POST {p}/{verb}_lora_adapter" for p in prefixes for verb in ("load", "unload"))})
+    json_errors(app, lambda: endpoints)
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return ms.list_models()
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Any:
+        body = _json_body(await request.body())
+        return await run_in_threadpool(ms.complete, body)  # one engine: ModelServer serves one request at a time
+
+    def loaded() -> dict[str, str]:
+        return {n: a.path for n, a in ms.adapters.items()}
+
+    def load(body: Any) -> Any:
+        if not isinstance(body, dict):
+            raise RequestError(400, "expected a JSON object {\"lora_name\": ..., \"lora_path\": ...}")
+        unknown = [k for k in body if k not in ("lora_name", "lora_path", "load_inplace")]
+        if unknown and not flavor:
+            raise RequestError(400, f"{unknown[0]}: unsupported field; accepted: lora_name, lora_path, load_inplace", unknown[0])
+        with ms._lock:
+            version = ms.load_adapter(body.get("lora_name"), body.get("lora_path"), _bool(body, "load_inplace", False))
+        message = f"Success: LoRA adapter '{body['lora_name']}' added successfully."
+        if flavor == "vllm":
+            return PlainTextResponse(message)
+        if flavor == "sglang":
+            return {"success": True, "error_message": "", "loaded_adapters": loaded()}
+        return {"status": "ok", "message": message, "lora_name": body["lora_name"], "version": version}
+
+    def unload(body: Any) -> Any:
+        if not isinstance(body, dict) or not isinstance(body.get("lora_name"), str):
+            raise RequestError(400, "lora_name: required, a string", "lora_name")
+        with ms._lock:
+            ms.unload_adapter(body["lora_name"])
+        message = f"Success: LoRA adapter '{body['lora_name']}' removed successfully."
+        if flavor == "vllm":
+            return PlainTextResponse(message)
+        if flavor == "sglang":
+            return {"success": True, "error_message": "", "loaded_adapters": loaded()}
+        return {"status": "ok", "message": message}
+
+    for prefix in prefixes:
+        for verb, handle in (("load", load), ("unload", unload)):
+            async def route(request: Request, handle: Any = handle) -> Any:
+                answer = await run_in_threadpool(handle, _json_body(await request.body()))
+                return answer if not isinstance(answer, dict) else JSONResponse(answer)
+
+            app.add_api_route(f"{prefix}/{verb}_lora_adapter", route, methods=["POST"])
+    return Guard(app, MAX_BODY_BYTES, what="teamrl serve's limit")
+
+
+class TeamrlHTTPServer(AsgiServer):
+    """``teamrl serve``'s app (:func:`build_app`) on uvicorn, bound to ``host:port`` at construction."""
 
     def __init__(self, model_server: ModelServer, host: str = "127.0.0.1", port: int = 8000, verbose: bool = False) -> None:
         self.model_server = model_server
         self.verbose = verbose
-        super().__init__((host, port), _Handler)
-
-    @property
-    def url(self) -> str:
-        """``http://host:port`` of the bound socket (the real port when 0 was asked for)."""
-        host, port = self.server_address[:2]
-        return f"http://{host}:{port}"
+        super().__init__(build_app(model_server), host, port, verbose)
 
 
 def serve(model_server: ModelServer, host: str = "127.0.0.1", port: int = 8000, ready_file: str | None = None,
@@ -516,13 +477,11 @@ def serve(model_server: ModelServer, host: str = "127.0.0.1", port: int = 8000, 
     import sys
 
     httpd = TeamrlHTTPServer(model_server, host, port, verbose)
-
-    def stop(signum: int, frame: Any) -> None:
-        # shutdown() waits for serve_forever() to return, which runs in this thread: ask from another one.
-        threading.Thread(target=httpd.shutdown, daemon=True).start()
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
+    # uvicorn runs on a thread: this (main) thread keeps the signals, so a SIGTERM stops the server and
+    # returns here (uvicorn's own handlers would re-raise it and end the process with -15)
+    serving = threading.Thread(target=httpd.serve_forever, name="teamrl-serve", daemon=True)
+    signal.signal(signal.SIGTERM, lambda signum, frame: httpd.stop())
+    signal.signal(signal.SIGINT, lambda signum, frame: httpd.stop())
     print(f"teamrl serve: {model_server.base_name} on {model_server.device} ({str(model_server.dtype).removeprefix('torch.')}), "
           f"listening on {httpd.url}", flush=True)
     if ready_file:
@@ -530,7 +489,9 @@ def serve(model_server: ModelServer, host: str = "127.0.0.1", port: int = 8000, 
         tmp.write_text(httpd.url)
         tmp.replace(ready_file)  # atomic: a reader never sees a half-written URL
     try:
-        httpd.serve_forever(poll_interval=0.2)
+        serving.start()
+        while serving.is_alive():
+            serving.join(timeout=0.2)
     finally:
         httpd.server_close()
         print("teamrl serve: stopped", file=sys.stderr, flush=True)

@@ -1,0 +1,173 @@
+"""What teamrl's HTTP servers share (``teamrl serve`` and the training gateway): FastAPI on uvicorn.
+
+- :class:`RequestError`: a client error, answered as an OpenAI-style JSON error;
+- :class:`Guard`: ASGI middleware for an optional bearer token and a bounded request body;
+- :func:`json_errors`: the app's error handlers (client errors, unknown paths, server bugs);
+- :class:`AsgiServer`: an app on a socket bound at construction (so ``url`` is known at once), served
+  by uvicorn in the calling thread until :meth:`AsgiServer.shutdown`.
+
+FastAPI and uvicorn are imported when a server is built (the ``gateway`` extra; installed by ``make setup``).
+"""
+
+import json
+import socket
+import threading
+from typing import Any, Callable
+
+
+def require_asgi() -> None:
+    """Fail in one line when FastAPI / uvicorn are not installed."""
+    import importlib.util
+
+    missing = [m for m in ("fastapi", "uvicorn") if importlib.util.find_spec(m) is None]
+    if missing:
+        from teamrl.core.config import InputError
+
+        raise InputError(f"teamrl serve and the training gateway need {' and '.join(missing)}: pip install -e \".[gateway]\"")
+
+
+class RequestError(Exception):
+    """A client error: becomes an OpenAI-style JSON error response with ``status``."""
+
+    def __init__(self, status: int, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param = status, message, param
+
+    def body(self) -> dict[str, Any]:
+        kind = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError", 405: "MethodNotAllowed",
+                409: "ConflictError", 410: "GoneError", 413: "RequestTooLarge"}.get(self.status, "Error")
+        return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.status}}
+
+
+async def send_json(send: Any, status: int, body: Any) -> None:
+    """Answer an ASGI request with a JSON body."""
+    data = json.dumps(body).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]})
+    await send({"type": "http.response.body", "body": data})
+
+
+class _BodyTooLarge(Exception):
+    pass
+
+
+class Guard:
+    """ASGI middleware: with a ``token``, a request without ``Authorization: Bearer <token>`` is a 401;
+    a body over ``limit`` bytes is a 413, before any of it is parsed."""
+
+    def __init__(self, app: Any, limit: int, token: str = "", what: str = "") -> None:
+        self.app, self.limit, self.token = app, limit, token
+        self.what = what  # the setting that sets the limit, named in the 413
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = dict(scope.get("headers") or [])
+        if self.token and headers.get(b"authorization") != f"Bearer {self.token}".encode():
+            return await send_json(send, 401, RequestError(401, "missing or wrong bearer token (send Authorization: Bearer "
+                                                                "<token>)", "authorization").body())
+        error = RequestError(413, f"the request body is over the limit of {self.limit} bytes" +
+                             (f" ({self.what})" if self.what else ""), "body")
+        length = headers.get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > self.limit:
+            return await send_json(send, 413, error.body())
+        seen = 0
+
+        async def limited() -> dict:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.limit:
+                    raise _BodyTooLarge
+            return message
+
+        try:
+            await self.app(scope, limited, send)
+        except _BodyTooLarge:
+            await send_json(send, 413, error.body())
+
+
+def json_errors(app: Any, endpoints: Callable[[], list[str]] | None = None) -> None:
+    """Install the handlers: :class:`RequestError` as its JSON; an unknown path a 404 listing ``endpoints()``,
+    a wrong method a 405; a validation error a 400 naming the field; anything else a 500 naming the exception."""
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import JSONResponse
+    from starlette.exceptions import HTTPException
+
+    def answer(e: RequestError) -> JSONResponse:
+        return JSONResponse(e.body(), status_code=e.status)
+
+    @app.exception_handler(RequestError)
+    async def _request_error(request: Any, e: RequestError) -> JSONResponse:
+        return answer(e)
+
+    @app.exception_handler(HTTPException)
+    async def _http(request: Any, e: HTTPException) -> JSONResponse:
+        where = f"{request.method} {request.url.path}"
+        if e.status_code == 404:
+            listed = f"; endpoints: {endpoints()}" if endpoints else ""
+            return answer(RequestError(404, f"{where}: no such endpoint{listed}"))
+        if e.status_code == 405:
+            return answer(RequestError(405, f"{where}: method not allowed"))
+        return answer(RequestError(e.status_code, f"{where}: {e.detail}"))
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Any, e: RequestValidationError) -> JSONResponse:
+        first = e.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
+        return answer(RequestError(400, f"{where}: {first.get('msg')}", where))
+
+    @app.exception_handler(Exception)
+    async def _bug(request: Any, e: Exception) -> JSONResponse:  # a server bug: say so instead of dropping the connection
+        return JSONResponse({"error": {"message": f"{type(e).__name__}: {e}", "type": "InternalServerError", "param": None,
+                                       "code": 500}}, status_code=500)
+
+
+class AsgiServer:
+    """An ASGI app served by uvicorn on ``host:port`` (0: a free port), the socket bound at construction."""
+
+    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0, verbose: bool = False) -> None:
+        require_asgi()
+        import uvicorn
+
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self.socket = socket.socket(family, socket.SOCK_STREAM)
+        self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.socket.bind((host, port))
+        self.socket.listen(2048)
+        self.server_address = self.socket.getsockname()
+        config = uvicorn.Config(app, log_level="info" if verbose else "warning", access_log=verbose, lifespan="off",
+                                timeout_keep_alive=30)
+        self._server = uvicorn.Server(config)
+        self._done = threading.Event()
+
+    @property
+    def url(self) -> str:
+        """``http://host:port`` of the bound socket (the real port when 0 was asked for)."""
+        host, port = self.server_address[:2]
+        return f"http://{host}:{port}"
+
+    @property
+    def started(self) -> bool:
+        return bool(self._server.started)
+
+    def serve_forever(self, poll_interval: float = 0.1) -> None:
+        """Serve until :meth:`shutdown` (or, in the main thread, SIGINT/SIGTERM). ``poll_interval``: unused
+        (kept from ``http.server``'s signature)."""
+        try:
+            self._server.run(sockets=[self.socket])
+        finally:
+            self._done.set()
+
+    def stop(self) -> None:
+        """Ask :meth:`serve_forever` to return (after the requests in progress); does not wait."""
+        self._server.should_exit = True
+
+    def shutdown(self) -> None:
+        """Stop serving and wait until :meth:`serve_forever` has returned."""
+        self.stop()
+        self._done.wait(timeout=30)
+
+    def server_close(self) -> None:
+        self.socket.close()

@@ -1,0 +1,537 @@
+"""The training gateway: an OpenAI-compatible endpoint whose every call is a Sample of one episode.
+
+Agent code written against the ``openai`` package trains unchanged: each episode gets its own
+base URL, ``http://HOST:PORT/episodes/<id>/v1``, and every ``chat.completions.create(model=<role>,
+...)`` on it is served through that episode's :class:`~teamrl.workflows.context.EpisodeContext`:
+the request joins the generation scheduler's batch (everything in flight shares it) and becomes a
+:class:`~teamrl.core.sample.Sample` of the role's policy, with the exact prompt ids (the chat
+template applied here, once), the sampled completion ids and their sampling log-probs. The
+response carries the token ids as vLLM does (``prompt_token_ids``; ``choices[i].token_ids``), so
+nothing is ever re-tokenised.
+
+Endpoints (per episode, under ``/episodes/<id>``): ``POST /v1/chat/completions``,
+``POST /v1/completions``, ``GET /v1/models`` (the roles), ``POST /reward``. Programs in other
+processes drive episodes themselves: ``POST /episodes`` claims the next episode the trainer wants
+run (problem, episode id, base URL), then they call the endpoint and post the reward.
+
+Robustness: a call whose client disconnects before its answer is written is not recorded; an
+episode that reports no reward within ``reward_timeout_s`` is dropped (its samples discarded) and
+counted; a ``model`` that is no role is a 404 listing the roles; bodies, messages, prompt length
+and ``n`` are bounded; the server binds to 127.0.0.1 unless told otherwise and, with ``token``,
+requires ``Authorization: Bearer <token>`` on every request. See docs/gateway.md.
+
+FastAPI and uvicorn are imported when a gateway starts (the ``gateway`` extra).
+"""
+
+
+import asyncio
+import math
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Hashable
+
+from teamrl.core.config import option
+from teamrl.core.sample import Sample
+from teamrl.policies.chat import render_chat
+from teamrl.policies.router import role_type
+from teamrl.rollout.engine import GenerationRequest, SamplingParams
+from teamrl.rollout.asgi import AsgiServer, Guard, RequestError, json_errors, require_asgi
+from teamrl.workflows.context import EpisodeContext
+
+# vLLM/OpenAI finish reasons from the engine's
+BATCH_WAIT_LIMIT = 10  # a call waits at most this many batch windows for others to join its batch
+FINISH = {"eos": "stop", "stop": "stop", "length": "length"}
+
+
+@dataclass(frozen=True)
+class GatewayOptions:
+    """The gateway's settings (``workflow.options`` of an :func:`~teamrl.api.openai_workflow`)."""
+
+    host: str = option("127.0.0.1", doc="address the gateway binds to (127.0.0.1: this machine only)")
+    port: int = option(0, ge=0, le=65535, doc="port (0: a free one, printed at start)")
+    token: str = option("", doc="when set, every request needs `Authorization: Bearer <token>`")
+    reward_timeout_s: float = option(600.0, gt=0, doc="an episode without a reward this long after it opens is dropped and counted")
+    batch_window_s: float = option(0.1, ge=0, doc="a call waits for the other live episodes' calls until for this long none "
+                                                  "has come and no answer gone out (at most 10 times this)")
+    max_request_bytes: int = option(1 << 20, ge=1024, doc="largest request body (413 above)")
+    max_messages: int = option(256, ge=1, doc="most messages in one chat request")
+    max_prompt_tokens: int = option(8192, ge=1, doc="longest prompt in tokens (400 above)")
+    max_n: int = option(16, ge=1, doc="most completions per request")
+    max_episodes: int = option(256, ge=1, doc="episode functions running at once (threads for sync code)")
+
+
+class ClientGone(Exception):
+    """The client disconnected before its answer was ready: nothing is recorded and nothing sent."""
+
+
+@dataclass
+class GatewayEpisode:
+    """One episode as the gateway sees it. ``committed``: the Samples of calls whose answer was written."""
+
+    id: str
+    ctx: EpisodeContext
+    loop: asyncio.AbstractEventLoop  # the scheduler's: calls run there
+    roles: tuple[str, ...]
+    problem: dict[str, Any]
+    external: bool = False
+    active: bool = True  # its caller may send calls (function running, or claimed by an external client)
+    closed: bool = False
+    queued: int = 0  # calls waiting for their batch or being generated
+    committed: list[Sample] = field(default_factory=list)
+    reward: asyncio.Future | None = None  # external episodes: resolved by POST /reward
+    rewarded: bool = False
+
+
+@dataclass
+class GatewayStats:
+    """Counters since the gateway started (the load test and the metrics read them)."""
+
+    calls_recorded: int = 0
+    calls_withdrawn: int = 0  # the client disconnected before the answer: nothing recorded
+    episodes_dropped: int = 0  # no reward in time
+    episodes_finished: int = 0
+
+
+class Gateway:
+    """The FastAPI app on a uvicorn thread, and the table of open episodes it serves."""
+
+    def __init__(self, options: GatewayOptions = GatewayOptions()) -> None:
+        self.options = options
+        self.stats = GatewayStats()
+        self._episodes: dict[str, GatewayEpisode] = {}
+        self._unclaimed: list[str] = []  # external episodes waiting for a client, oldest first
+        self._idle: dict[asyncio.AbstractEventLoop, int] = {}  # per rollout: live episodes without a queued call
+        # per rollout: when a call last came in or an answer went out (its episode's next call may follow)
+        self._last_change: dict[asyncio.AbstractEventLoop, float] = {}
+        self._gates: dict[asyncio.AbstractEventLoop, asyncio.Event] = {}  # per rollout; touched in its loop only
+        self._lock = threading.Lock()
+        self._server: Any = None
+        self._thread: threading.Thread | None = None
+        self.url = ""
+
+    # ---- lifetime -------------------------------------------------------------------------
+    def start(self) -> str:
+        """Start serving (once), on a thread; return the base URL ``http://host:port``."""
+        if self._server is not None:
+            return self.url
+        self._server = AsgiServer(build_app(self), self.options.host, self.options.port)
+        self._thread = threading.Thread(target=self._server.serve_forever, name="teamrl-gateway", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + 30
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"gateway: uvicorn did not start on {self._server.url}")
+            time.sleep(0.01)
+        self.url = self._server.url
+        return self.url
+
+    def close(self) -> None:
+        """Stop serving."""
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+    # ---- episodes (called from the scheduler's loop) --------------------------------------------
+    def open_episode(self, ctx: EpisodeContext, roles: tuple[str, ...], problem: dict[str, Any],
+                     external: bool = False) -> GatewayEpisode:
+        """Register an episode of ``ctx``; an external one waits in the claim queue until a client takes it."""
+        loop = asyncio.get_running_loop()
+        ep = GatewayEpisode(uuid.uuid4().hex[:16], ctx, loop, tuple(roles), problem, external=external, active=False,
+                            reward=loop.create_future() if external else None)
+        with self._lock:
+            self._episodes[ep.id] = ep
+            self._update(ep, active=not external)
+            if external:
+                self._unclaimed.append(ep.id)
+        return ep
+
+    def episode_url(self, ep: GatewayEpisode) -> str:
+        """The OpenAI base URL of one episode."""
+        return f"{self.url}/episodes/{ep.id}/v1"
+
+    def finish_episode(self, ep: GatewayEpisode, dropped: bool) -> list[Sample]:
+        """Close ``ep`` (later calls get 410); its recorded samples, or none when ``dropped``."""
+        with self._lock:
+            self._update(ep, active=False)
+            ep.closed = True
+            self._episodes.pop(ep.id, None)
+            if ep.id in self._unclaimed:
+                self._unclaimed.remove(ep.id)
+            samples = [] if dropped else list(ep.committed)
+            if dropped:
+                self.stats.episodes_dropped += 1
+            else:
+                self.stats.episodes_finished += 1
+        return samples
+
+    def _update(self, ep: GatewayEpisode, active: bool | None = None, queued: int = 0) -> None:
+        """Change ``ep``'s state, keeping the count of live episodes without a queued call (hold the lock).
+
+        An episode whose last answer is on its way back counts as idle: its next call is coming."""
+        was = ep.active and ep.queued == 0 and not ep.closed
+        if active is not None:
+            ep.active = active
+        ep.queued += queued
+        now = ep.active and ep.queued == 0 and not ep.closed
+        idle = self._idle.get(ep.loop, 0) + int(now) - int(was)
+        if idle:
+            self._idle[ep.loop] = idle
+        else:
+            self._idle.pop(ep.loop, None)
+        if not any(e.loop is ep.loop for e in self._episodes.values()):  # the rollout is over
+            self._last_change.pop(ep.loop, None)
+
+    def claim(self) -> GatewayEpisode | None:
+        """The oldest unclaimed external episode, now claimed (None when there is none)."""
+        with self._lock:
+            while self._unclaimed:
+                ep = self._episodes.get(self._unclaimed.pop(0))
+                if ep is not None and not ep.closed:
+                    self._update(ep, active=True)
+                    return ep
+        return None
+
+    def episode(self, episode_id: str) -> GatewayEpisode:
+        with self._lock:
+            ep = self._episodes.get(episode_id)
+        if ep is None or ep.closed:
+            raise RequestError(410, f"episode {episode_id!r} is not open (it ended, was dropped after the reward timeout, "
+                                    "or never existed)", "episode")
+        return ep
+
+    # ---- one call ----------------------------------------------------------------------------
+    def check_role(self, ep: GatewayEpisode, model: str) -> str:
+        """``model`` as a role of ``ep`` (a role type or an instance of one, e.g. ``worker2``); 404 otherwise."""
+        if model in ep.roles or role_type(model) in ep.roles:
+            return model
+        raise RequestError(404, f"model {model!r} is not a role of this team; the roles are {list(ep.roles)}", "model")
+
+    async def _join_batch(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Wait at the rollout's gate: it opens for every waiting call at once (so they reach the
+        scheduler in one batch) when every live episode has a call queued, or when for ``batch_window_s``
+        no call has come and no answer gone out (at most ``BATCH_WAIT_LIMIT`` windows after it formed):
+        calls that trickle in, and the next calls of episodes just answered, join one batch."""
+        gate = self._gates.get(loop)
+        if gate is None:
+            gate = self._gates[loop] = asyncio.Event()
+            asyncio.ensure_future(self._open_gate(loop, gate))
+        await gate.wait()
+
+    async def _open_gate(self, loop: asyncio.AbstractEventLoop, gate: asyncio.Event) -> None:
+        window = self.options.batch_window_s
+        give_up = time.monotonic() + BATCH_WAIT_LIMIT * window
+        try:
+            while True:
+                now = time.monotonic()
+                with self._lock:
+                    idle, last = self._idle.get(loop, 0), self._last_change.get(loop, 0.0)
+                if not idle or now - last >= window or now >= give_up:
+                    break
+                await asyncio.sleep(0.002)
+        finally:  # also when the rollout ends under it
+            self._gates.pop(loop, None)  # later calls form the next gate
+            gate.set()
+
+    async def _generate(self, ep: GatewayEpisode, role: str, prompt: Any, chat: bool, tools: list | None,
+                        params: SamplingParams, n: int) -> list[Sample]:
+        """Runs in the scheduler's loop: encode once, join the batch, return unrecorded Samples."""
+        tok = ep.ctx.tokenizer
+        if chat:
+            prompt_text = render_chat(tok, prompt, tools=tools)  # the template, applied once, here
+            prompt_ids = tok(prompt_text, add_special_tokens=False)["input_ids"]
+        elif isinstance(prompt, str):
+            prompt_ids, prompt_text = tok(prompt, add_special_tokens=False)["input_ids"], prompt
+        else:
+            bad = [t for t in prompt if not 0 <= t < len(tok)]
+            if bad:
+                raise RequestError(400, f"prompt: token id {bad[0]} is outside the tokenizer's vocabulary [0, {len(tok)})", "prompt")
+            prompt_ids, prompt_text = list(prompt), tok.decode(prompt)
+        if len(prompt_ids) > self.options.max_prompt_tokens:
+            raise RequestError(400, f"the prompt is {len(prompt_ids)} tokens; this gateway accepts at most "
+                                    f"{self.options.max_prompt_tokens} (workflow.options.max_prompt_tokens)", "messages")
+        if not prompt_ids:
+            raise RequestError(400, "the prompt is empty; send at least one token", "prompt")
+        with self._lock:
+            self._update(ep, queued=1)
+            self._last_change[ep.loop] = time.monotonic()
+        try:
+            await self._join_batch(ep.loop)
+            policy = ep.ctx.route(role)
+            completions = await ep.ctx.scheduler.generate(policy, GenerationRequest(prompt_ids, params, n=n))
+        finally:
+            with self._lock:
+                self._update(ep, queued=-1)
+                self._last_change[ep.loop] = time.monotonic()
+        return [Sample(role=role, policy=policy, problem_id=ep.ctx.problem_id, prompt_ids=list(prompt_ids),
+                       completion_ids=c.token_ids, sampling_logprobs=c.logprobs, text=c.text, finish_reason=c.finish_reason,
+                       episode=ep.ctx.episode, branch=j, temperature=params.temperature, prompt_text=prompt_text,
+                       tags={**ep.ctx.tags, "gateway_episode": ep.id}) for j, c in enumerate(completions)]
+
+    def _commit(self, ep: GatewayEpisode, samples: list[Sample]) -> bool:
+        """Record ``samples`` (the answer is about to be written); False when the episode has closed."""
+        with self._lock:
+            if ep.closed:
+                return False
+            turn = sum(1 for s in ep.committed if s.role == samples[0].role and s.branch == 0)
+            for s in samples:
+                s.turn = turn  # the role's k-th answered call: groups compare the k-th calls of G episodes
+            ep.committed += samples
+            self.stats.calls_recorded += 1
+        return True
+
+    async def serve_call(self, ep: GatewayEpisode, role: str, prompt: Any, chat: bool, tools: list | None,
+                         max_tokens: int | None, stop: list[str], n: int, disconnected: Any) -> list[Sample]:
+        """Generate for one request (in the episode's scheduler loop) and record it unless the client left.
+
+        ``disconnected``: an ``async () -> bool`` polled while waiting. A client gone before the
+        answer is ready gets nothing recorded (counted in ``stats.calls_withdrawn``)."""
+        if not 1 <= n <= self.options.max_n:
+            raise RequestError(400, f"n={n}: this gateway samples 1 to {self.options.max_n} completions per request", "n")
+        base = ep.ctx.params
+        limit = base.max_new_tokens if max_tokens is None else min(max_tokens, base.max_new_tokens)
+        params = SamplingParams(max_new_tokens=limit, temperature=base.temperature, top_p=base.top_p, top_k=base.top_k,
+                                stop=tuple(dict.fromkeys((*base.stop, *stop))), ignore_eos=base.ignore_eos)
+        if ep.closed:
+            raise RequestError(410, f"episode {ep.id!r} is not open", "episode")
+        try:
+            future = asyncio.run_coroutine_threadsafe(self._generate(ep, role, prompt, chat, tools, params, n), ep.loop)
+        except RuntimeError as e:  # the rollout's loop has closed: the episode ended as the call came in
+            raise RequestError(410, f"episode {ep.id!r} ended during the call", "episode") from e
+        waiting = asyncio.wrap_future(future)
+        gone = False
+        while not waiting.done():
+            done, _ = await asyncio.wait([waiting], timeout=0.05)
+            if not done and await disconnected():
+                gone = True  # let the generation finish (it shares a batch), then drop its result
+        try:
+            samples = waiting.result()
+        except asyncio.CancelledError as e:  # the rollout ended under the call
+            raise RequestError(410, f"episode {ep.id!r} ended during the call ({type(e).__name__})", "episode") from e
+        if gone or await disconnected():
+            with self._lock:
+                self.stats.calls_withdrawn += 1
+            raise ClientGone(ep.id)
+        if not self._commit(ep, samples):
+            raise RequestError(410, f"episode {ep.id!r} closed during the call (reward timeout?)", "episode")
+        return samples
+
+    def post_reward(self, ep: GatewayEpisode, body: dict[str, Any]) -> None:
+        """An external episode's reward: resolves the episode in the scheduler's loop."""
+        if not ep.external:
+            raise RequestError(400, f"episode {ep.id!r} runs an episode function: its reward is what the function returns", "episode")
+        value = parse_reward(body, ep.roles)
+        with self._lock:
+            if ep.rewarded:
+                raise RequestError(409, f"episode {ep.id!r}: its reward was already posted", "episode")
+            ep.rewarded = True
+        ep.loop.call_soon_threadsafe(lambda: ep.reward.done() or ep.reward.set_result(value))
+
+
+def parse_reward(value: Any, roles: tuple[str, ...]) -> tuple[float, dict[str, float], bool | None]:
+    """A reward as (team reward, per-role rewards, correct or None).
+
+    Accepted: a number (the team's reward) or ``{"reward": number, "roles": {role: number}, "correct": bool}``
+    (``roles`` and ``correct`` optional)."""
+    if isinstance(value, dict):
+        unknown = sorted(set(value) - {"reward", "roles", "correct"})
+        if unknown or "reward" not in value:
+            raise RequestError(400, f"reward: expected {{'reward': number, 'roles': {{role: number}}, 'correct': bool}}; got keys "
+                                    f"{sorted(value)}", "reward")
+        per_role = value.get("roles") or {}
+        if not isinstance(per_role, dict) or any(role_type(r) not in roles and r not in roles for r in per_role):
+            raise RequestError(400, f"reward.roles: expected a mapping of this team's roles {list(roles)} to numbers; got {per_role!r}",
+                               "reward")
+        correct = value.get("correct")
+        if correct is not None and not isinstance(correct, bool):
+            raise RequestError(400, f"reward.correct: expected true or false; got {correct!r}", "reward")
+        return _number(value["reward"], "reward"), {r: _number(v, f"reward.roles.{r}") for r, v in per_role.items()}, correct
+    return _number(value, "reward"), {}, None
+
+
+def _number(value: Any, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise RequestError(400, f"{name}: expected a finite number; got {value!r}", name)
+    return float(value)
+
+
+# ---- the HTTP side -----------------------------------------------------------------------------------
+
+
+def _content_text(content: Any) -> str:
+    """A message's content as text: a string, or the text parts of a list of parts."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    parts = []
+    for p in content:
+        if not isinstance(p, dict) or p.get("type") != "text":
+            raise RequestError(400, f"messages: content part {p!r} is not supported; send text parts only", "messages")
+        parts.append(str(p.get("text", "")))
+    return "".join(parts)
+
+
+def chat_response(role: str, samples: list[Sample], tokenizer: Any, logprobs: bool) -> dict[str, Any]:
+    """The ``chat.completion`` body, with vLLM's token-id fields."""
+    choices = []
+    for j, s in enumerate(samples):
+        choice: dict[str, Any] = {"index": j, "message": {"role": "assistant", "content": s.text},
+                                  "finish_reason": FINISH.get(s.finish_reason, s.finish_reason), "token_ids": list(s.completion_ids),
+                                  "logprobs": None}
+        if logprobs:
+            choice["logprobs"] = {"content": [{"token": tokenizer.convert_ids_to_tokens(t), "logprob": lp, "bytes": None,
+                                               "top_logprobs": []} for t, lp in zip(s.completion_ids, s.sampling_logprobs)]}
+        choices.append(choice)
+    return {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "object": "chat.completion", "created": int(time.time()), "model": role,
+            "choices": choices, "prompt_token_ids": list(samples[0].prompt_ids), "usage": _usage(samples)}
+
+
+def completion_response(role: str, samples: list[Sample], tokenizer: Any, logprobs: bool) -> dict[str, Any]:
+    """The ``text_completion`` body, with vLLM's token-id fields."""
+    choices = []
+    for j, s in enumerate(samples):
+        lp = None
+        if logprobs:
+            lp = {"tokens": tokenizer.convert_ids_to_tokens(list(s.completion_ids)), "token_logprobs": list(s.sampling_logprobs),
+                  "top_logprobs": None, "text_offset": None}
+        choices.append({"index": j, "text": s.text, "finish_reason": FINISH.get(s.finish_reason, s.finish_reason),
+                        "token_ids": list(s.completion_ids), "prompt_token_ids": list(s.prompt_ids), "logprobs": lp})
+    return {"id": f"cmpl-{uuid.uuid4().hex[:24]}", "object": "text_completion", "created": int(time.time()), "model": role,
+            "choices": choices, "usage": _usage(samples)}
+
+
+def _usage(samples: list[Sample]) -> dict[str, int]:
+    completion = sum(len(s.completion_ids) for s in samples)
+    return {"prompt_tokens": len(samples[0].prompt_ids), "completion_tokens": completion,
+            "total_tokens": len(samples[0].prompt_ids) + completion}
+
+
+def build_app(gateway: Gateway) -> Any:
+    """The FastAPI app of ``gateway`` (request bodies validated against the pydantic schemas below)."""
+    require_asgi()
+    from fastapi import FastAPI, Request
+    from fastapi.responses import Response
+    from pydantic import BaseModel, ConfigDict, Field
+
+    opts = gateway.options
+
+    class Message(BaseModel):
+        model_config = ConfigDict(extra="allow")  # tool_calls, tool_call_id, name: passed to the chat template
+        role: str
+        content: str | list[dict[str, Any]] | None = None
+
+    class ChatRequest(BaseModel):
+        # Clients send more fields than training uses (temperature, seed, ...): accepted, and the
+        # trainer's rollout sampling settings apply (documented in docs/gateway.md).
+        model_config = ConfigDict(extra="allow")
+        model: str
+        messages: list[Message] = Field(min_length=1, max_length=opts.max_messages)
+        max_tokens: int | None = Field(None, ge=1)
+        max_completion_tokens: int | None = Field(None, ge=1)
+        n: int = Field(1, ge=1)
+        stop: str | list[str] | None = None
+        logprobs: bool | None = False
+        tools: list[dict[str, Any]] | None = None
+        stream: bool | None = False
+
+    class CompletionRequest(BaseModel):
+        model_config = ConfigDict(extra="allow")
+        model: str
+        prompt: str | list[int]
+        max_tokens: int | None = Field(None, ge=1)
+        n: int = Field(1, ge=1)
+        stop: str | list[str] | None = None
+        logprobs: int | None = None
+        stream: bool | None = False
+
+    app = FastAPI(title="teamrl training gateway", docs_url=None, redoc_url=None, openapi_url=None)
+    json_errors(app)
+
+    def _stop(stop: str | list[str] | None) -> list[str]:
+        return [stop] if isinstance(stop, str) else list(stop or [])
+
+    async def _served(episode_id: str, request: Request, model: str, prompt: Any, chat: bool, tools: list | None,
+                      max_tokens: int | None, stop: list[str], n: int, stream: bool | None) -> tuple[GatewayEpisode, str, list[Sample]] | Response:
+        if stream:
+            raise RequestError(400, "stream: streaming is not supported by the training gateway; send stream=false", "stream")
+        ep = gateway.episode(episode_id)
+        role = gateway.check_role(ep, model)
+        try:
+            samples = await gateway.serve_call(ep, role, prompt, chat, tools, max_tokens, stop, n, request.is_disconnected)
+        except ClientGone:
+            return Response(status_code=499)  # nobody reads it: the client has gone
+        return ep, role, samples
+
+    @app.post("/episodes/{episode_id}/v1/chat/completions")
+    async def chat_completions(episode_id: str, body: ChatRequest, request: Request) -> Any:
+        messages = []
+        for m in body.messages:
+            extra = {k: v for k, v in (m.model_extra or {}).items() if v is not None}
+            messages.append({**extra, "role": m.role, "content": _content_text(m.content)})
+        out = await _served(episode_id, request, body.model, messages, True, body.tools,
+                            body.max_completion_tokens or body.max_tokens, _stop(body.stop), body.n, body.stream)
+        if isinstance(out, Response):
+            return out
+        ep, role, samples = out
+        return chat_response(role, samples, ep.ctx.tokenizer, bool(body.logprobs))
+
+    @app.post("/episodes/{episode_id}/v1/completions")
+    async def completions(episode_id: str, body: CompletionRequest, request: Request) -> Any:
+        out = await _served(episode_id, request, body.model, body.prompt, False, None, body.max_tokens, _stop(body.stop),
+                            body.n, body.stream)
+        if isinstance(out, Response):
+            return out
+        ep, role, samples = out
+        return completion_response(role, samples, ep.ctx.tokenizer, body.logprobs is not None)
+
+    @app.get("/episodes/{episode_id}/v1/models")
+    async def models(episode_id: str) -> dict[str, Any]:
+        ep = gateway.episode(episode_id)
+        return {"object": "list", "data": [{"id": r, "object": "model", "owned_by": "teamrl"} for r in ep.roles]}
+
+    @app.post("/episodes")
+    async def claim(wait: float = 0.0) -> Any:
+        """The next episode the trainer wants run: {episode_id, base_url, problem, roles}; 204 when none came within ``wait`` s."""
+        deadline = time.monotonic() + min(max(wait, 0.0), 60.0)
+        while True:
+            ep = gateway.claim()
+            if ep is not None:
+                return {"episode_id": ep.id, "base_url": gateway.episode_url(ep), "problem": ep.problem, "roles": list(ep.roles)}
+            if time.monotonic() >= deadline:
+                return Response(status_code=204)
+            await asyncio.sleep(0.01)
+
+    @app.post("/episodes/{episode_id}/reward")
+    async def reward(episode_id: str, request: Request) -> dict[str, Any]:
+        try:
+            body = await request.json()
+        except ValueError as e:
+            raise RequestError(400, f"reward: the body is not JSON ({e})", "reward") from e
+        gateway.post_reward(gateway.episode(episode_id), body)
+        return {"episode_id": episode_id, "status": "recorded"}
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    return Guard(app, opts.max_request_bytes, opts.token, what="workflow.options.max_request_bytes")
+
+
+_GATEWAYS: dict[Hashable, Gateway] = {}
+_GATEWAYS_LOCK = threading.Lock()
+
+
+def shared_gateway(options: GatewayOptions) -> Gateway:
+    """The process's started gateway for ``options`` (one server across every rollout of a run)."""
+    with _GATEWAYS_LOCK:
+        gw = _GATEWAYS.get(options)
+        if gw is None:
+            gw = _GATEWAYS[options] = Gateway(options)
+            url = gw.start()
+            import sys
+
+            print(f"teamrl gateway: serving episodes on {url} (POST {url}/episodes claims one)", file=sys.stderr)
+        return gw
