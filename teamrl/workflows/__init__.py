@@ -20,7 +20,7 @@ from teamrl.core.registry import Registry
 from teamrl.core.sample import Sample
 from teamrl.workflows.eval_opt import eval_opt
 from teamrl.workflows.orch_workers import orch_workers
-from teamrl.workflows.outcome import EpisodeOutcome, WorkflowSettings
+from teamrl.workflows.outcome import EpisodeOutcome, WorkflowSettings, own_reward
 from teamrl.workflows.single_agent import single_solve
 from teamrl.workflows.voting import voting
 
@@ -87,8 +87,8 @@ def outcome_reward(sample: Sample, outcome: EpisodeOutcome) -> float:
 @register_reward("per_role")
 def per_role_reward(sample: Sample, outcome: EpisodeOutcome) -> float:
     """A sample's own reward where the workflow set one (``tags["role_reward"]``), else the outcome."""
-    own = sample.tags.get("role_reward")
-    return float(own) if own is not None else outcome.reward
+    own = own_reward(sample)
+    return own if own is not None else outcome.reward
 
 
 __all__ = ["REWARDS", "WORKFLOWS", "EpisodeOutcome", "Workflow", "WorkflowSettings", "register_reward",
