@@ -286,7 +286,7 @@ def test_workflow_config_is_checked():
     from teamrl.core.config import ConfigError, load_config
 
     cfg = load_config(None, ["workflow.name=panel"])  # names are checked against the registry, by the algorithms layer
-    with pytest.raises(ConfigError, match=r"workflow.name: 'panel' is not a registered workflow; registered: \['eval_opt'"):
+    with pytest.raises(ConfigError, match=r"workflow.name: 'panel' is not a registered workflow; registered: \['env', 'eval_opt'"):
         make_algorithm(cfg, make_task(cfg.task))
     with pytest.raises(ConfigError, match="algorithm grpo"):
         load_config(None, ["workflow.name=voting", "algorithm=magrpo", "task.name=math.solve"])

@@ -6,7 +6,7 @@ from teamrl.algorithms.at_grpo import ATGRPO, ATGRPOSettings
 from teamrl.algorithms.grpo import GRPO
 from teamrl.algorithms.m_grpo import MGRPO, MGRPOSettings
 from teamrl.algorithms.magrpo import MAGRPO, MAGRPOSettings
-from teamrl.algorithms.workflow_grpo import WorkflowGRPO
+from teamrl.algorithms.grpo import WorkflowGRPO
 from teamrl.core.config import Config, ConfigError, build_dataclass
 from teamrl.workflows import WORKFLOWS, WorkflowSettings
 from teamrl.tasks.environment import Environment
@@ -40,10 +40,9 @@ def make_algorithm(cfg: Config, task: Task | TeamTask | Environment | ResearchEn
         else:
             settings = WorkflowSettings(max_iterations=w.max_iterations, num_generators=w.num_generators,
                                         max_subtasks=w.max_subtasks)
-        return WorkflowGRPO(w.name, cfg.rollout.group_size, settings, reward=w.reward)
+        return GRPO(cfg.rollout.group_size, greedy_baseline=cfg.train.advantage == "max", workflow=w.name, settings=settings,
+                    reward=w.reward)
     if cfg.algorithm == "grpo":
-        if not isinstance(task, Task):
-            raise ConfigError(f"algorithm: grpo trains one agent but task {task.name!r} has roles {list(task.roles)}; use algorithm=magrpo")
         return GRPO(cfg.rollout.group_size, greedy_baseline=cfg.train.advantage == "max")
     if cfg.algorithm == "magrpo":
         if not isinstance(task, TeamTask):
