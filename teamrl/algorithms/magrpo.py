@@ -1,5 +1,16 @@
 """MAGRPO (Liu et al., 2025): agents act in parallel on local prompts; a shared reward scores joint actions.
 
+It runs over any replayable workflow (:mod:`teamrl.workflows.episode`); a :class:`TeamTask` runs
+through its default adapter ``team`` (``turns`` = ``num_turns``), which reproduces the algorithm
+as first written. A node is a step of the episode: the calls pending at once (the roles acting
+together; in a sequential workflow each call is its own step). Each frontier call samples G
+completions (one prefill); each joint action continues as a replay copy to its next frontier.
+Branching stops after ``num_turns`` steps (the depth); a leaf whose episode goes on is then
+rolled out to its end with one sample per call (tagged ``no_update``: no group, not trained) and
+the team rewards of that tail count as its child return. A joint action's reward r_t is the
+team rewards its copy reported in its segment (+ the final team reward if the episode ended
+there); samples' ``turn`` is the depth.
+
 The three places where algorithms differ:
 1. sampling: at every node (problem, turn, history) each of the N agents samples G completions
    of its own local prompt; joint actions pair the j-th samples (``aligned``: G joint actions)
