@@ -36,7 +36,9 @@ import random
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Hashable, Sequence
 
-from teamrl.algorithms.episodes import ContextFactory, bind, resolve_workflow, workflow_settings
+from teamrl.algorithms.base import Algorithm
+from teamrl.algorithms.episodes import ContextFactory, bind, resolve_workflow, workflow_roles, workflow_settings
+from teamrl.core.config import option, register_section
 from teamrl.core.sample import Sample
 from teamrl.tasks.task import Problem, batch_instances
 from teamrl.workflows.context import Call, EpisodeContext
@@ -65,16 +67,28 @@ def select_branch(scores: Sequence[float], mode: str, rng: random.Random) -> int
 
 
 @dataclass
-class ATGRPOSettings:
+class ATGRPOConfig:
+    """The ``at_grpo:`` config section."""
+
+    alpha: float = option(1.0, ge=0, doc="a candidate's reward = its local reward + alpha * team reward")
+    select: str = option("greedy", choices=SELECT_MODES, doc="which of the K branches every later step continues from")
+    grouping: str = option("tree", choices=GROUPINGS,
+                           doc="tree: groups of K candidates per (problem, turn, agent); trajectory: K independent episodes (ablation)")
+    max_turns: int = option(0, ge=0, doc="turn limit (for a workflow with a max_turns option, e.g. env); 0 = the environment's own max_turns")
+
+
+@dataclass
+class ATGRPOSettings(ATGRPOConfig):
+    """What AT-GRPO reads: its config section plus K (``rollout.group_size``) and the run's seed."""
+
     k: int = 4
-    alpha: float = 1.0
-    select: str = "greedy"
-    grouping: str = "tree"
-    max_turns: int | None = None  # None: the environment's max_turns
     seed: int = 0
 
 
-class ATGRPO:
+register_section("at_grpo", ATGRPOConfig)
+
+
+class ATGRPO(Algorithm):
     """Sampler + group key + reward assignment for AT-GRPO over any replayable workflow (default: ``env``)."""
 
     name = "at_grpo"
@@ -99,6 +113,11 @@ class ATGRPO:
     def load_state_dict(self, state: dict[str, int]) -> None:
         """Restore :meth:`state_dict` (on resume)."""
         self.calls = int(state["calls"])
+
+    @property
+    def roles(self) -> tuple[str, ...] | None:
+        """The role types of the named workflow (None: the task's)."""
+        return workflow_roles(self.workflow)
 
     def rollout(self, problems: Sequence[Problem], task: Any, make_ctx: ContextFactory,
                 run: Callable[[list[Awaitable]], list]) -> list[Sample]:

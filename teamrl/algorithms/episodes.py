@@ -20,6 +20,11 @@ def resolve_workflow(name: str | None, task: Any) -> tuple[str, Workflow]:
     return chosen, WORKFLOWS.get_entry(chosen, "workflow.name")
 
 
+def workflow_roles(name: str | None) -> tuple[str, ...] | None:
+    """The role types of a named workflow (None: no workflow named, or an adapter: the task's roles act)."""
+    return (WORKFLOWS.get_entry(name, "workflow.name").role_types or None) if name else None
+
+
 def workflow_settings(spec: Workflow, given: Any = None, **defaults: Any) -> Any:
     """``given``, or the workflow's default settings: its options dataclass (with those of ``defaults``
     it declares: how an algorithm passes e.g. ``turns`` to the team adapter) or :class:`WorkflowSettings`."""

@@ -22,7 +22,8 @@ import dataclasses
 from collections import Counter
 from typing import Any, Awaitable, Callable, Hashable, Sequence
 
-from teamrl.algorithms.episodes import ContextFactory, bind, resolve_workflow, workflow_settings
+from teamrl.algorithms.base import Algorithm
+from teamrl.algorithms.episodes import ContextFactory, bind, resolve_workflow, workflow_roles, workflow_settings
 from teamrl.core.config import InputError
 from teamrl.core.sample import Sample
 from teamrl.policies.router import role_type
@@ -54,7 +55,7 @@ def reward_view(result: EpisodeResult) -> EpisodeOutcome:
     return dataclasses.replace(base, team_reward=result.team_return)
 
 
-class GRPO:
+class GRPO(Algorithm):
     """Sampler + group key + reward assignment for GRPO per role call over any workflow."""
 
     name = "grpo"
@@ -75,9 +76,14 @@ class GRPO:
         self._workflow_run = workflow or ""
 
     @property
+    def can_evaluate(self) -> bool:  # type: ignore[override]
+        """Evaluation during training runs a named workflow (its outcomes give the accuracy)."""
+        return self.workflow is not None
+
+    @property
     def roles(self) -> tuple[str, ...] | None:
         """The role types of the named workflow (None: the task's)."""
-        return (self.spec.role_types or None) if self.spec else None
+        return workflow_roles(self.workflow)
 
     def episodes(self, problems: Sequence[Problem], task: Any, make_ctx: ContextFactory,
                  run: Callable[[list[Awaitable]], list], episodes_per_problem: int,

@@ -48,7 +48,9 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Hashable, Sequence
 
+from teamrl.algorithms.base import Algorithm
 from teamrl.algorithms.episodes import ContextFactory, bind, workflow_settings
+from teamrl.core.config import ConfigError, option, register_check, register_section
 from teamrl.core.sample import Sample
 from teamrl.core.seeding import derive_seed
 from teamrl.tasks.research import SUB_REWARD_MODES, sub_reward
@@ -174,13 +176,38 @@ def prepare_sub_samples(sub: Sequence[Sample], outcomes: dict[tuple[Hashable, in
 
 
 @dataclass
-class MGRPOSettings:
+class MGRPOConfig:
+    """The ``m_grpo:`` config section."""
+
+    d_max: int = option(2, ge=1, doc="sub-trajectories per rollout after alignment (random duplicates when fewer calls, random drops when more)")
+    sub_agent: str = option("trained", choices=SUB_AGENT_MODES, doc="frozen: the sub-agent acts but gets no update (baseline)")
+    agents: str = option("team", choices=AGENT_MODES, doc="team: main + sub-agent; single: one agent with the tools (single-agent GRPO baseline)")
+    sub_reward: str = option("gated", choices=("gated", "outcome", "format"),
+                             doc="a sub-trajectory's reward: gated = main reward if its format is valid else 0; outcome = main reward; format = 1 if valid else 0")
+    decoupled: str = option("none", choices=("none", "inprocess", "ray"),
+                            doc="none: one process, one router; inprocess / ray: one worker per agent with its own model and optimizer, trajectories through a store")
+    ray_timeout_s: float = option(600.0, gt=0, doc="seconds to wait for a Ray worker before failing with an error naming it")
+    ray_address: str = option("", doc="ray: address of a running cluster; empty starts a local one (ray.init)")
+
+
+@dataclass
+class MGRPOSettings(MGRPOConfig):
+    """What M-GRPO reads: its config section plus K (``rollout.group_size``) and the run's seed."""
+
     k: int = 4
-    d_max: int = 2
-    sub_agent: str = "trained"
-    agents: str = "team"
-    sub_reward: str = "gated"
     seed: int = 0
+
+
+register_section("m_grpo", MGRPOConfig)
+
+
+@register_check
+def _ray_installed(cfg: Any) -> None:
+    if cfg.algorithm == "m_grpo" and cfg.m_grpo.decoupled == "ray":
+        import importlib.util
+
+        if importlib.util.find_spec("ray") is None:
+            raise ConfigError("m_grpo.decoupled: ray needs the ray package: pip install -e \".[ray]\" (or use inprocess)")
 
 
 @dataclass
@@ -194,7 +221,7 @@ class RawRollout:
     metrics: dict[str, float]
 
 
-class MGRPO:
+class MGRPO(Algorithm):
     """Sampler + group keys + reward assignment for M-GRPO over a workflow with sub-episodes (default: ``research``)."""
 
     name = "m_grpo"

@@ -44,7 +44,9 @@ import itertools
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Hashable, Sequence
 
-from teamrl.algorithms.episodes import ContextFactory, bind, resolve_workflow, workflow_settings
+from teamrl.algorithms.base import Algorithm
+from teamrl.algorithms.episodes import ContextFactory, bind, resolve_workflow, workflow_roles, workflow_settings
+from teamrl.core.config import option, register_section
 from teamrl.core.sample import Sample
 from teamrl.tasks.task import Problem, batch_instances
 from teamrl.workflows.context import Call, EpisodeContext, team_rewards, total
@@ -94,15 +96,29 @@ def group_key(sample: Sample) -> Hashable:
 
 
 @dataclass
-class MAGRPOSettings:
+class MAGRPOConfig:
+    """The ``magrpo:`` config section."""
+
+    joint_mode: str = option("aligned", choices=JOINT_MODES,
+                             doc="aligned: the j-th samples of the agents form G joint actions; cross: all G^N combinations")
+    num_turns: int = option(1, ge=1, doc="branching depth in steps (with the team workflow: turns); each joint action of "
+                                         "step t gets G joint actions at step t+1")
+    gamma: float = option(1.0, ge=0, le=1, doc="discount: R_t = r_t + gamma * mean(children's returns)")
+    termination_threshold: float | None = option(None, ge=0, le=1,
+                                                 doc="stop expanding a joint action whose normalised reward reaches this; null: never")
+
+
+@dataclass
+class MAGRPOSettings(MAGRPOConfig):
+    """What MAGRPO reads: its config section plus the group size (``rollout.group_size``)."""
+
     group_size: int = 4
-    joint_mode: str = "aligned"
-    num_turns: int = 1
-    gamma: float = 1.0
-    termination_threshold: float | None = None  # normalised reward at which a joint action stops expanding
 
 
-class MAGRPO:
+register_section("magrpo", MAGRPOConfig)
+
+
+class MAGRPO(Algorithm):
     """Sampler + group key + reward assignment for MAGRPO over any replayable workflow (default: ``team``)."""
 
     name = "magrpo"
@@ -116,6 +132,11 @@ class MAGRPO:
         self.s = settings
         self.workflow = workflow
         self.workflow_settings = workflow_settings
+
+    @property
+    def roles(self) -> tuple[str, ...] | None:
+        """The role types of the named workflow (None: the task's)."""
+        return workflow_roles(self.workflow)
 
     def rollout(self, problems: Sequence[Problem], task: Any, make_ctx: ContextFactory,
                 run: Callable[[list[Awaitable]], list]) -> list[Sample]:

@@ -20,6 +20,7 @@ from teamrl.core.registry import Registry
 from teamrl.core.sample import Sample
 from teamrl.tasks.environment import Environment
 from teamrl.tasks.research import ResearchEnv
+from teamrl.tasks.solve import SolveTask
 from teamrl.tasks.task import Task, TeamTask
 from teamrl.workflows import adapters
 from teamrl.workflows.eval_opt import eval_opt
@@ -47,6 +48,7 @@ class Workflow:
     options: type | None = None
     sub_roles: tuple[str, ...] = ()
     replayable: bool = True
+    task_kind: type | None = None  # the task class it runs on (None: any)
 
     def roles_for(self, task: Any) -> tuple[str, ...]:
         """The role types acting on ``task``: the workflow's own, or (default adapters) the task's."""
@@ -63,14 +65,26 @@ def _workflow(obj: Any) -> Workflow:
 
 
 WORKFLOWS: Registry[Workflow] = Registry("workflow", convert=_workflow)
-WORKFLOWS.register("single", Workflow(adapters.single, ("agent",)))
-WORKFLOWS.register("team", Workflow(adapters.team, (), options=adapters.TeamOptions))
-WORKFLOWS.register("env", Workflow(adapters.env, (), options=adapters.EnvOptions))
-WORKFLOWS.register("research", Workflow(research, ("main", "sub"), sub_roles=("sub",)))
-WORKFLOWS.register("research_single", Workflow(research_solo, ("main",)))
-WORKFLOWS.register("eval_opt", Workflow(eval_opt, ("generator", "evaluator")))
-WORKFLOWS.register("voting", Workflow(voting, ("generator", "aggregator")))
-WORKFLOWS.register("orch_workers", Workflow(orch_workers, ("orchestrator", "worker", "synthesizer")))
+WORKFLOWS.register("single", Workflow(adapters.single, ("agent",), task_kind=Task))
+WORKFLOWS.register("team", Workflow(adapters.team, (), options=adapters.TeamOptions, task_kind=TeamTask))
+WORKFLOWS.register("env", Workflow(adapters.env, (), options=adapters.EnvOptions, task_kind=Environment))
+WORKFLOWS.register("research", Workflow(research, ("main", "sub"), sub_roles=("sub",), task_kind=ResearchEnv))
+WORKFLOWS.register("research_single", Workflow(research_solo, ("main",), task_kind=ResearchEnv))
+WORKFLOWS.register("eval_opt", Workflow(eval_opt, ("generator", "evaluator"), task_kind=SolveTask))
+WORKFLOWS.register("voting", Workflow(voting, ("generator", "aggregator"), task_kind=SolveTask))
+WORKFLOWS.register("orch_workers", Workflow(orch_workers, ("orchestrator", "worker", "synthesizer"), task_kind=SolveTask))
+
+TASK_KINDS = {Task: "a one-role task", TeamTask: "a team task (roles acting together)",
+              Environment: "a multi-turn environment (plan_path, sokoban, sudoku, ...)",
+              ResearchEnv: "the research environment (task.name=research)",
+              SolveTask: "a task with one verifiable answer (math.solve, code.solve)"}
+
+
+def check_task(name: str, spec: Workflow, task: Any) -> None:
+    """Refuse a workflow on a task it cannot run on (its ``task_kind``), naming both."""
+    if spec.task_kind is not None and not isinstance(task, spec.task_kind):
+        kind = TASK_KINDS.get(spec.task_kind, spec.task_kind.__name__)
+        raise ConfigError(f"workflow.name: {name!r} runs on {kind}; task {getattr(task, 'name', task)!r} is not one")
 
 
 def register_workflow(name: str, roles: tuple[str, ...], options: type | None = None, sub_roles: tuple[str, ...] = (),
@@ -125,5 +139,5 @@ def per_role_reward(sample: Sample, outcome: EpisodeOutcome) -> float:
     return own if own is not None else outcome.reward
 
 
-__all__ = ["REWARDS", "WORKFLOWS", "EpisodeOutcome", "Workflow", "WorkflowSettings", "default_workflow", "register_reward",
+__all__ = ["REWARDS", "WORKFLOWS", "EpisodeOutcome", "Workflow", "WorkflowSettings", "check_task", "default_workflow", "register_reward",
            "register_workflow"]
