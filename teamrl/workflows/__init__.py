@@ -1,10 +1,12 @@
 """Workflows: roles and their turn structure, written as plain Python against :class:`EpisodeContext`.
 
-``WORKFLOWS`` is a :class:`~teamrl.core.registry.Registry` of the workflows that run on a
-:class:`~teamrl.tasks.solve.SolveTask` and return an :class:`EpisodeOutcome`. Shipped:
-``single`` (the single-agent RL baseline), ``eval_opt``, ``voting`` and ``orch_workers``; add
-your own with ``@register_workflow("name", roles=(...))``. Each entry gives the episode function
-and its role types (instances such as ``generator0`` share their type's policy).
+``WORKFLOWS`` is a :class:`~teamrl.core.registry.Registry` of workflows in the one episode protocol
+(:mod:`teamrl.workflows.context`, docs/episodes.md): every algorithm trains any of them. Shipped: the
+task kinds' defaults ``single``, ``team``, ``env``, ``research`` (``research_single``)
+(:func:`default_workflow`, :mod:`teamrl.workflows.adapters`) and the study workflows ``eval_opt``,
+``voting`` and ``orch_workers`` (on a :class:`~teamrl.tasks.solve.SolveTask`); add your own with
+``@register_workflow("name", roles=(...))``. Each entry gives the episode function and its role types
+(instances such as ``generator0`` share their type's policy).
 
 ``REWARDS`` holds how an episode's outcome becomes each sample's reward (``workflow.reward``):
 ``outcome`` and ``per_role`` are shipped; add your own with ``@register_reward("name")``.
