@@ -162,3 +162,27 @@ def test_nondeterministic_workflow_is_named_on_replay():
 
     with pytest.raises(InputError, match="not deterministic given its texts"):
         sched.run([go()])
+
+
+def test_memo_is_shared_by_an_episode_and_its_replay_copies():
+    sched, ctx = _ctx()
+    computed = []
+
+    async def memoised(ctx):
+        x = await ctx.generate("a", "q")
+        ctx.reward(ctx.memo(("score", x), lambda: computed.append(x) or len(x)))
+        await ctx.generate("b", f"after {x}")
+
+    async def go():
+        root = Branch(memoised, ctx)
+        (call,) = await root.advance()
+        candidates = await ctx.sample(call.role, call.messages, 3, call.turn, 0, call.params, call.tags)
+        copies = [root.extend([[c]]) for c in candidates]
+        await asyncio.gather(*[c.advance() for c in copies])
+        again = [Branch(memoised, ctx, c.ctx.script) for c in copies]  # replay the same prefixes once more
+        await asyncio.gather(*[c.advance() for c in again])
+        return copies
+
+    (copies,) = sched.run([go()])
+    assert computed == ["a0", "a1", "a2"]  # once per distinct text, not once per copy
+    assert [c.segment_team_reward() for c in copies] == [2.0, 2.0, 2.0]

@@ -71,3 +71,15 @@ def test_branching_refuses_a_workflow_that_cannot_be_replayed(algorithm):
         make_algorithm(cfg, make_task(cfg.task))
     cfg = load_config(None, ["algorithm=grpo", f"workflow.name={REF}BLACK_BOX", "task.name=word_count"])
     assert make_algorithm(cfg, make_task(cfg.task)).name == "grpo"
+
+
+def test_at_grpo_replay_applies_each_environment_step_once(monkeypatch):
+    """A copy replays its prefix from ctx.memo: env.apply runs once per sampled candidate, as before replay
+    (without the memo: 168 apply calls for these 48 samples)."""
+    env = make_task({"name": "plan_path", "num_problems": 2})
+    calls = []
+    apply = type(env).apply
+    monkeypatch.setattr(type(env), "apply", lambda self, state, role, text: calls.append(role) or apply(self, state, role, text))
+    samples = scripted_rollout(ATGRPO(ATGRPOSettings(k=4)), env.problems(), env,
+                               lambda policy, prompt, n: [f"Answer: {j}" for j in range(n)])
+    assert len(samples) == 48 and len(calls) == len(samples)

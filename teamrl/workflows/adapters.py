@@ -12,6 +12,9 @@
   sequential even for parallel environments, so that a later role's candidates are applied after
   the earlier role's chosen action (AT-GRPO's semantics).
 
+Both adapters look a replayed step up in ``ctx.memo`` (keyed by the texts so far) instead of
+rescoring it, so branching by replay runs each environment step and each reward once per episode.
+
 The research workflows (``research``, ``research_single``) live in :mod:`teamrl.workflows.research_team`.
 """
 
@@ -50,15 +53,23 @@ async def team(ctx, task: TeamTask, problem: Problem, settings: TeamOptions) -> 
         texts = await asyncio.gather(*[ctx.generate(role, task.prompt(problem, role, turn, history, feedback), turn=turn)
                                        for role in task.roles])
         outputs = dict(zip(task.roles, texts))
-        (reward,) = checked_rewards(task.name, f"rewards(problem {problem.id!r})", task.rewards(problem, [outputs]), 1,
-                                    per="joint action")
-        ctx.reward(reward)
-        for role, local in task.role_rewards(problem, outputs).items():
-            ctx.reward(checked_reward(task.name, f"role_rewards(problem {problem.id!r})[{role!r}]", local), role=role)
         history = history + [outputs]
+        key = ("team", tuple(tuple(o.values()) for o in history))  # a replayed turn is scored once per episode
+        reward, locals_ = ctx.memo(key, lambda: _score_team(task, problem, outputs))
+        ctx.reward(reward)
+        for role, local in locals_.items():
+            ctx.reward(local, role=role)
         if turn + 1 < settings.turns:
-            feedback = task.feedback(problem, outputs, reward)
+            feedback = ctx.memo(key + ("feedback",), lambda: task.feedback(problem, outputs, reward))
     return None
+
+
+def _score_team(task: TeamTask, problem: Problem, outputs: dict[str, str]) -> tuple[float, dict[str, float]]:
+    """The team reward and the roles' local rewards of one joint output, checked."""
+    (reward,) = checked_rewards(task.name, f"rewards(problem {problem.id!r})", task.rewards(problem, [outputs]), 1,
+                                per="joint action")
+    return reward, {role: checked_reward(task.name, f"role_rewards(problem {problem.id!r})[{role!r}]", local)
+                    for role, local in task.role_rewards(problem, outputs).items()}
 
 
 @dataclass
@@ -72,18 +83,27 @@ async def env(ctx, environment: Environment, problem: Problem, settings: EnvOpti
     state = environment.reset(problem)
     team_now = checked_reward(name, "team_reward(reset state)", environment.team_reward(state))
     ctx.reward(team_now)
+    texts: tuple[str, ...] = ()
     for turn in range(settings.max_turns or environment.max_turns):
         if environment.done(state):
             break
         before = state
         for role in environment.roles:
             text = await ctx.generate(role, environment.observe(before if environment.parallel else state, role), turn=turn)
-            state, local = environment.apply(state, role, text)
-            ctx.reward(checked_reward(name, f"apply(role {role!r}) local reward", local), role=role)
-            team_new = checked_reward(name, "team_reward", environment.team_reward(state))
+            texts += (text,)
+            # apply never changes the state it is given, so a step replayed by a branch copy is looked up, not rerun
+            state, local, team_new = ctx.memo(("env", texts), lambda: _step(environment, state, role, text))
+            ctx.reward(local, role=role)
             ctx.reward(team_new - team_now)
             team_now = team_new
             if environment.done(state):
                 break
     # every team reward was reported as it changed: the final team reward is 0
     return EpisodeOutcome("", None, bool(environment.success(state)), stats={"team_reward": team_now}, team_reward=0.0)
+
+
+def _step(environment: Environment, state: object, role: str, text: str) -> tuple[object, float, float]:
+    """(new state, local reward, team reward of the new state) of one action, checked."""
+    new_state, local = environment.apply(state, role, text)
+    return (new_state, checked_reward(environment.name, f"apply(role {role!r}) local reward", local),
+            checked_reward(environment.name, "team_reward", environment.team_reward(new_state)))

@@ -9,6 +9,8 @@ A workflow is ``async def run(ctx, task, problem, settings)``; it acts only thro
 - ``ctx.reward(value, role=None)`` reports a reward now: ``role=None`` is a team reward, ``role=r``
   a reward of role r's latest call (its local reward).
 - ``ctx.rng`` is a :class:`random.Random` seeded from (seed, problem id, episode).
+- ``ctx.memo(key, compute)`` computes once per episode what its replay copies would recompute
+  (a pure function of the texts so far, named by ``key``).
 - ``ctx.sub_episode(role)`` opens a nested sub-episode whose samples are tagged with the parent
   episode and the call slot (M-GRPO's sub-agent calls).
 
@@ -79,6 +81,8 @@ class BaseContext:
         self.workflow = workflow  # its name, for error messages
         self.rng = random.Random(derive_seed(seed, problem_seed(problem_id), episode))
         self.events: list[Call | RewardEvent] = []
+        # shared by an episode and its replay copies: results of pure functions of the texts so far (``memo``)
+        self.cache: dict[Any, Any] = {}
         self._role_calls: dict[str, int] = {}
         self._sub_episodes = 0
 
@@ -124,6 +128,13 @@ class BaseContext:
                              f"roles called so far: {sorted(self._role_calls)}")
         self.events.append(RewardEvent(float(value), role))
 
+    def memo(self, key: Any, compute: Callable[[], Any]) -> Any:
+        """``compute()``, once per episode and ``key`` (its replay copies reuse it): for work that is a pure
+        function of the texts the episode received so far (an environment step), with those texts in ``key``."""
+        if key not in self.cache:
+            self.cache[key] = compute()
+        return self.cache[key]
+
     def sub_episode(self, role_or_tags: str | dict) -> "SubEpisode":
         """A nested sub-episode: its calls are this episode's, tagged with ``parent_episode`` and ``call``
         (the sub-episode's slot: how many this episode opened before); a dict adds its own tags."""
@@ -161,6 +172,10 @@ class SubEpisode:
     def reward(self, value: Any, role: str | None = None) -> None:
         """As :meth:`BaseContext.reward` (the rewards are the episode's)."""
         self.parent.reward(value, role)
+
+    def memo(self, key: Any, compute: Callable[[], Any]) -> Any:
+        """As :meth:`BaseContext.memo` (the cache is the episode's)."""
+        return self.parent.memo(key, compute)
 
 
 class EpisodeContext(BaseContext):
