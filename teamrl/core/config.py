@@ -135,8 +135,8 @@ class TrainConfig:
 @dataclass
 class WorkflowConfig:
     name: str = option("", doc="a registered workflow (teamrl.api.WORKFLOWS; yours with @register_workflow and --plugin) "
-                               "or package.module:object, on a task with one verifiable answer (a SolveTask); "
-                               "empty: the task's own roles")
+                               "or package.module:object, trained by any algorithm that does not refuse it (docs/algorithms.md); "
+                               "empty: the task's default workflow")
     reward: str = option("outcome", doc="a registered reward (teamrl.api.REWARDS): outcome (every sample gets the final "
                                         "answer's correctness), per_role (a sample's own role_reward where the workflow "
                                         "sets one), or yours (@register_reward)")
