@@ -15,34 +15,33 @@ from typing import Callable, Hashable
 import torch
 
 from teamrl.core.sample import Sample
+from teamrl.workflows.context import BaseContext
 
 
 def _prompt_text(messages) -> str:
     return messages if isinstance(messages, str) else messages[-1]["content"]
 
 
-class ScriptedContext:
+class ScriptedContext(BaseContext):
     """An episode context whose j-th completion of a call is ``text(role, prompt, j)``."""
 
     def __init__(self, problem_id: Hashable, episode: int = 0, tags: dict | None = None,
                  text: Callable[[str, str, int], str] = lambda role, prompt, j: f"{role}-{j}") -> None:
-        self.problem_id = problem_id
-        self.episode = episode
-        self.tags = dict(tags or {})
+        super().__init__(problem_id, episode, tags, params=None)
         self.text = text
         self.samples: list[Sample] = []
+        self.scheduler = SimpleNamespace(holds=0)  # replayed branches hold a scheduler's flush; nothing to hold here
 
-    async def generate_group(self, role, messages, n, turn=0, branch=0, params=None, tags=None) -> list[Sample]:
+    async def _answer(self, call, branch) -> list[Sample]:
+        return await self.sample(call.role, call.messages, call.n, call.turn, branch, call.params, call.tags)
+
+    async def sample(self, role, messages, n, turn, branch, params, tags) -> list[Sample]:
         prompt = _prompt_text(messages)
         out = [Sample(role=role, policy=role, problem_id=self.problem_id, prompt_ids=[1], completion_ids=[2],
                       sampling_logprobs=[0.0], text=self.text(role, prompt, j), episode=self.episode, turn=turn,
-                      branch=branch + j, prompt_text=prompt, tags={**self.tags, **(tags or {})}) for j in range(n)]
+                      branch=branch + j, prompt_text=prompt, tags=dict(tags)) for j in range(n)]
         self.samples += out
         return out
-
-    async def generate(self, role, messages, turn=0, branch=0, params=None) -> str:
-        (s,) = await self.generate_group(role, messages, 1, turn=turn, branch=branch, params=params)
-        return s.text
 
 
 def run_all(coros) -> list:

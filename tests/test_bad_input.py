@@ -262,8 +262,8 @@ def test_reward_of_the_wrong_type_is_one_line(capsys, tmp_path, bad_tasks, retur
 @pytest.mark.parametrize("extra", [1, -1])
 def test_rewards_of_the_wrong_count_is_one_line(capsys, tmp_path, bad_tasks, extra):
     rc, err = run_cli(capsys, *tiny_train(tmp_path, "algorithm=magrpo", "task.name=bad_team_reward", f"task.extra={extra}"))
-    # group_size 2, aligned: 2 joint actions
-    assert_one_line_error(rc, err, "bad_team_reward", f"returned {2 + extra} values", "expected 2")
+    # over the episode protocol the team adapter scores one joint action per call of rewards()
+    assert_one_line_error(rc, err, "bad_team_reward", f"returned {1 + extra} values", "expected 1")
 
 
 def test_a_well_formed_reward_trains(capsys, tmp_path, bad_tasks):

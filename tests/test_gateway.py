@@ -26,7 +26,9 @@ from teamrl.workflows.gateway import Gateway, GatewayOptions
 from teamrl.algorithms.workflow_grpo import WorkflowGRPO
 from teamrl.core.config import InputError
 from teamrl.workflows import Workflow
-from teamrl.workflows.openai_workflow import GatewayOutcome, run_gateway_episode
+from teamrl.workflows.openai_workflow import GatewayOutcome, openai_workflow, run_gateway_episode
+from teamrl.algorithms import make_algorithm
+from teamrl.tasks import make_task
 
 ROLES = ("writer", "checker")
 
@@ -258,11 +260,20 @@ def test_an_external_program_claims_an_episode_calls_and_posts_the_reward(engine
     assert s.completion_ids == results["ids"] and s.role_reward == 0.75 and outcomes[0].reward == 0.25
 
 
-@pytest.mark.parametrize("algorithm, reason", [("at_grpo", "branch points"), ("magrpo", "per problem, role and call"),
-                                               ("m_grpo", "sub-agent")])
+def _black_box_team(problem, client):  # never run: only its registration is refused
+    return 0.0
+
+
+BLACK_BOX = openai_workflow("gateway_refusal_team", roles=("writer", "checker"))(_black_box_team)
+
+
+@pytest.mark.parametrize("algorithm, reason", [("at_grpo", "replayable=False"), ("magrpo", "replayable=False"),
+                                               ("m_grpo", "sub-episodes")])
 def test_algorithms_that_cannot_train_a_black_box_program_are_refused_with_the_reason(algorithm, reason):
+    # refused by make_algorithm, which the trainer calls before any model loads
+    cfg = load_config(None, ["workflow.name=gateway_refusal_team", f"algorithm={algorithm}", "task.name=math.solve"])
     with pytest.raises(ConfigError, match=reason):
-        load_config(None, ["workflow.name=my_team", f"algorithm={algorithm}", "task.name=math.solve"])
+        make_algorithm(cfg, make_task(cfg.task))
 
 
 async def _dropped_episode(ctx, task, problem, settings):

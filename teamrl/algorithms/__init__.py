@@ -1,64 +1,137 @@
-"""Algorithms: each is a sampler + a group key + a reward assignment. ``make_algorithm`` picks one."""
+"""Algorithms: samplers over the episode protocol, each with a group key and a reward assignment.
+
+``ALGORITHMS`` is a :class:`~teamrl.core.registry.Registry` of :class:`AlgorithmEntry`: how to
+build the algorithm from a config and which workflows it cannot train (:func:`refusal`).
+``make_algorithm`` builds the configured one, after checking the (algorithm, workflow) pair:
+it is called before any model loads, so a pair that cannot work is refused with its reason.
+"""
 
 from __future__ import annotations
 
-from teamrl.algorithms.at_grpo import ATGRPO, ATGRPOSettings
-from teamrl.algorithms.grpo import GRPO
-from teamrl.algorithms.m_grpo import MGRPO, MGRPOSettings
-from teamrl.algorithms.magrpo import MAGRPO, MAGRPOSettings
-from teamrl.algorithms.workflow_grpo import WorkflowGRPO
-from teamrl.core.config import Config, ConfigError, build_dataclass
-from teamrl.workflows import WORKFLOWS, WorkflowSettings
-from teamrl.tasks.environment import Environment
-from teamrl.tasks.solve import SolveTask
-from teamrl.tasks.research import ResearchEnv
-from teamrl.tasks.task import Task, TeamTask
+from dataclasses import asdict, dataclass
+from typing import Any, Callable
 
-ALGORITHMS = ("grpo", "magrpo", "at_grpo", "m_grpo")
+from teamrl.algorithms.at_grpo import ATGRPO, ATGRPOConfig, ATGRPOSettings
+from teamrl.algorithms.base import Algorithm
+from teamrl.algorithms.grpo import GRPO, WorkflowGRPO
+from teamrl.algorithms.m_grpo import MGRPO, MGRPOConfig, MGRPOSettings
+from teamrl.algorithms.magrpo import MAGRPO, MAGRPOConfig, MAGRPOSettings
+from teamrl.core.config import Config, ConfigError, build_dataclass, register_check, register_choices
+from teamrl.core.registry import Registry
+from teamrl.workflows import WORKFLOWS, Workflow, WorkflowSettings, check_task, default_workflow
 
 
-def make_algorithm(cfg: Config, task: Task | TeamTask | Environment | ResearchEnv) -> GRPO | MAGRPO | ATGRPO | MGRPO | WorkflowGRPO:
-    """The configured algorithm, checked against the kind of task it needs."""
-    if (cfg.algorithm == "m_grpo") != isinstance(task, ResearchEnv):
-        raise ConfigError(f"algorithm: m_grpo runs on the research environment (task.name=research); got algorithm "
-                          f"{cfg.algorithm!r} with task {task.name!r}")
-    if cfg.algorithm == "m_grpo":
-        m = cfg.m_grpo
-        return MGRPO(MGRPOSettings(k=cfg.rollout.group_size, d_max=m.d_max, sub_agent=m.sub_agent, agents=m.agents,
-                                   sub_reward=m.sub_reward, seed=cfg.seed))
+@dataclass(frozen=True)
+class AlgorithmEntry:
+    """A registered algorithm: ``build(cfg, workflow, settings)`` (workflow None: the task's default;
+    settings None: the workflow's defaults) and ``refuse(workflow_name, workflow, cfg)``: the reason
+    it cannot train that workflow, or None."""
+
+    build: Callable[[Config, str | None, Any], Algorithm]
+    refuse: Callable[[str, Workflow, Config], str | None] = lambda name, spec, cfg: None
+
+
+def _one_call(algorithm: str, needs: str) -> Callable[[str, Workflow, Config], str | None]:
+    """Branching algorithms: refuse black-box workflows, the one-call ``single`` workflow and research's sub-agents."""
+    def refuse(name: str, spec: Workflow, cfg: Config) -> str | None:
+        if not spec.replayable:
+            return (f"{algorithm} branches episodes by replaying their calls; workflow {name!r} is registered with "
+                    "replayable=False (not deterministic given its texts): use algorithm=grpo")
+        if name == "single":
+            return f"{algorithm} needs {needs}; workflow 'single' is one agent's one call (branching it is GRPO): use algorithm=grpo"
+        if spec.sub_roles:
+            return (f"{algorithm} does not train the sub-agents of workflow {name!r} (its sub-episodes need m_grpo's "
+                    "alignment and rewards flowing down): use algorithm=m_grpo")
+        return None
+    return refuse
+
+
+def _grpo_refuse(name: str, spec: Workflow, cfg: Config) -> str | None:
+    if spec.sub_roles:
+        return (f"grpo does not align the sub-agent calls of workflow {name!r} (the research environment's sub-episodes): "
+                "use algorithm=m_grpo (m_grpo.agents=single for one agent with the tools)")
+    return None
+
+
+def _m_grpo_refuse(name: str, spec: Workflow, cfg: Config) -> str | None:
+    if cfg.m_grpo.agents == "team" and not spec.sub_roles:
+        return (f"m_grpo runs on the research environment (task.name=research) or a workflow with sub-episodes "
+                f"(registered with sub_roles=...); workflow {name!r} opens none")
+    return None
+
+
+def _build_grpo(cfg: Config, workflow: str | None, settings: Any) -> Algorithm:
+    return GRPO(cfg.rollout.group_size, greedy_baseline=cfg.train.advantage == "max", workflow=workflow, settings=settings,
+                reward=cfg.workflow.reward)
+
+
+def _build_magrpo(cfg: Config, workflow: str | None, settings: Any) -> Algorithm:
+    return MAGRPO(MAGRPOSettings(group_size=cfg.rollout.group_size, **asdict(cfg.magrpo)), workflow, settings)
+
+
+def _build_at_grpo(cfg: Config, workflow: str | None, settings: Any) -> Algorithm:
+    return ATGRPO(ATGRPOSettings(k=cfg.rollout.group_size, seed=cfg.seed, **asdict(cfg.at_grpo)), workflow, settings)
+
+
+def _build_m_grpo(cfg: Config, workflow: str | None, settings: Any) -> Algorithm:
+    return MGRPO(MGRPOSettings(k=cfg.rollout.group_size, seed=cfg.seed, **asdict(cfg.m_grpo)), workflow, settings)
+
+
+ALGORITHMS: Registry[AlgorithmEntry] = Registry("algorithm")
+ALGORITHMS.register("grpo", AlgorithmEntry(_build_grpo, _grpo_refuse))
+ALGORITHMS.register("magrpo", AlgorithmEntry(_build_magrpo, _one_call("magrpo", "a team task or a workflow of several calls")))
+ALGORITHMS.register("at_grpo", AlgorithmEntry(_build_at_grpo, _one_call("at_grpo", "a multi-turn environment or a workflow of several calls")))
+ALGORITHMS.register("m_grpo", AlgorithmEntry(_build_m_grpo, _m_grpo_refuse))
+register_choices("algorithm", lambda: sorted(ALGORITHMS))
+
+
+@register_check
+def _greedy_baseline_is_grpo(cfg: Config) -> None:
+    if cfg.train.advantage == "max" and cfg.algorithm != "grpo":  # only GRPO runs the greedy baseline rollouts
+        raise ConfigError(f"train.advantage: max (greedy baseline) is run by algorithm grpo, not {cfg.algorithm!r}; "
+                          "choose one of ['group', 'mean', 'batch', 'none', 'rloo']")
+
+
+def workflow_name(cfg: Config, task: Any) -> str:
+    """The workflow a config runs: ``workflow.name``, else the task's default (M-GRPO's single-agent baseline:
+    ``research_single``)."""
     if cfg.workflow.name:
-        spec = WORKFLOWS.get_entry(cfg.workflow.name, "workflow.name")  # validated here: core names no workflow
-        if not isinstance(task, SolveTask):
-            raise ConfigError(f"workflow.name: {cfg.workflow.name!r} runs on a task with one verifiable answer "
-                              f"(math.solve, code.solve); {task.name!r} is not one")
-        w = cfg.workflow
-        if spec.options is not None:  # the workflow's own options, validated like a task's
-            settings = build_dataclass(spec.options, w.options, "workflow.options.")
-        elif w.options:
-            raise ConfigError(f"workflow.options: workflow {w.name!r} declares no options of its own; got {sorted(w.options)} "
-                              "(its settings are workflow.max_iterations, num_generators, max_subtasks)")
-        else:
-            settings = WorkflowSettings(max_iterations=w.max_iterations, num_generators=w.num_generators,
-                                        max_subtasks=w.max_subtasks)
-        return WorkflowGRPO(w.name, cfg.rollout.group_size, settings, reward=w.reward)
-    if cfg.algorithm == "grpo":
-        if not isinstance(task, Task):
-            raise ConfigError(f"algorithm: grpo trains one agent but task {task.name!r} has roles {list(task.roles)}; use algorithm=magrpo")
-        return GRPO(cfg.rollout.group_size, greedy_baseline=cfg.train.advantage == "max")
-    if cfg.algorithm == "magrpo":
-        if not isinstance(task, TeamTask):
-            raise ConfigError(f"algorithm: magrpo needs a team task (roles acting together); {task.name!r} is not one (see teamrl.tasks.TASKS)")
-        m = cfg.magrpo
-        return MAGRPO(MAGRPOSettings(group_size=cfg.rollout.group_size, joint_mode=m.joint_mode, num_turns=m.num_turns,
-                                     gamma=m.gamma, termination_threshold=m.termination_threshold))
-    if cfg.algorithm == "at_grpo":
-        if not isinstance(task, Environment):
-            raise ConfigError(f"algorithm: at_grpo needs a multi-turn environment (plan_path, sokoban, sudoku, ...); {task.name!r} is not one")
-        a = cfg.at_grpo
-        return ATGRPO(ATGRPOSettings(k=cfg.rollout.group_size, alpha=a.alpha, select=a.select, grouping=a.grouping,
-                                     max_turns=a.max_turns or None, seed=cfg.seed))
-    raise ConfigError(f"algorithm: {cfg.algorithm!r} is not known; choose one of {list(ALGORITHMS)}")
+        return cfg.workflow.name
+    if cfg.algorithm == "m_grpo" and cfg.m_grpo.agents == "single":
+        return "research_single"
+    return default_workflow(task)
 
 
-__all__ = ["ALGORITHMS", "ATGRPO", "ATGRPOSettings", "GRPO", "MAGRPO", "MAGRPOSettings", "MGRPO", "MGRPOSettings",
-           "WorkflowGRPO", "make_algorithm"]
+def refusal(cfg: Config, task: Any) -> str | None:
+    """Why the configured algorithm cannot train the configured workflow on ``task`` (None: it can)."""
+    name = workflow_name(cfg, task)
+    spec = WORKFLOWS.get_entry(name, "workflow.name")
+    check_task(name, spec, task)
+    return ALGORITHMS.get_entry(cfg.algorithm, "algorithm").refuse(name, spec, cfg)
+
+
+def make_algorithm(cfg: Config, task: Any) -> Algorithm:
+    """The configured algorithm, its (algorithm, workflow) pair checked: called before any model loads."""
+    entry = ALGORITHMS.get_entry(cfg.algorithm, "algorithm")
+    reason = refusal(cfg, task)
+    if reason:
+        raise ConfigError(f"algorithm: {reason}")
+    w = cfg.workflow
+    if not w.name:
+        if w.options:
+            raise ConfigError(f"workflow.options: no workflow.name is set; got {sorted(w.options)}")
+        return entry.build(cfg, None, None)
+    spec = WORKFLOWS.get_entry(w.name, "workflow.name")
+    if spec.options is not None:  # the workflow's own options, validated like a task's
+        settings = build_dataclass(spec.options, w.options, "workflow.options.")
+    elif w.options:
+        raise ConfigError(f"workflow.options: workflow {w.name!r} declares no options of its own; got {sorted(w.options)} "
+                          "(its settings are workflow.max_iterations, num_generators, max_subtasks)")
+    else:
+        settings = WorkflowSettings(max_iterations=w.max_iterations, num_generators=w.num_generators,
+                                    max_subtasks=w.max_subtasks)
+    return entry.build(cfg, w.name, settings)
+
+
+__all__ = ["ALGORITHMS", "ATGRPO", "ATGRPOConfig", "ATGRPOSettings", "MAGRPOConfig", "MGRPOConfig", "Algorithm", "AlgorithmEntry", "GRPO", "MAGRPO", "MAGRPOSettings", "MGRPO",
+           "MGRPOSettings", "WorkflowGRPO", "make_algorithm", "refusal", "workflow_name"]

@@ -1,23 +1,28 @@
 """AT-GRPO (Zhao et al., 2025, "Stronger-MAS"): agent- and turn-wise groups from tree sampling.
 
-The three places where algorithms differ:
-1. sampling (``grouping: tree``): per problem, per turn, per agent in turn order, K candidates
-   are sampled from the same state; each is applied to its own clone of the state and scored;
-   every branch then continues from the chosen candidate's state (``select: greedy``, ties to
-   the lowest index, or ``random``). Within a turn agent i+1 observes the state after agent
-   i's chosen action, unless the environment declares its agents ``parallel``, in which case
-   every agent of the turn observes the same state (the one before the turn) and generates at
-   once; the candidates are still applied in role order, each role's to the state its earlier
-   roles' chosen actions produced, so a candidate is scored on the state it really leads to and
-   the episode continues from that very state. When an earlier role's chosen action ends the
-   episode, the later roles' candidates of that turn never act: they are logged, tagged
-   ``unused``, not ``trainable`` (reward 0), and not trained. ``grouping: trajectory`` (the ablation): K
-   independent episodes per problem, one sample per agent per turn.
+It runs over any replayable workflow; an :class:`~teamrl.tasks.environment.Environment` runs
+through its default adapter ``env`` (:mod:`teamrl.workflows.adapters`). The three places where
+algorithms differ:
+1. sampling (``grouping: tree``): at each step (the calls pending at once, see
+   :mod:`teamrl.workflows.episode`) K candidates are sampled for every frontier call; copy j
+   answers every frontier call with its j-th candidate and, by replay, runs to its next frontier
+   or the end; each candidate is scored there, one is chosen per call (``select: greedy``, ties
+   to the lowest index, or ``random``) and the episode continues from the copy with the chosen
+   texts: no state is copied, so none can go stale. With ``env`` every call is its own step: a
+   role's K candidates are applied to the state its earlier roles' chosen actions produced and a
+   later role observes that state, unless the environment declares its agents ``parallel`` (then
+   every role of a turn observes the state before the turn; the calls are still sequential, so a
+   later role's candidates are applied after the earlier role's chosen action). When a chosen
+   action ends the episode, later roles are never sampled (before the episode protocol their
+   candidates were sampled, tagged ``unused``/``no_update`` and not trained).
+   ``grouping: trajectory`` (the ablation): K independent episodes per problem.
+   ``max_turns`` (a step limit) is passed to a workflow that declares a ``max_turns`` option (``env``).
 2. group key: (problem, turn, agent) for the tree: K samples that saw one state and prompt;
    (problem, agent) for trajectory grouping.
-3. reward assignment: a candidate's reward is its agent's local reward plus
-   ``alpha * team_reward`` of the state it produced (tree); for trajectory grouping the team
-   term is the episode's final team reward.
+3. reward assignment: a candidate's reward is its role's own rewards in its copy's segment plus
+   ``alpha *`` the episode's cumulative team reward at the end of the segment (with ``env``: the
+   local reward plus ``alpha * team_reward`` of the state it produced); for trajectory grouping a
+   sample's own reward plus ``alpha *`` its episode's team return.
 
 Correctness the reference code lacks, each tested: later agents observe the chosen branch's
 real state (no stale copies), one group never spans two problems, agents see each other's
@@ -31,14 +36,17 @@ import random
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Hashable, Sequence
 
+from teamrl.algorithms.base import Algorithm
+from teamrl.algorithms.episodes import ContextFactory, bind, resolve_workflow, workflow_roles, workflow_settings
+from teamrl.core.config import option, register_section
 from teamrl.core.sample import Sample
-from teamrl.tasks.environment import Environment
 from teamrl.tasks.task import Problem, batch_instances
-from teamrl.workflows.context import EpisodeContext
+from teamrl.workflows.context import Call, EpisodeContext
+from teamrl.workflows.episode import Branch, EpisodeFn, EpisodeResult, run_episode
+from teamrl.workflows.outcome import own_reward
 
 SELECT_MODES = ("greedy", "random")
 GROUPINGS = ("tree", "trajectory")
-ContextFactory = Callable[[Problem, int, dict], EpisodeContext]
 
 
 def group_key(sample: Sample) -> Hashable:
@@ -59,27 +67,43 @@ def select_branch(scores: Sequence[float], mode: str, rng: random.Random) -> int
 
 
 @dataclass
-class ATGRPOSettings:
+class ATGRPOConfig:
+    """The ``at_grpo:`` config section."""
+
+    alpha: float = option(1.0, ge=0, doc="a candidate's reward = its local reward + alpha * team reward")
+    select: str = option("greedy", choices=SELECT_MODES, doc="which of the K branches every later step continues from")
+    grouping: str = option("tree", choices=GROUPINGS,
+                           doc="tree: groups of K candidates per (problem, turn, agent); trajectory: K independent episodes (ablation)")
+    max_turns: int = option(0, ge=0, doc="turn limit (for a workflow with a max_turns option, e.g. env); 0 = the environment's own max_turns")
+
+
+@dataclass
+class ATGRPOSettings(ATGRPOConfig):
+    """What AT-GRPO reads: its config section plus K (``rollout.group_size``) and the run's seed."""
+
     k: int = 4
-    alpha: float = 1.0
-    select: str = "greedy"
-    grouping: str = "tree"
-    max_turns: int | None = None  # None: the environment's max_turns
     seed: int = 0
 
 
-class ATGRPO:
-    """Sampler + group key + reward assignment for AT-GRPO over an :class:`Environment`."""
+register_section("at_grpo", ATGRPOConfig)
+
+
+class ATGRPO(Algorithm):
+    """Sampler + group key + reward assignment for AT-GRPO over any replayable workflow (default: ``env``)."""
 
     name = "at_grpo"
     group_key = staticmethod(group_key)
 
-    def __init__(self, settings: ATGRPOSettings) -> None:
+    def __init__(self, settings: ATGRPOSettings, workflow: str | None = None, workflow_settings: Any = None) -> None:
+        """``workflow``: a registered name (None: the task's default, ``env`` for an environment);
+        ``workflow_settings``: what its ``run`` receives (None: its defaults, ``max_turns`` from ``settings``)."""
         if settings.select not in SELECT_MODES:
             raise ValueError(f"select {settings.select!r}: choose one of {list(SELECT_MODES)}")
         if settings.grouping not in GROUPINGS:
             raise ValueError(f"grouping {settings.grouping!r}: choose one of {list(GROUPINGS)}")
         self.s = settings
+        self.workflow = workflow
+        self.workflow_settings = workflow_settings
         self.calls = 0  # rollouts so far: seeds the branch-choice RNG of the next one
 
     def state_dict(self) -> dict[str, int]:
@@ -90,88 +114,85 @@ class ATGRPO:
         """Restore :meth:`state_dict` (on resume)."""
         self.calls = int(state["calls"])
 
-    def rollout(self, problems: Sequence[Problem], env: Environment, make_ctx: ContextFactory,
+    @property
+    def roles(self) -> tuple[str, ...] | None:
+        """The role types of the named workflow (None: the task's)."""
+        return workflow_roles(self.workflow)
+
+    def rollout(self, problems: Sequence[Problem], task: Any, make_ctx: ContextFactory,
                 run: Callable[[list[Awaitable]], list]) -> list[Sample]:
         """Run every problem's episodes together; return all samples with rewards and groups set."""
         self.calls += 1
         rng = random.Random(hash((self.s.seed, self.calls)) & 0xFFFFFFFF)
+        name, spec = resolve_workflow(self.workflow, task)
+        settings = workflow_settings(spec, self.workflow_settings, max_turns=self.s.max_turns)
         instances = batch_instances(problems)  # a problem drawn twice: two instances, never one group
         if self.s.grouping == "tree":
             ctxs = [make_ctx(inst, 0, {"grouping": "tree"}) for inst in instances]
-            finals = run([self._tree(c, env, p, rng) for c, p in zip(ctxs, problems)])
+            for c in ctxs:
+                c.workflow = name
+            results = run([self._tree(c, bind(spec, task, p, settings), rng) for c, p in zip(ctxs, problems)])
         else:
             jobs = [(p, make_ctx(inst, e, {"grouping": "trajectory"})) for p, inst in zip(problems, instances)
                     for e in range(self.s.k)]
             ctxs = [c for _, c in jobs]
-            finals = run([self._trajectory(c, env, p) for p, c in jobs])
+            for c in ctxs:
+                c.workflow = name
+            results = run([run_episode(bind(spec, task, p, settings), c) for p, c in jobs])
+            for ctx, result in zip(ctxs, results):
+                self._trajectory_rewards(ctx, result)
         samples = []
-        for ctx, final in zip(ctxs, finals):
+        for ctx, result in zip(ctxs, results):
+            solved = bool(result.outcome.correct) if result.outcome is not None else False
             for s in ctx.samples:
                 s.group = self.group_key(s)
-                s.tags["solved"] = bool(env.success(final))
+                s.tags["solved"] = solved
             samples += ctx.samples
         return samples
 
-    def _turns(self, env: Environment) -> int:
-        return self.s.max_turns or env.max_turns
+    async def _tree(self, real: EpisodeContext, start: EpisodeFn, rng: random.Random) -> EpisodeResult:
+        """K candidates per frontier call; copy j answers every frontier call with its j-th candidate and runs to
+        its next frontier; each candidate is scored on its copy's segment; the episode goes on from the chosen texts."""
+        branch = Branch(start, real)
+        frontier = await branch.advance()
+        while frontier:
+            groups = await asyncio.gather(*[real.sample(c.role, c.messages, self.s.k, c.turn, 0, c.params, c.tags)
+                                            for c in frontier])
+            copies = [branch.extend([[g[j]] for g in groups]) for j in range(self.s.k)]
+            await asyncio.gather(*[c.advance() for c in copies])
+            chosen = [self._score_and_choose(call, group, copies, rng) for call, group in zip(frontier, groups)]
+            branch.cancel()
+            if len(set(chosen)) == 1:  # one copy holds every chosen text: it already stands at the next frontier
+                branch = copies[chosen[0]]
+            else:
+                branch = branch.extend([[g[j]] for g, j in zip(groups, chosen)])
+                await branch.advance()
+            for c in copies:
+                if c is not branch:
+                    c.cancel()
+            frontier = branch.frontier if not branch.done else []
+        assert branch.result is not None
+        return branch.result
 
-    async def _tree(self, ctx: EpisodeContext, env: Environment, problem: Problem, rng: random.Random) -> Any:
-        state = env.reset(problem)
-        for turn in range(self._turns(env)):
-            if env.done(state):
-                break
-            groups: list[list[Sample]] = []
-            if env.parallel:  # every role of the turn observes the state before it
-                groups = await asyncio.gather(*[ctx.generate_group(r, env.observe(state, r), n=self.s.k, turn=turn)
-                                                for r in env.roles])
-            for i, role in enumerate(env.roles):
-                if env.done(state):  # parallel: the later roles' candidates never acted; nothing to learn from them
-                    for s in (s for g in groups[i:] for s in g):
-                        s.reward = 0.0
-                        s.tags["unused"], s.trainable = True, False
-                    break
-                group = groups[i] if env.parallel else await ctx.generate_group(role, env.observe(state, role),
-                                                                                n=self.s.k, turn=turn)
-                # scored on the state after the roles before it in this turn (parallel or not) ...
-                branches, j = self._score_and_choose(env, state, role, group, rng)
-                state = branches[j]  # ... and continued from exactly the scored state of the chosen one
-        return state
-
-    def _score_and_choose(self, env: Environment, state: Any, role: str, group: list[Sample],
-                          rng: random.Random) -> tuple[list[Any], int]:
-        branches, scores = [], []
-        for s in group:
-            new_state, local = env.apply(env.clone(state), role, s.text)
-            score = float(local) + self.s.alpha * float(env.team_reward(new_state))
-            s.reward = score
-            s.tags.update(local_reward=float(local), team_reward=float(env.team_reward(new_state)))
-            branches.append(new_state)
-            scores.append(score)
+    def _score_and_choose(self, call: Call, group: list[Sample], copies: list[Branch], rng: random.Random) -> int:
+        """Score each candidate of ``call`` (its role's own rewards in its copy's segment + alpha * the
+        episode's cumulative team reward at the end of it) and choose one."""
+        scores = []
+        for j, s in enumerate(group):
+            local, team = copies[j].own_reward(call.index), copies[j].cumulative_team_reward()
+            s.reward = local + self.s.alpha * team
+            s.tags.update(local_reward=local, team_reward=team)
+            scores.append(s.reward)
         j = select_branch(scores, self.s.select, rng)
         group[j].tags["chosen"] = True
-        return branches, j
+        return j
 
-    async def _trajectory(self, ctx: EpisodeContext, env: Environment, problem: Problem) -> Any:
-        state = env.reset(problem)
-        mine: list[Sample] = []
-        for turn in range(self._turns(env)):
-            if env.done(state):
-                break
-            base = state
-            for role in env.roles:
-                (s,) = await ctx.generate_group(role, env.observe(base if env.parallel else state, role), n=1, turn=turn)
-                state, local = env.apply(state, role, s.text)
-                s.tags["local_reward"] = float(local)
-                mine.append(s)
-                if env.done(state):
-                    break
-            if env.done(state):
-                break
-        team = float(env.team_reward(state))
-        for s in mine:
-            s.reward = s.tags["local_reward"] + self.s.alpha * team
-            s.tags["team_reward"] = team
-        return state
+    def _trajectory_rewards(self, ctx: EpisodeContext, result: EpisodeResult) -> None:
+        """Trajectory grouping: a sample's own reward + alpha * its episode's team return."""
+        for s in ctx.samples:
+            local = own_reward(s) or 0.0
+            s.reward = local + self.s.alpha * result.team_return
+            s.tags.update(local_reward=local, team_reward=result.team_return)
 
     @staticmethod
     def metrics(samples: Sequence[Sample]) -> dict[str, float]:

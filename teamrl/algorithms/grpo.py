@@ -1,59 +1,175 @@
-"""GRPO, the one-role case: G independent episodes per problem, one group per problem.
+"""GRPO per role call: G independent episodes of a workflow per problem, compared call by call.
 
 The three places where algorithms differ:
-1. sampling: ``group_size`` independent episodes of the workflow per problem (plus one greedy
-   episode per problem for the ReMax baseline when ``advantage == "max"``);
-2. group key: the problem;
-3. reward assignment: each sample gets its episode's reward.
+1. sampling: ``group_size`` independent episodes per problem, all in flight together (plus one
+   greedy episode per problem for the ReMax baseline when ``advantage == "max"``); the workflow
+   is the configured one or the task's default adapter (``single``, ``team``, ``env``, ``research``);
+2. group key: (problem, role type, turn): a sample is compared with the samples of the same role
+   type at the same call position of the same problem's episodes (the three voting generators
+   of G episodes form one group of 3G). The single-agent default (``single`` on a task, no
+   workflow named) keeps its key ``(problem,)``: the same grouping;
+3. reward assignment: a registered reward (``teamrl.workflows.REWARDS``, ``workflow.reward``):
+   ``outcome``, the episode's team return for every sample, or ``per_role``, a sample's own
+   reward (the rewards its role reported after the call, or what the workflow set) where it has
+   one and the team return elsewhere.
+
+``metrics`` turns the last rollout's episode outcomes into the study's diagnostics.
 """
 
 from __future__ import annotations
 
-from typing import Awaitable, Callable, Hashable, Sequence
+import dataclasses
+from collections import Counter
+from typing import Any, Awaitable, Callable, Hashable, Sequence
 
+from teamrl.algorithms.base import Algorithm
+from teamrl.algorithms.episodes import ContextFactory, bind, resolve_workflow, workflow_roles, workflow_settings
+from teamrl.core.config import InputError
 from teamrl.core.sample import Sample
-from teamrl.tasks.task import Problem, Task
+from teamrl.policies.router import role_type
+from teamrl.tasks.task import Problem
+from teamrl.workflows import REWARDS, WORKFLOWS, EpisodeOutcome
 from teamrl.workflows.context import EpisodeContext
-from teamrl.workflows.single_agent import single_agent
-
-# (problem, episode index, tags) -> context
-ContextFactory = Callable[[Problem, int, dict], EpisodeContext]
+from teamrl.workflows.episode import EpisodeResult, run_episode
 
 
 def group_key(sample: Sample) -> Hashable:
-    """Samples are compared within their problem."""
-    return (sample.problem_id,)
+    """Samples are compared within (problem, role type, turn)."""
+    return (sample.problem_id, role_type(sample.role), sample.turn)
 
 
-def assign_rewards(samples: Sequence[Sample], episode_reward: float) -> None:
-    """Every call of an episode gets the episode's reward."""
+def assign_rewards(samples: Sequence[Sample], outcome: EpisodeOutcome, mode: str) -> None:
+    """Each sample's reward from the registered reward ``mode`` (``outcome``: the outcome reward for
+    every sample; ``per_role``: a sample's own reward where it has one)."""
+    reward = REWARDS.get_entry(mode, "workflow.reward")
     for s in samples:
-        s.reward = float(episode_reward)
+        value = reward(s, outcome)
+        if isinstance(value, (str, bytes)) or not hasattr(type(value), "__float__"):  # a user's reward: named, as a task's is
+            raise InputError(f"workflow.reward {mode!r}: returned {value!r} for a {s.role!r} sample; expected a number")
+        s.reward = float(value)
 
 
-class GRPO:
-    """Sampler + group key + reward assignment for single-agent GRPO."""
+def reward_view(result: EpisodeResult) -> EpisodeOutcome:
+    """The outcome a reward function sees: the workflow's (or an empty one), its reward the team return."""
+    base = result.outcome or EpisodeOutcome("", None, False)
+    return dataclasses.replace(base, team_reward=result.team_return)
+
+
+class GRPO(Algorithm):
+    """Sampler + group key + reward assignment for GRPO per role call over any workflow."""
 
     name = "grpo"
     group_key = staticmethod(group_key)
-    assign_rewards = staticmethod(assign_rewards)
 
-    def __init__(self, group_size: int, greedy_baseline: bool = False) -> None:
+    def __init__(self, group_size: int, greedy_baseline: bool = False, workflow: str | None = None, settings: Any = None,
+                 reward: str = "outcome") -> None:
+        """``workflow`` and ``reward``: registered names (or ``package.module:object``; no workflow: the
+        task's default); ``settings``: what the workflow's ``run`` receives (None: its defaults)."""
+        self.spec = WORKFLOWS.get_entry(workflow, "workflow.name") if workflow else None
+        REWARDS.get_entry(reward, "workflow.reward")
+        self.workflow = workflow
         self.group_size = group_size
         self.greedy_baseline = greedy_baseline
+        self.settings = settings
+        self.reward_mode = reward
+        self.outcomes: list[EpisodeOutcome] = []  # of the last rollout, when its workflow returns outcomes
+        self._workflow_run = workflow or ""
 
-    def rollout(self, problems: Sequence[Problem], task: Task, make_ctx: ContextFactory,
+    @property
+    def can_evaluate(self) -> bool:  # type: ignore[override]
+        """Evaluation during training runs a named workflow (its outcomes give the accuracy)."""
+        return self.workflow is not None
+
+    @property
+    def roles(self) -> tuple[str, ...] | None:
+        """The role types of the named workflow (None: the task's)."""
+        return workflow_roles(self.workflow)
+
+    def episodes(self, problems: Sequence[Problem], task: Any, make_ctx: ContextFactory,
+                 run: Callable[[list[Awaitable]], list], episodes_per_problem: int,
+                 extra: Sequence[tuple[Problem, int, dict]] = ()) -> tuple[list[EpisodeContext], list[EpisodeResult]]:
+        """Run ``episodes_per_problem`` episodes of every problem (and the ``extra`` ones) together."""
+        name, spec = resolve_workflow(self.workflow, task)
+        self._workflow_run = name
+        settings = workflow_settings(spec, self.settings)
+        jobs = [(p, e, {}) for p in problems for e in range(episodes_per_problem)] + list(extra)
+        ctxs = [make_ctx(p, e, tags) for p, e, tags in jobs]
+        for ctx in ctxs:
+            ctx.workflow = name
+        results = run([run_episode(bind(spec, task, p, settings), ctx) for (p, _, _), ctx in zip(jobs, ctxs)])
+        return ctxs, results
+
+    def rollout(self, problems: Sequence[Problem], task: Any, make_ctx: ContextFactory,
                 run: Callable[[list[Awaitable]], list]) -> list[Sample]:
-        """Run every episode of every problem together (one engine batch per turn) and return the samples."""
-        jobs = [(p, make_ctx(p, e, {})) for p in problems for e in range(self.group_size)]
-        if self.greedy_baseline:
-            jobs += [(p, make_ctx(p, -1, {"greedy": True})) for p in problems]
-        rewards = run([single_agent(ctx, task, p) for p, ctx in jobs])
+        """Run G episodes per problem (one engine batch per policy per step) and return the samples."""
+        extra = [(p, -1, {"greedy": True}) for p in problems] if self.greedy_baseline else []
+        ctxs, results = self.episodes(problems, task, make_ctx, run, self.group_size, extra)
+        per_problem = self.workflow is None and self._workflow_run == "single"
+        self.outcomes = [r.outcome for c, r in zip(ctxs, results) if r.outcome is not None and c.episode != -1]
+        if self.outcomes and all(o.stats.get("dropped") for o in self.outcomes):  # gateway episodes: none reported a reward in time
+            raise InputError(f"workflow {self._workflow_run!r}: all {len(self.outcomes)} episodes of this step were dropped (no "
+                             "reward within workflow.options.reward_timeout_s); nothing to train on")
         samples: list[Sample] = []
-        for (_, ctx), r in zip(jobs, rewards):
-            self.assign_rewards(ctx.samples, r)
+        for ctx, result in zip(ctxs, results):
+            assign_rewards(ctx.samples, reward_view(result), self.reward_mode)
             for s in ctx.samples:
-                s.group = self.group_key(s)
-                s.baseline = ctx.episode == -1  # the greedy episode
+                s.baseline = ctx.episode == -1  # the greedy episode (ReMax baseline)
+                s.group = (s.problem_id,) if per_problem else self.group_key(s)
+                if result.outcome is not None:
+                    s.tags["correct"] = result.outcome.correct
             samples += ctx.samples
         return samples
+
+    def evaluate(self, problems: Sequence[Problem], task: Any, make_ctx: ContextFactory,
+                 run: Callable[[list[Awaitable]], list]) -> dict[str, float]:
+        """One episode per problem (the caller's contexts decide the sampling, e.g. greedy);
+        accuracy and the workflow's diagnostics. Trains nothing and keeps no state."""
+        _, results = self.episodes(problems, task, make_ctx, run, 1)
+        return outcome_metrics(self._workflow_run, [r.outcome for r in results if r.outcome is not None])
+
+    def metrics(self, samples: Sequence[Sample]) -> dict[str, float]:
+        """Episode correctness and the workflow's diagnostics over the last rollout (none without outcomes)."""
+        return outcome_metrics(self._workflow_run, self.outcomes)
+
+
+class WorkflowGRPO(GRPO):
+    """GRPO on a named workflow (the workflow study's spelling): ``WorkflowGRPO(workflow, group_size, settings, reward)``."""
+
+    def __init__(self, workflow: str, group_size: int, settings: Any, reward: str = "outcome") -> None:
+        super().__init__(group_size, workflow=workflow, settings=settings, reward=reward)
+
+
+def outcome_metrics(workflow: str, outcomes: Sequence[EpisodeOutcome]) -> dict[str, float]:
+    """Accuracy plus, per workflow: Eval-Opt evaluator confusion (rates over all evaluations),
+    first-attempt vs final accuracy and iterations used; Voting generator agreement, oracle
+    any-correct, aggregator misses and recoveries; Orch-Workers subtasks per plan and the
+    over-limit rate."""
+    n = len(outcomes)
+    if not n:
+        return {}
+    out: dict[str, Any] = {"accuracy": sum(o.correct for o in outcomes) / n}
+    if any("dropped" in o.stats for o in outcomes):  # gateway episodes: those without a reward in time
+        out["episodes_dropped"] = sum(bool(o.stats["dropped"]) for o in outcomes)
+    if workflow == "eval_opt":
+        out["first_attempt_accuracy"] = sum(o.stats["first_correct"] for o in outcomes) / n
+        out["iterations_mean"] = sum(o.stats["iterations"] for o in outcomes) / n
+        judged = [(v, c) for o in outcomes for v, c in o.stats["verdicts"]]
+        if judged:
+            m = len(judged)
+            out["evaluator/true_correct"] = sum(bool(v) and c for v, c in judged) / m
+            out["evaluator/false_correct"] = sum(bool(v) and not c for v, c in judged) / m
+            out["evaluator/true_incorrect"] = sum(not v and not c for v, c in judged) / m
+            out["evaluator/false_incorrect"] = sum(not v and c for v, c in judged) / m
+            out["evaluator/unparsed"] = sum(v is None for v, _ in judged) / m
+    elif workflow == "voting":
+        agreement = Counter(o.stats["agreement"] for o in outcomes)
+        for k in ("all_right", "all_wrong", "split"):
+            out[f"voting/{k}"] = agreement[k] / n
+        out["voting/oracle_accuracy"] = sum(o.stats["oracle"] for o in outcomes) / n
+        out["voting/aggregator_miss"] = sum(o.stats["miss"] for o in outcomes) / n
+        out["voting/aggregator_recovery"] = sum(o.stats["recovery"] for o in outcomes) / n
+        out["voting/choice_parsed"] = sum(o.stats["choice_source"] == "parsed" for o in outcomes) / n
+    elif workflow == "orch_workers":
+        out["orch/subtasks_mean"] = sum(o.stats["subtasks"] for o in outcomes) / n
+        out["orch/over_limit"] = sum(o.stats["over_limit"] for o in outcomes) / n
+    return out

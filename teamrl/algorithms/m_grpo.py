@@ -1,5 +1,12 @@
 """M-GRPO (Hong et al., 2025): a main agent with a tool-using sub-agent, trained with group-relative advantages.
 
+It runs over the episode protocol: the default workflow is ``research`` (the research team of
+:mod:`teamrl.workflows.research_team`), or any registered workflow that declares sub-episode
+roles and opens them with ``ctx.sub_episode``: the samples a sub-episode generates carry its
+parent's ids (``parent_episode``, ``call``: its slot) and are the sub-agent's; a rollout's main
+reward is its team return; a sub-call's format validity comes from ``outcome.stats["calls"]``
+where the workflow reports it (else valid).
+
 The three places where algorithms differ:
 1. sampling: K (``rollout.group_size``) rollouts of :func:`~teamrl.workflows.research_team.research_team`
    per question; each may call the sub-agent 0..``max_sub_calls`` times, and each call is a
@@ -29,8 +36,8 @@ the sub-trajectory with the same reward), in the group statistics (a trajectory 
 and in the token loss alike, so every rollout contributes exactly ``d_max`` sub-trajectories,
 the paper's fixed batch. A sub-trajectory duplicated once thus weighs twice. Copies carry ``tags["duplicate"] = True``.
 
-Baselines: ``m_grpo.sub_agent: frozen`` trains the main agent only (sub samples are not
-``trainable``); ``m_grpo.agents: single`` is single-agent GRPO where one agent has the tools.
+Baselines: ``m_grpo.sub_agent: frozen`` trains the main agent only (sub samples are tagged
+``no_update``); ``m_grpo.agents: single`` is single-agent GRPO where one agent has the tools.
 """
 
 from __future__ import annotations
@@ -39,26 +46,44 @@ import dataclasses
 import random
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Awaitable, Callable, Hashable, Sequence
+from typing import Any, Awaitable, Callable, Hashable, Sequence
 
+from teamrl.algorithms.base import Algorithm
+from teamrl.algorithms.episodes import ContextFactory, bind, workflow_settings
+from teamrl.core.config import ConfigError, option, register_check, register_section
 from teamrl.core.sample import Sample
 from teamrl.core.seeding import derive_seed
-from teamrl.tasks.research import SUB_REWARD_MODES, ResearchEnv, sub_reward
+from teamrl.tasks.research import SUB_REWARD_MODES, sub_reward
 from teamrl.tasks.task import Problem, batch_instances
-from teamrl.workflows.context import EpisodeContext
-from teamrl.workflows.research_team import ResearchOutcome, research_single, research_team
+from teamrl.workflows import WORKFLOWS, EpisodeOutcome
+from teamrl.workflows.episode import EpisodeFn, EpisodeResult, run_episode
+from teamrl.workflows.research_team import SubCall, as_episode_outcome, research_single, research_team
 
 SUB_AGENT_MODES = ("trained", "frozen")
 AGENT_MODES = ("team", "single")
-ContextFactory = Callable[[Problem, int, dict], EpisodeContext]
 Slot = tuple[int, int]  # (rollout index, call index) of the sub-trajectory a slot holds
+
+
+def is_sub_sample(sample: Sample) -> bool:
+    """Whether a sample was generated in a nested sub-episode (``ctx.sub_episode`` tags it with its parent)."""
+    return "parent_episode" in sample.tags or sample.role == "sub"
 
 
 def group_key(sample: Sample) -> Hashable:
     """Main: the question (GRPO over its K rollouts); sub: the question's pooled, aligned sub-trajectories."""
-    if sample.role == "sub":
+    if is_sub_sample(sample):
         return (sample.problem_id, "sub")
     return (sample.problem_id,)
+
+
+def sub_calls(result: EpisodeResult) -> list[SubCall] | None:
+    """The sub-agent calls a research episode reported (``stats["calls"]``), None for a workflow that reports none."""
+    return result.outcome.stats.get("calls") if result.outcome is not None else None
+
+
+def correct(result: EpisodeResult) -> bool:
+    """Whether an episode's final answer was right (False when it returned no outcome)."""
+    return bool(result.outcome.correct) if result.outcome is not None else False
 
 
 def align_subtrajectories(counts: Sequence[int], d_max: int, rng: random.Random) -> list[list[Slot]]:
@@ -98,8 +123,8 @@ def prepare_sub_samples(sub: Sequence[Sample], outcomes: dict[tuple[Hashable, in
 
     ``outcomes`` maps every rollout ``(problem_id, episode)`` to its main reward (rollouts
     without calls included: they get slots too). Returns the aligned samples (duplicates as
-    copies tagged ``duplicate``) followed by the dropped ones (tagged ``dropped``, not
-    ``trainable``); with ``frozen`` no returned sample is ``trainable``. A pure
+    copies tagged ``duplicate``) followed by the dropped ones (tagged ``dropped`` and
+    ``no_update``); with ``frozen`` every returned sample is tagged ``no_update``. A pure
     function of its inputs: the decoupled sub-agent worker calls it with what the store gave it.
     """
     if mode not in SUB_REWARD_MODES:
@@ -145,19 +170,53 @@ def prepare_sub_samples(sub: Sequence[Sample], outcomes: dict[tuple[Hashable, in
             r = sub_reward(outcomes[key[:2]], bool(samples[-1].tags.get("format_valid", False)), mode)
             for s in samples:
                 s.reward, s.group = r, group_key(s)
-                s.tags["dropped"], s.trainable = True, False
+                s.tags["dropped"] = True
+                s.trainable = False
                 out.append(s)
     return out
 
 
 @dataclass
-class MGRPOSettings:
+class MGRPOConfig:
+    """The ``m_grpo:`` config section."""
+
+    d_max: int = option(2, ge=1, doc="sub-trajectories per rollout after alignment (random duplicates when fewer calls, random drops when more)")
+    sub_agent: str = option("trained", choices=SUB_AGENT_MODES, doc="frozen: the sub-agent acts but gets no update (baseline)")
+    agents: str = option("team", choices=AGENT_MODES, doc="team: main + sub-agent; single: one agent with the tools (single-agent GRPO baseline)")
+    sub_reward: str = option("gated", choices=("gated", "outcome", "format"),
+                             doc="a sub-trajectory's reward: gated = main reward if its format is valid else 0; outcome = main reward; format = 1 if valid else 0")
+    decoupled: str = option("none", choices=("none", "inprocess", "ray"),
+                            doc="legacy: inprocess / ray set policy.mode=separate (one model per agent) and "
+                                "policy.placement=local / ray, and copy ray_timeout_s / ray_address into policy")
+    ray_timeout_s: float = option(600.0, gt=0, doc="legacy (decoupled): copied to policy.ray_timeout_s")
+    ray_address: str = option("", doc="legacy (decoupled): copied to policy.ray_address")
+
+
+@dataclass
+class MGRPOSettings(MGRPOConfig):
+    """What M-GRPO reads: its config section plus K (``rollout.group_size``) and the run's seed."""
+
     k: int = 4
-    d_max: int = 2
-    sub_agent: str = "trained"
-    agents: str = "team"
-    sub_reward: str = "gated"
     seed: int = 0
+
+
+register_section("m_grpo", MGRPOConfig)
+
+
+@register_check
+def _migrate_decoupled(cfg: Any) -> None:
+    """``m_grpo.decoupled: inprocess | ray`` (the former decoupled trainer) as a placement: one model per agent."""
+    m = cfg.m_grpo
+    if cfg.algorithm != "m_grpo" or m.decoupled == "none":
+        return
+    import importlib.util
+
+    if m.decoupled == "ray" and importlib.util.find_spec("ray") is None:
+        raise ConfigError("m_grpo.decoupled: ray needs the ray package: pip install -e \".[ray]\" (or use inprocess)")
+    cfg.policy.mode = "separate"
+    cfg.policy.placement = "ray" if m.decoupled == "ray" else "local"
+    cfg.policy.ray_timeout_s, cfg.policy.ray_address = m.ray_timeout_s, m.ray_address
+    m.decoupled = "none"  # the resolved config says it the new way
 
 
 @dataclass
@@ -171,13 +230,15 @@ class RawRollout:
     metrics: dict[str, float]
 
 
-class MGRPO:
-    """Sampler + group keys + reward assignment for M-GRPO on the :class:`ResearchEnv`."""
+class MGRPO(Algorithm):
+    """Sampler + group keys + reward assignment for M-GRPO over a workflow with sub-episodes (default: ``research``)."""
 
     name = "m_grpo"
     group_key = staticmethod(group_key)
 
-    def __init__(self, settings: MGRPOSettings) -> None:
+    def __init__(self, settings: MGRPOSettings, workflow: str | None = None, workflow_settings: Any = None) -> None:
+        """``workflow``: a registered workflow that opens sub-episodes (None: ``research``, or
+        ``research_single`` with ``agents: single``); ``workflow_settings``: what its ``run`` receives."""
         for key, value, allowed in (("sub_agent", settings.sub_agent, SUB_AGENT_MODES), ("agents", settings.agents, AGENT_MODES),
                                     ("sub_reward", settings.sub_reward, SUB_REWARD_MODES)):
             if value not in allowed:
@@ -185,6 +246,8 @@ class MGRPO:
         if settings.d_max < 1:
             raise ValueError(f"m_grpo.d_max={settings.d_max}: must be >= 1")
         self.s = settings
+        self.workflow = workflow
+        self.workflow_settings = workflow_settings
         self.calls = 0  # rollouts so far: seeds the alignment RNG of the next one
         self.last_metrics: dict[str, float] = {}
 
@@ -199,46 +262,59 @@ class MGRPO:
     @property
     def roles(self) -> tuple[str, ...]:
         """The roles that act: main and sub, or main alone (single-agent baseline)."""
+        if self.workflow is not None:
+            return WORKFLOWS.get_entry(self.workflow, "workflow.name").role_types
         return ("main", "sub") if self.s.agents == "team" else ("main",)
 
-    def rollout(self, problems: Sequence[Problem], env: ResearchEnv, make_ctx: ContextFactory,
+    def rollout(self, problems: Sequence[Problem], env: Any, make_ctx: ContextFactory,
                 run: Callable[[list[Awaitable]], list]) -> list[Sample]:
         """All rollouts of all questions together; main and aligned sub samples with rewards and groups set."""
         raw = self.rollout_raw(problems, env, make_ctx, run)
         return raw.main + prepare_sub_samples(raw.sub, raw.outcomes, self.s.d_max, self.s.sub_reward, raw.seed,
                                               frozen=self.s.sub_agent == "frozen")
 
-    def rollout_raw(self, problems: Sequence[Problem], env: ResearchEnv, make_ctx: ContextFactory,
+    def rollout_raw(self, problems: Sequence[Problem], env: Any, make_ctx: ContextFactory,
                     run: Callable[[list[Awaitable]], list]) -> RawRollout:
         """Run the K rollouts per question; main samples get rewards, sub samples their format validity only."""
         self.calls += 1
-        workflow = research_team if self.s.agents == "team" else research_single
         # a problem drawn twice is two instances (ids ``<id>#2``, ...): their outcomes and groups stay apart
         jobs = [(p, make_ctx(inst, e, {})) for p, inst in zip(problems, batch_instances(problems)) for e in range(self.s.k)]
-        results: list[ResearchOutcome] = run([workflow(ctx, env, p) for p, ctx in jobs])
+        results: list[EpisodeResult] = run([run_episode(self._episode(env, p), ctx) for p, ctx in jobs])
         main, sub, outcomes = [], [], {}
         for (p, ctx), res in zip(jobs, results):
-            outcomes[(ctx.problem_id, ctx.episode)] = res.reward
+            outcomes[(ctx.problem_id, ctx.episode)] = res.team_return
+            calls = sub_calls(res)
             for s in ctx.samples:
-                s.tags["solved"] = res.correct
-                if s.role == "sub":
-                    s.tags["format_valid"] = res.calls[s.tags["call"]].format_valid
+                s.tags["solved"] = correct(res)
+                if is_sub_sample(s):
+                    s.tags["format_valid"] = calls[s.tags["call"]].format_valid if calls is not None else True
                     sub.append(s)
                 else:
-                    s.reward, s.group = res.reward, group_key(s)
+                    s.reward, s.group = res.team_return, group_key(s)
                     s.trajectory = ctx.episode  # all main turns of a rollout: one member of its group
                     main.append(s)
-        calls = [c for r in results for c in r.calls]
+        all_calls = [c for r in results for c in (sub_calls(r) or [])]
         metrics = {
-            "success_rate": sum(r.correct for r in results) / len(results),
-            "main_reward": sum(r.reward for r in results) / len(results),
-            "main_valid": sum(r.valid for r in results) / len(results),
-            "sub_calls_per_rollout": len(calls) / len(results),
+            "success_rate": sum(correct(r) for r in results) / len(results),
+            "main_reward": sum(r.team_return for r in results) / len(results),
+            "main_valid": sum(bool(r.outcome.stats.get("valid", True)) if r.outcome else True for r in results) / len(results),
+            "sub_calls_per_rollout": len(all_calls) / len(results),
         }
-        if calls:
-            metrics["sub_format_valid"] = sum(c.format_valid for c in calls) / len(calls)
+        if all_calls:
+            metrics["sub_format_valid"] = sum(c.format_valid for c in all_calls) / len(all_calls)
         self.last_metrics = metrics
         return RawRollout(main, sub, outcomes, derive_seed(self.s.seed, self.calls, 17), metrics)
+
+    def _episode(self, env: Any, problem: Problem) -> EpisodeFn:
+        """The episode of ``problem``: the configured workflow, or the research team (single: one agent with the tools)."""
+        if self.workflow is not None:
+            spec = WORKFLOWS.get_entry(self.workflow, "workflow.name")
+            return bind(spec, env, problem, workflow_settings(spec, self.workflow_settings))
+        workflow = research_team if self.s.agents == "team" else research_single  # looked up now: tests replace them
+
+        async def start(ctx: Any) -> EpisodeOutcome:
+            return as_episode_outcome(await workflow(ctx, env, problem))
+        return start
 
     def metrics(self, samples: Sequence[Sample]) -> dict[str, float]:
         """Success rate, main reward and validity, sub-agent calls and format validity of the last rollout."""

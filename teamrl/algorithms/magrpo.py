@@ -1,5 +1,16 @@
 """MAGRPO (Liu et al., 2025): agents act in parallel on local prompts; a shared reward scores joint actions.
 
+It runs over any replayable workflow (:mod:`teamrl.workflows.episode`); a :class:`TeamTask` runs
+through its default adapter ``team`` (``turns`` = ``num_turns``), which reproduces the algorithm
+as first written. A node is a step of the episode: the calls pending at once (the roles acting
+together; in a sequential workflow each call is its own step). Each frontier call samples G
+completions (one prefill); each joint action continues as a replay copy to its next frontier.
+Branching stops after ``num_turns`` steps (the depth); a leaf whose episode goes on is then
+rolled out to its end with one sample per call (tagged ``no_update``: no group, not trained) and
+the team rewards of that tail count as its child return. A joint action's reward r_t is the
+team rewards its copy reported in its segment (+ the final team reward if the episode ended
+there); samples' ``turn`` is the depth.
+
 The three places where algorithms differ:
 1. sampling: at every node (problem, turn, history) each of the N agents samples G completions
    of its own local prompt; joint actions pair the j-th samples (``aligned``: G joint actions)
@@ -31,14 +42,17 @@ from __future__ import annotations
 import asyncio
 import itertools
 from dataclasses import dataclass
-from typing import Awaitable, Callable, Hashable, Sequence
+from typing import Any, Awaitable, Callable, Hashable, Sequence
 
+from teamrl.algorithms.base import Algorithm
+from teamrl.algorithms.episodes import ContextFactory, bind, resolve_workflow, workflow_roles, workflow_settings
+from teamrl.core.config import option, register_section
 from teamrl.core.sample import Sample
-from teamrl.tasks.task import Problem, TeamTask, batch_instances, checked_rewards
-from teamrl.workflows.context import EpisodeContext
+from teamrl.tasks.task import Problem, batch_instances
+from teamrl.workflows.context import Call, EpisodeContext, team_rewards, total
+from teamrl.workflows.episode import Branch, EpisodeFn
 
 JOINT_MODES = ("aligned", "cross")
-ContextFactory = Callable[[Problem, int, dict], EpisodeContext]
 
 
 def joint_indices(group_size: int, num_agents: int, mode: str) -> list[tuple[int, ...]]:
@@ -82,66 +96,126 @@ def group_key(sample: Sample) -> Hashable:
 
 
 @dataclass
-class MAGRPOSettings:
+class MAGRPOConfig:
+    """The ``magrpo:`` config section."""
+
+    joint_mode: str = option("aligned", choices=JOINT_MODES,
+                             doc="aligned: the j-th samples of the agents form G joint actions; cross: all G^N combinations")
+    num_turns: int = option(1, ge=1, doc="branching depth in steps (with the team workflow: turns); each joint action of "
+                                         "step t gets G joint actions at step t+1")
+    gamma: float = option(1.0, ge=0, le=1, doc="discount: R_t = r_t + gamma * mean(children's returns)")
+    termination_threshold: float | None = option(None, ge=0, le=1,
+                                                 doc="stop expanding a joint action whose normalised reward reaches this; null: never")
+
+
+@dataclass
+class MAGRPOSettings(MAGRPOConfig):
+    """What MAGRPO reads: its config section plus the group size (``rollout.group_size``)."""
+
     group_size: int = 4
-    joint_mode: str = "aligned"
-    num_turns: int = 1
-    gamma: float = 1.0
-    termination_threshold: float | None = None  # normalised reward at which a joint action stops expanding
 
 
-class MAGRPO:
-    """Sampler + group key + reward assignment for MAGRPO over a :class:`TeamTask`."""
+register_section("magrpo", MAGRPOConfig)
+
+
+class MAGRPO(Algorithm):
+    """Sampler + group key + reward assignment for MAGRPO over any replayable workflow (default: ``team``)."""
 
     name = "magrpo"
     group_key = staticmethod(group_key)
 
-    def __init__(self, settings: MAGRPOSettings) -> None:
+    def __init__(self, settings: MAGRPOSettings, workflow: str | None = None, workflow_settings: Any = None) -> None:
+        """``workflow``: a registered name (None: the task's default, ``team`` for a team task);
+        ``workflow_settings``: what its ``run`` receives (None: its defaults, ``turns`` = ``num_turns``)."""
         if settings.joint_mode not in JOINT_MODES:
             raise ValueError(f"joint_mode {settings.joint_mode!r}: choose one of {list(JOINT_MODES)}")
         self.s = settings
+        self.workflow = workflow
+        self.workflow_settings = workflow_settings
 
-    def rollout(self, problems: Sequence[Problem], task: TeamTask, make_ctx: ContextFactory,
+    @property
+    def roles(self) -> tuple[str, ...] | None:
+        """The role types of the named workflow (None: the task's)."""
+        return workflow_roles(self.workflow)
+
+    def rollout(self, problems: Sequence[Problem], task: Any, make_ctx: ContextFactory,
                 run: Callable[[list[Awaitable]], list]) -> list[Sample]:
         """Expand every problem's tree together; return all samples with returns and groups set."""
+        name, spec = resolve_workflow(self.workflow, task)
+        settings = workflow_settings(spec, self.workflow_settings, turns=self.s.num_turns)
+        max_reward = float(getattr(task, "max_reward", 1.0))
         ctxs = [make_ctx(inst, 0, {}) for inst in batch_instances(problems)]  # a repeated problem: its own groups
-        run([self._node(ctx, task, p, 0, (), [], "") for ctx, p in zip(ctxs, problems)])
+        for c in ctxs:
+            c.workflow = name
+        run([self._root(ctx, bind(spec, task, p, settings), max_reward) for ctx, p in zip(ctxs, problems)])
         samples = [s for c in ctxs for s in c.samples]
         for s in samples:
-            s.group = self.group_key(s)
+            if s.group is None:
+                s.group = self.group_key(s)
         return samples
 
-    async def _node(self, ctx: EpisodeContext, task: TeamTask, problem: Problem, turn: int, path: tuple,
-                    history: list[dict[str, str]], feedback: str) -> list[float]:
+    async def _root(self, real: EpisodeContext, start: EpisodeFn, max_reward: float) -> list[float]:
+        branch = Branch(start, real)
+        frontier = await branch.advance()
+        return await self._node(real, branch, frontier, 0, (), max_reward) if frontier else []
+
+    async def _node(self, real: EpisodeContext, branch: Branch, frontier: list[Call], depth: int, path: tuple,
+                    max_reward: float) -> list[float]:
         """Sample this node's joint actions, expand children, assign returns; return the joint returns."""
-        G, roles = self.s.group_size, task.roles
-        groups = await asyncio.gather(*[
-            ctx.generate_group(role, task.prompt(problem, role, turn, history, feedback), n=G, turn=turn,
-                               tags={"path": path}) for role in roles])
-        joint = joint_indices(G, len(roles), self.s.joint_mode)
-        outputs = [{role: groups[a][j].text for a, (role, j) in enumerate(zip(roles, idx))} for idx in joint]
-        rewards = checked_rewards(task.name, f"rewards(problem {problem.id!r})", task.rewards(problem, outputs), len(outputs),
-                                  per="joint action")
-        stop = [self._terminated(r, task) for r in rewards]
-        expand = [turn + 1 < self.s.num_turns and not t for t in stop]
+        G = self.s.group_size
+        groups = await asyncio.gather(*[real.sample(c.role, c.messages, G, depth, 0, c.params, {**c.tags, "path": path})
+                                        for c in frontier])
+        joint = joint_indices(G, len(frontier), self.s.joint_mode)
+        copies = [branch.extend([[groups[a][j]] for a, j in enumerate(idx)]) for idx in joint]
+        branch.cancel()
+        await asyncio.gather(*[c.advance() for c in copies])
+        rewards = [c.segment_team_reward() for c in copies]
+        stop = [self._terminated(r, max_reward) for r in rewards]
+        expand = [depth + 1 < self.s.num_turns and not t and not c.done for t, c in zip(stop, copies)]
+        finish = [not e and not t and not c.done for e, t, c in zip(expand, stop, copies)]  # past the depth: roll out
         children = await asyncio.gather(*[
-            self._node(ctx, task, problem, turn + 1, path + (k,), history + [outputs[k]],
-                       task.feedback(problem, outputs[k], rewards[k]))
+            self._node(real, copies[k], copies[k].frontier, depth + 1, path + (k,), max_reward)
             for k in range(len(joint)) if expand[k]])
-        child_iter = iter(children)
-        left = self.s.num_turns - turn
-        returns = [terminated_return(r, left, self.s.gamma) if t
-                   else discounted_return(r, next(child_iter) if e else [], self.s.gamma)
-                   for r, t, e in zip(rewards, stop, expand)]
-        per_sample = completion_returns(joint, returns, G, len(roles))
-        per_reward = completion_returns(joint, rewards, G, len(roles))
+        tails = await asyncio.gather(*[self._roll_out(real, copies[k], path + (k,)) for k in range(len(joint)) if finish[k]])
+        child_iter, tail_iter = iter(children), iter(tails)
+        left = self.s.num_turns - depth
+        returns = []
+        for k, r in enumerate(rewards):
+            if stop[k]:
+                returns.append(terminated_return(r, left, self.s.gamma))
+            elif expand[k]:
+                returns.append(discounted_return(r, next(child_iter), self.s.gamma))
+            elif finish[k]:
+                returns.append(discounted_return(r, [next(tail_iter)], self.s.gamma))
+            else:
+                returns.append(discounted_return(r, [], self.s.gamma))
+            if not expand[k]:
+                copies[k].cancel()
+        per_sample = completion_returns(joint, returns, G, len(frontier))
+        per_reward = completion_returns(joint, rewards, G, len(frontier))
         for a, samples in enumerate(groups):
             for j, s in enumerate(samples):
                 s.reward = per_sample[a][j]
                 s.tags["turn_reward"] = per_reward[a][j]
-                s.tags["normalised_reward"] = per_reward[a][j] / task.max_reward
+                s.tags["normalised_reward"] = per_reward[a][j] / max_reward
         return returns
 
-    def _terminated(self, reward: float, task: TeamTask) -> bool:
+    async def _roll_out(self, real: EpisodeContext, branch: Branch, path: tuple) -> float:
+        """Play a leaf past the branching depth to its end, one sample per call (logged, not trained);
+        return the team rewards it earned after the leaf's segment (+ the final team reward)."""
+        start = len(branch.ctx.events)
+        while not branch.done:
+            answers = await asyncio.gather(*[
+                real.sample(c.role, c.messages, 1, c.turn, 0, c.params, {**c.tags, "path": path})
+                for c in branch.frontier])
+            branch.resolve(answers)
+            await branch.advance()
+            for (s,) in answers:
+                s.trainable = False  # no group to compare it with
+                s.group = ("rollout", s.problem_id, path)
+        assert branch.result is not None
+        return total([team_rewards(branch.ctx.events[start:]), branch.result.final_reward])
+
+    def _terminated(self, reward: float, max_reward: float) -> bool:
         t = self.s.termination_threshold
-        return t is not None and reward / task.max_reward >= t
+        return t is not None and reward / max_reward >= t

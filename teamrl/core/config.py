@@ -8,12 +8,13 @@ out-of-range value fails with one line that names the key and what is allowed.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import math
 import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import yaml
 
@@ -116,7 +117,7 @@ class RolloutConfig:
 
 @dataclass
 class LossSettings:
-    eps_low: float = option(0.2, ge=0, doc="lower PPO clip: ratio >= 1 - eps_low")
+    eps_low: float = option(0.2, ge=0, le=1, doc="lower PPO clip: ratio >= 1 - eps_low")
     eps_high: float = option(0.2, ge=0, doc="upper PPO clip: ratio <= 1 + eps_high (DAPO clip-higher when > eps_low)")
     dual_clip: float | None = option(None, gt=1, doc="dual-clip constant c > 1 for negative advantages; null disables")
     kl_coef: float = option(0.0, ge=0, doc="weight of the k3 KL to the reference (base with adapters off)")
@@ -152,29 +153,10 @@ class TrainConfig:
 
 
 @dataclass
-class MAGRPOConfig:
-    joint_mode: str = option("aligned", choices=("aligned", "cross"),
-                             doc="aligned: the j-th samples of the agents form G joint actions; cross: all G^N combinations")
-    num_turns: int = option(1, ge=1, doc="turns; each joint action of turn t gets G joint actions at turn t+1")
-    gamma: float = option(1.0, ge=0, le=1, doc="discount: R_t = r_t + gamma * mean(children's returns)")
-    termination_threshold: float | None = option(None, ge=0, le=1,
-                                                 doc="stop expanding a joint action whose normalised reward reaches this; null: never")
-
-
-@dataclass
-class ATGRPOConfig:
-    alpha: float = option(1.0, ge=0, doc="a candidate's reward = its local reward + alpha * team reward")
-    select: str = option("greedy", choices=("greedy", "random"), doc="which of the K branches every later step continues from")
-    grouping: str = option("tree", choices=("tree", "trajectory"),
-                           doc="tree: groups of K candidates per (problem, turn, agent); trajectory: K independent episodes (ablation)")
-    max_turns: int = option(0, ge=0, doc="turn limit; 0 = the environment's own max_turns")
-
-
-@dataclass
 class WorkflowConfig:
     name: str = option("", doc="a registered workflow (teamrl.api.WORKFLOWS; yours with @register_workflow and --plugin) "
-                               "or package.module:object, on a task with one verifiable answer (a SolveTask); "
-                               "empty: the task's own roles")
+                               "or package.module:object, trained by any algorithm that does not refuse it (docs/algorithm_matrix.md); "
+                               "empty: the task's default workflow")
     reward: str = option("outcome", doc="a registered reward (teamrl.api.REWARDS): outcome (every sample gets the final "
                                         "answer's correctness), per_role (a sample's own role_reward where the workflow "
                                         "sets one), or yours (@register_reward)")
@@ -183,20 +165,6 @@ class WorkflowConfig:
     max_iterations: int = option(0, ge=0, doc="Eval-Opt generator attempts; 0: 3 for math, 2 for code")
     num_generators: int = option(3, ge=2, doc="Voting generators")
     max_subtasks: int = option(3, ge=1, doc="Orch-Workers plan limit; a longer plan gets reward 0")
-
-
-@dataclass
-class MGRPOConfig:
-    d_max: int = option(2, ge=1, doc="sub-trajectories per rollout after alignment (random duplicates when fewer calls, random drops when more)")
-    sub_agent: str = option("trained", choices=("trained", "frozen"), doc="frozen: the sub-agent acts but gets no update (baseline)")
-    agents: str = option("team", choices=("team", "single"), doc="team: main + sub-agent; single: one agent with the tools (single-agent GRPO baseline)")
-    sub_reward: str = option("gated", choices=("gated", "outcome", "format"),
-                             doc="a sub-trajectory's reward: gated = main reward if its format is valid else 0; outcome = main reward; format = 1 if valid else 0")
-    decoupled: str = option("none", choices=("none", "inprocess", "ray"),
-                            doc="legacy: inprocess / ray set policy.mode=separate (one model per agent) and "
-                                "policy.placement=local / ray, and copy ray_timeout_s / ray_address into policy")
-    ray_timeout_s: float = option(600.0, gt=0, doc="legacy (decoupled): copied to policy.ray_timeout_s")
-    ray_address: str = option("", doc="legacy (decoupled): copied to policy.ray_address")
 
 
 @dataclass
@@ -217,16 +185,51 @@ class Config:
     seed: int = option(0, doc="seed for data order, sampling and initialisation")
     model: str = option("smollm2-135m", doc="alias (smollm2-135m, tiny-random, random:smollm2-135m, random:qwen3-1.7b), local folder, or hub id")
     threads: int = option(0, ge=0, doc="torch CPU threads; 0 keeps torch's default")
-    algorithm: str = option("grpo", choices=("grpo", "magrpo", "at_grpo", "m_grpo"), doc="training algorithm")
+    algorithm: str = option("grpo", doc="training algorithm: a registered one (teamrl.algorithms.ALGORITHMS); its own "
+                                         "options are the top-level section of its name")
     task: dict[str, Any] = option(factory=lambda: {"name": "word_count"}, doc="task name and its own options")
     policy: PolicyConfig = option(factory=PolicyConfig)
     rollout: RolloutConfig = option(factory=RolloutConfig)
     train: TrainConfig = option(factory=TrainConfig)
-    magrpo: MAGRPOConfig = option(factory=MAGRPOConfig)
-    at_grpo: ATGRPOConfig = option(factory=ATGRPOConfig)
     workflow: WorkflowConfig = option(factory=WorkflowConfig)
-    m_grpo: MGRPOConfig = option(factory=MGRPOConfig)
     run: RunConfig = option(factory=RunConfig)
+
+    def __getattr__(self, name: str) -> Any:
+        """A registered section (:func:`register_section`), e.g. an algorithm's: as loaded, or its defaults."""
+        if name.startswith("__") or name not in SECTIONS:
+            raise AttributeError(f"{type(self).__name__!s} has no attribute {name!r}")
+        return self.__dict__.setdefault("_sections", {}).setdefault(name, SECTIONS[name]())
+
+
+# ---- what higher layers add to the config (core names none of them) -----------------------------
+SECTIONS: dict[str, type] = {}  # top-level section name -> its dataclass (each algorithm's own options)
+CHECKS: list[Callable[[Config], None]] = []  # cross-field checks of the layers that registered sections
+CHOICES: dict[str, Callable[[], list[str]]] = {}  # a top-level key -> the registered names it accepts
+SECTION_PROVIDERS = ("teamrl.algorithms",)  # packages that register their sections when imported
+
+
+def register_section(name: str, cls: type) -> type:
+    """Add the top-level config section ``name`` (a dataclass of ``option`` fields, validated like the rest)."""
+    if name in {f.name for f in dataclasses.fields(Config)}:
+        raise ConfigError(f"config section {name!r}: a built-in key of that name exists")
+    SECTIONS[name] = cls
+    return cls
+
+
+def register_check(check: Callable[[Config], None]) -> Callable[[Config], None]:
+    """Run ``check(cfg)`` (raising :class:`ConfigError`) in :func:`validate`."""
+    CHECKS.append(check)
+    return check
+
+
+def register_choices(key: str, names: Callable[[], list[str]]) -> None:
+    """The values top-level ``key`` accepts come from ``names()`` (a registry), not from a fixed list."""
+    CHOICES[key] = names
+
+
+def _load_section_providers() -> None:
+    for module in SECTION_PROVIDERS:
+        importlib.import_module(module)
 
 
 def _type_name(tp: Any) -> str:
@@ -395,7 +398,16 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     data: dict[str, Any] = read_yaml_mapping(path) if path is not None else {}
     for key, value in parse_overrides(overrides or []):
         _set_path(data, key, value)
-    cfg = build_dataclass(Config, data)
+    _load_section_providers()
+    sections = {name: _coerce(data.pop(name), cls, name) for name, cls in SECTIONS.items() if name in data}
+    try:
+        cfg = build_dataclass(Config, data)
+    except ConfigError as e:
+        if str(e).endswith("]") and "unknown key; allowed keys are" in str(e):  # name the registered sections too
+            raise ConfigError(str(e)[:str(e).rindex("[")] + str(sorted([f.name for f in dataclasses.fields(Config)] + list(SECTIONS)))) from None
+        raise
+    for name, cls in SECTIONS.items():
+        cfg.__dict__.setdefault("_sections", {})[name] = sections.get(name) or cls()
     validate(cfg)
     return cfg
 
@@ -435,39 +447,19 @@ def validate(cfg: Config) -> None:
         if cfg.policy.lora is None:
             raise ConfigError("rollout.engine: http sends LoRA adapters to the server after each update; "
                               "policy.lora is null (full weights). Use engine hf, or train LoRA adapters")
-    if cfg.algorithm == "m_grpo" and cfg.m_grpo.decoupled != "none":
-        _migrate_decoupled(cfg)
-    _check_placement(cfg.policy)
+    for key, names in CHOICES.items():
+        allowed = names()
+        if getattr(cfg, key) not in allowed:
+            raise ConfigError(f"{key}: {getattr(cfg, key)!r} is not allowed; choose one of {allowed}")
     if "name" not in cfg.task:
         raise ConfigError("task.name: missing; name a task, e.g. word_count")
-    if cfg.workflow.name and cfg.algorithm != "grpo":
-        why = {"at_grpo": "AT-GRPO branches K ways at every step, which needs branch points that a workflow function "
-                          "(or an OpenAI-API program behind the gateway) does not expose",
-               "magrpo": "a workflow's G episodes per problem are already compared per problem, role and call under grpo "
-                         "(MAGRPO's joint groups)",
-               "m_grpo": "M-GRPO needs the research environment's nested sub-agent episodes"}.get(cfg.algorithm, "")
-        raise ConfigError(f"workflow.name: workflows (study workflows, your own, OpenAI-API programs through the gateway) "
-                          f"train with algorithm grpo, not {cfg.algorithm!r}" + (f": {why}" if why else ""))
     if cfg.workflow.name and cfg.train.advantage == "max":
         raise ConfigError("train.advantage: max (greedy baseline) is not supported with a study workflow; use group")
-    if cfg.train.advantage == "max" and cfg.algorithm != "grpo":  # only GRPO runs the greedy baseline rollouts
-        raise ConfigError(f"train.advantage: max (greedy baseline) is run by algorithm grpo, not {cfg.algorithm!r}; "
-                          "choose one of ['group', 'mean', 'batch', 'none', 'rloo']")
+    for check in CHECKS:  # before the placement check: a check may set the placement (m_grpo.decoupled)
+        check(cfg)
+    _check_placement(cfg.policy)
     if cfg.train.advantage in ("group", "rloo", "batch", "mean", "none") and cfg.rollout.group_size < 2:
         raise ConfigError(f"rollout.group_size: {cfg.rollout.group_size} gives groups of one, whose advantage is 0; must be >= 2 (or use train.advantage=max)")
-
-
-def _migrate_decoupled(cfg: Config) -> None:
-    """``m_grpo.decoupled: inprocess | ray`` (the former decoupled trainer) as a placement: one model per agent."""
-    import importlib.util
-
-    m = cfg.m_grpo
-    if m.decoupled == "ray" and importlib.util.find_spec("ray") is None:
-        raise ConfigError("m_grpo.decoupled: ray needs the ray package: pip install -e \".[ray]\" (or use inprocess)")
-    cfg.policy.mode = "separate"
-    cfg.policy.placement = "ray" if m.decoupled == "ray" else "local"
-    cfg.policy.ray_timeout_s, cfg.policy.ray_address = m.ray_timeout_s, m.ray_address
-    m.decoupled = "none"  # the resolved config says it the new way
 
 
 def _check_placement(p: PolicyConfig) -> None:
@@ -503,12 +495,25 @@ def _check_placement(p: PolicyConfig) -> None:
 
 
 def config_to_dict(cfg: Any) -> Any:
-    """The resolved config as plain data (for ``config.yaml`` in the run directory)."""
-    return dataclasses.asdict(cfg)
+    """The resolved config as plain data (for ``config.yaml`` in the run directory), registered sections included."""
+    out = dataclasses.asdict(cfg)
+    if isinstance(cfg, Config):
+        for name in SECTIONS:
+            out[name] = dataclasses.asdict(getattr(cfg, name))
+    return out
 
 
 def describe_schema(cls: type = Config, prefix: str = "") -> list[tuple[str, str, str, str]]:
-    """(key, type, default, doc) rows for the config reference (docs/config.md)."""
+    """(key, type, default, doc) rows for the config reference (docs/config.md) (the registered sections after the built-in keys)."""
+    rows = _describe_fields(cls, prefix)
+    if cls is Config and not prefix:
+        _load_section_providers()
+        for name, section in SECTIONS.items():
+            rows += describe_schema(section, name + ".")
+    return rows
+
+
+def _describe_fields(cls: type, prefix: str) -> list[tuple[str, str, str, str]]:
     rows = []
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):

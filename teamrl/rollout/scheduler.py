@@ -30,6 +30,8 @@ class GenerationScheduler:
         self.calls: list[tuple[str, int]] = []  # (policy, number of requests) per policy per flush
         self._pending: list[tuple[str, GenerationRequest, asyncio.Future]] = []
         self._arrived: asyncio.Event | None = None  # set by generate(): wakes the loop early (requests from other threads)
+        # coroutines about to issue requests (a replayed branch running to its next call): no flush until they are done
+        self.holds = 0
 
     async def generate(self, policy: str, request: GenerationRequest) -> list[Completion]:
         """Queue ``request`` for ``policy``; resolves when the batch it joined is generated."""
@@ -76,6 +78,9 @@ class GenerationScheduler:
         while still < 3:
             await asyncio.sleep(0)
             state = len(self._pending) + sum(t.done() for t in tasks)
+            if self.holds:  # a branch is still replaying towards its next call
+                still, last = 0, -1
+                continue
             if state == len(tasks):
                 return
             still = still + 1 if state == last else 0

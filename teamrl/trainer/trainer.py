@@ -64,7 +64,7 @@ class Trainer:
         self.task = make_task(cfg.task)
         self.algorithm = make_algorithm(cfg, self.task)  # checks the task kind before any model loads
         # the roles that act (a study workflow's role types; M-GRPO's single-agent baseline drops the sub-agent)
-        self.roles = list(getattr(self.algorithm, "roles", None) or self.task.roles)
+        self.roles = list(self.algorithm.roles or self.task.roles)
         self._build_policies()
         r = cfg.rollout
         self.params = SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
@@ -87,9 +87,9 @@ class Trainer:
         if resume and ckpts:
             state = load_checkpoint(ckpts[-1], self.placement)
             self.step, self.data_position = state["step"], state["data_position"]
-            if hasattr(self.algorithm, "load_state_dict"):  # its own RNG (AT-GRPO branch choice, M-GRPO alignment)
-                # a checkpoint from before it was saved: one rollout per step, so the count of rollouts is the step
-                self.algorithm.load_state_dict(state.get("algorithm", {"calls": self.step}))
+            # its own RNG (AT-GRPO branch choice, M-GRPO alignment); a checkpoint from before it was saved:
+            # one rollout per step, so the count of rollouts is the step
+            self.algorithm.load_state_dict(state.get("algorithm", {"calls": self.step}))
             for rec in read_metrics(self.run_dir / "metrics.jsonl"):  # replay the evaluations for the running peak
                 if "eval/accuracy" in rec and rec["step"] <= self.step:
                     self.cliffs.update(rec["step"], rec["eval/accuracy"])
@@ -102,7 +102,7 @@ class Trainer:
 
     def _eval_task(self) -> SolveTask:
         """The held-out split of the task, for evaluation during training."""
-        if not hasattr(self.algorithm, "evaluate"):
+        if not self.algorithm.can_evaluate:
             raise ConfigError("train.eval_every: evaluation during training needs a study workflow (workflow.name) on a "
                               "math.solve or code.solve task")
         task = make_task({**self.cfg.task, "split": "test"})
@@ -196,8 +196,7 @@ class Trainer:
                 first_role = [s for s in normalised if s.turn == turn and s.role == self.roles[0]]
                 if first_role:  # none when train.nonfinite_reward=drop_group dropped that turn's groups
                     record[name] = sum(s.tags["normalised_reward"] for s in first_role) / len(first_role)
-        if hasattr(self.algorithm, "metrics"):
-            record.update(self.algorithm.metrics(train_samples))
+        record.update(self.algorithm.metrics(train_samples))
         baselines = [s for s in samples if s.baseline]
         if baselines:
             record["greedy_reward_mean"] = sum(s.reward for s in baselines) / len(baselines)
@@ -213,8 +212,9 @@ class Trainer:
         self.metrics.log(record)
         if step % self.cfg.run.save_every == 0 or step == self.cfg.train.steps or self.stopped_at_cliff:
             state = {"data_position": self.data_position}
-            if hasattr(self.algorithm, "state_dict"):
-                state["algorithm"] = self.algorithm.state_dict()
+            algorithm_state = self.algorithm.state_dict()
+            if algorithm_state:
+                state["algorithm"] = algorithm_state
             save_checkpoint(self.ckpt_dir, step, self.placement, state, keep=self.cfg.run.keep_checkpoints)
         return record
 

@@ -1,10 +1,12 @@
 """Workflows: roles and their turn structure, written as plain Python against :class:`EpisodeContext`.
 
-``WORKFLOWS`` is a :class:`~teamrl.core.registry.Registry` of the workflows that run on a
-:class:`~teamrl.tasks.solve.SolveTask` and return an :class:`EpisodeOutcome`. Shipped:
-``single`` (the single-agent RL baseline), ``eval_opt``, ``voting`` and ``orch_workers``; add
-your own with ``@register_workflow("name", roles=(...))``. Each entry gives the episode function
-and its role types (instances such as ``generator0`` share their type's policy).
+``WORKFLOWS`` is a :class:`~teamrl.core.registry.Registry` of workflows in the one episode protocol
+(:mod:`teamrl.workflows.context`, docs/episodes.md): every algorithm trains any of them. Shipped: the
+task kinds' defaults ``single``, ``team``, ``env``, ``research`` (``research_single``)
+(:func:`default_workflow`, :mod:`teamrl.workflows.adapters`) and the study workflows ``eval_opt``,
+``voting`` and ``orch_workers`` (on a :class:`~teamrl.tasks.solve.SolveTask`); add your own with
+``@register_workflow("name", roles=(...))``. Each entry gives the episode function and its role types
+(instances such as ``generator0`` share their type's policy).
 
 ``REWARDS`` holds how an episode's outcome becomes each sample's reward (``workflow.reward``):
 ``outcome`` and ``per_role`` are shipped; add your own with ``@register_reward("name")``.
@@ -18,10 +20,15 @@ from typing import Any, Awaitable, Callable
 from teamrl.core.config import ConfigError
 from teamrl.core.registry import Registry
 from teamrl.core.sample import Sample
+from teamrl.tasks.environment import Environment
+from teamrl.tasks.research import ResearchEnv
+from teamrl.tasks.solve import SolveTask
+from teamrl.tasks.task import Task, TeamTask
+from teamrl.workflows import adapters
 from teamrl.workflows.eval_opt import eval_opt
 from teamrl.workflows.orch_workers import orch_workers
-from teamrl.workflows.outcome import EpisodeOutcome, WorkflowSettings
-from teamrl.workflows.single_agent import single_solve
+from teamrl.workflows.outcome import EpisodeOutcome, WorkflowSettings, own_reward
+from teamrl.workflows.research_team import research, research_solo
 from teamrl.workflows.voting import voting
 
 
@@ -32,11 +39,22 @@ class Workflow:
     ``options``: the workflow's own options dataclass; ``workflow.options`` in the config is
     validated against it and passed as ``settings``. Without one, ``settings`` is the shipped
     :class:`WorkflowSettings` (``workflow.max_iterations``, ``num_generators``, ``max_subtasks``).
+    ``role_types`` empty: the roles are the task's (the default adapters). ``sub_roles``: the roles
+    that act in nested sub-episodes (``ctx.sub_episode``; M-GRPO needs one). ``replayable`` False:
+    its episodes cannot be branched by replay (a black box that is not deterministic given its
+    texts), so the branching algorithms (magrpo, at_grpo) refuse it.
     """
 
-    run: Callable[..., Awaitable[EpisodeOutcome]]
+    run: Callable[..., Awaitable[Any]]
     role_types: tuple[str, ...]
     options: type | None = None
+    sub_roles: tuple[str, ...] = ()
+    replayable: bool = True
+    task_kind: type | None = None  # the task class it runs on (None: any)
+
+    def roles_for(self, task: Any) -> tuple[str, ...]:
+        """The role types acting on ``task``: the workflow's own, or (default adapters) the task's."""
+        return self.role_types or tuple(task.roles)
 
 
 def _workflow(obj: Any) -> Workflow:
@@ -49,24 +67,56 @@ def _workflow(obj: Any) -> Workflow:
 
 
 WORKFLOWS: Registry[Workflow] = Registry("workflow", convert=_workflow)
-WORKFLOWS.register("single", Workflow(single_solve, ("agent",)))
-WORKFLOWS.register("eval_opt", Workflow(eval_opt, ("generator", "evaluator")))
-WORKFLOWS.register("voting", Workflow(voting, ("generator", "aggregator")))
-WORKFLOWS.register("orch_workers", Workflow(orch_workers, ("orchestrator", "worker", "synthesizer")))
+WORKFLOWS.register("single", Workflow(adapters.single, ("agent",), task_kind=Task))
+WORKFLOWS.register("team", Workflow(adapters.team, (), options=adapters.TeamOptions, task_kind=TeamTask))
+WORKFLOWS.register("env", Workflow(adapters.env, (), options=adapters.EnvOptions, task_kind=Environment))
+WORKFLOWS.register("research", Workflow(research, ("main", "sub"), sub_roles=("sub",), task_kind=ResearchEnv))
+WORKFLOWS.register("research_single", Workflow(research_solo, ("main",), task_kind=ResearchEnv))
+WORKFLOWS.register("eval_opt", Workflow(eval_opt, ("generator", "evaluator"), task_kind=SolveTask))
+WORKFLOWS.register("voting", Workflow(voting, ("generator", "aggregator"), task_kind=SolveTask))
+WORKFLOWS.register("orch_workers", Workflow(orch_workers, ("orchestrator", "worker", "synthesizer"), task_kind=SolveTask))
+
+TASK_KINDS = {Task: "a one-role task", TeamTask: "a team task (roles acting together)",
+              Environment: "a multi-turn environment (plan_path, sokoban, sudoku, ...)",
+              ResearchEnv: "the research environment (task.name=research)",
+              SolveTask: "a task with one verifiable answer (math.solve, code.solve)"}
 
 
-def register_workflow(name: str, roles: tuple[str, ...], options: type | None = None) -> Callable:
-    """Decorator: register an ``async def run(ctx, task, problem, settings) -> EpisodeOutcome`` as
-    ``workflow.name: <name>`` with its role types (and its options dataclass, if it has one).
+def check_task(name: str, spec: Workflow, task: Any) -> None:
+    """Refuse a workflow on a task it cannot run on (its ``task_kind``), naming both."""
+    if spec.task_kind is not None and not isinstance(task, spec.task_kind):
+        kind = TASK_KINDS.get(spec.task_kind, spec.task_kind.__name__)
+        raise ConfigError(f"workflow.name: {name!r} runs on {kind}; task {getattr(task, 'name', task)!r} is not one")
+
+
+def register_workflow(name: str, roles: tuple[str, ...], options: type | None = None, sub_roles: tuple[str, ...] = (),
+                      replayable: bool = True) -> Callable:
+    """Decorator: register an ``async def run(ctx, task, problem, settings) -> EpisodeOutcome | float | None``
+    as ``workflow.name: <name>`` with its role types (and its options dataclass, if it has one; the
+    roles of its sub-episodes; ``replayable=False`` if it is not deterministic given its texts).
     The function is returned unchanged, with the :class:`Workflow` in ``fn.teamrl_workflow``."""
     if isinstance(roles, str) or not roles or not all(isinstance(r, str) and r for r in roles):
         raise ConfigError(f"register_workflow {name!r}: roles must be a tuple of role names, got {roles!r}")
 
     def add(fn: Callable[..., Awaitable[EpisodeOutcome]]) -> Callable[..., Awaitable[EpisodeOutcome]]:
-        fn.teamrl_workflow = WORKFLOWS.register(name, Workflow(fn, tuple(roles), options))  # type: ignore[attr-defined]
+        fn.teamrl_workflow = WORKFLOWS.register(name, Workflow(fn, tuple(roles), options, tuple(sub_roles), replayable))  # type: ignore[attr-defined]
         return fn
 
     return add
+
+
+def default_workflow(task: Any) -> str:
+    """The workflow that runs ``task`` when ``workflow.name`` is empty: the one place that tells task kinds apart."""
+    if isinstance(task, ResearchEnv):
+        return "research"
+    if isinstance(task, Environment):
+        return "env"
+    if isinstance(task, TeamTask):
+        return "team"
+    if isinstance(task, Task):
+        return "single"
+    raise ConfigError(f"task {getattr(task, 'name', task)!r}: not a Task, TeamTask, Environment or ResearchEnv; "
+                      "name a workflow with workflow.name")
 
 
 RewardFn = Callable[[Sample, EpisodeOutcome], float]
@@ -87,8 +137,9 @@ def outcome_reward(sample: Sample, outcome: EpisodeOutcome) -> float:
 @register_reward("per_role")
 def per_role_reward(sample: Sample, outcome: EpisodeOutcome) -> float:
     """A sample's own reward where the workflow set one (``sample.role_reward``), else the outcome."""
-    return float(sample.role_reward) if sample.role_reward is not None else outcome.reward
+    own = own_reward(sample)
+    return own if own is not None else outcome.reward
 
 
-__all__ = ["REWARDS", "WORKFLOWS", "EpisodeOutcome", "Workflow", "WorkflowSettings", "register_reward",
+__all__ = ["REWARDS", "WORKFLOWS", "EpisodeOutcome", "Workflow", "WorkflowSettings", "check_task", "default_workflow", "register_reward",
            "register_workflow"]

@@ -123,7 +123,7 @@ def openai_workflow(name: str, roles: tuple[str, ...]) -> Callable[[Callable], C
         async def run(ctx: EpisodeContext, task: SolveTask, problem: Problem, settings: GatewayOptions) -> GatewayOutcome:
             return await run_gateway_episode(name, episode_fn, tuple(roles), ctx, task, problem, settings)
 
-        register_workflow(name, roles, options=GatewayOptions)(run)
+        register_workflow(name, roles, options=GatewayOptions, replayable=False)(run)
         episode_fn.teamrl_workflow = run.teamrl_workflow  # type: ignore[attr-defined]
         return episode_fn
 
@@ -136,5 +136,5 @@ def external_workflow(name: str, roles: tuple[str, ...]) -> Any:
     async def run(ctx: EpisodeContext, task: SolveTask, problem: Problem, settings: GatewayOptions) -> GatewayOutcome:
         return await run_gateway_episode(name, None, tuple(roles), ctx, task, problem, settings)
 
-    register_workflow(name, roles, options=GatewayOptions)(run)
+    register_workflow(name, roles, options=GatewayOptions, replayable=False)(run)
     return run.teamrl_workflow

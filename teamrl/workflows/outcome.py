@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from teamrl.core.sample import Sample
+
 
 @dataclass(frozen=True)
 class WorkflowSettings:
@@ -28,16 +30,30 @@ class EpisodeOutcome:
     """One episode of a workflow: its final text and answer, whether that answer is correct,
     and the workflow's own statistics (verdicts, votes, plans) for the diagnostics.
 
-    Samples that earn a per-role reward carry it in ``sample.role_reward``; the
-    algorithm uses it when ``workflow.reward`` is ``per_role``.
+    Samples that earn a per-role reward carry it (``sample.role_reward``, read by :func:`own_reward`; set it directly, or report
+    it with ``ctx.reward(value, role=...)``); the algorithm uses it when ``workflow.reward`` is
+    ``per_role``. ``team_reward``: the final team reward, when it is not 1/0 by correctness.
     """
 
     final_text: str
     answer: str | None
     correct: bool
     stats: dict[str, Any] = field(default_factory=dict)
+    team_reward: float | None = None
 
     @property
     def reward(self) -> float:
-        """The final-outcome reward: 1 for a correct final answer, else 0."""
+        """The final team reward: ``team_reward`` if set, else 1 for a correct final answer and 0 otherwise."""
+        if self.team_reward is not None:
+            return float(self.team_reward)
         return 1.0 if self.correct else 0.0
+
+
+def own_reward(sample: Sample) -> float | None:
+    """A sample's own (per-role) reward, None where its workflow gave it none: the one place that reads it."""
+    return None if sample.role_reward is None else float(sample.role_reward)
+
+
+def set_own_reward(sample: Sample, value: float) -> None:
+    """Set a sample's own (per-role) reward: the one place that writes it (besides workflows that set the field)."""
+    sample.role_reward = float(value)

@@ -15,6 +15,7 @@ from teamrl.tasks.research import RESULT_CHARS, ResearchEnv
 from teamrl.tasks.task import Problem
 from teamrl.tasks.tool_planner import truncate
 from teamrl.workflows.context import EpisodeContext
+from teamrl.workflows.outcome import EpisodeOutcome
 
 
 @dataclass
@@ -43,9 +44,9 @@ async def sub_agent(ctx: EpisodeContext, env: ResearchEnv, problem: Problem, sub
     """One nested sub-agent episode: the tool loop until ``<result>`` or the turn limit."""
     messages = env.sub_prompt(problem, subtask)
     valid = True
-    tags = {"parent_episode": ctx.episode, "call": call}
+    sub = ctx.sub_episode("sub")  # tags its samples with parent_episode and call (its slot: == ``call``)
     for turn in range(env.opts.max_sub_turns):
-        (s,) = await ctx.generate_group("sub", messages, n=1, turn=turn, tags=tags)
+        (s,) = await sub.generate_group("sub", messages, n=1, turn=turn)
         valid = valid and env.sub_well_formed(s.text)
         action = env.parse_sub(s.text)
         if action.kind == "result":
@@ -90,6 +91,21 @@ async def research_single(ctx: EpisodeContext, env: ResearchEnv, problem: Proble
         messages = messages + [{"role": "assistant", "content": text},
                                {"role": "user", "content": f"Tool output:\n{env.run_tool(action)}"}]
     return _outcome(env, problem, None, False, [])
+
+
+async def research(ctx: EpisodeContext, env: ResearchEnv, problem: Problem, settings: object = None) -> EpisodeOutcome:
+    """Workflow ``research``: :func:`research_team` in the episode protocol (final team reward: the main reward)."""
+    return as_episode_outcome(await research_team(ctx, env, problem))
+
+
+async def research_solo(ctx: EpisodeContext, env: ResearchEnv, problem: Problem, settings: object = None) -> EpisodeOutcome:
+    """Workflow ``research_single``: :func:`research_single` in the episode protocol."""
+    return as_episode_outcome(await research_single(ctx, env, problem))
+
+
+def as_episode_outcome(res: ResearchOutcome) -> EpisodeOutcome:
+    """A research rollout's outcome as an :class:`EpisodeOutcome` (``stats``: ``valid`` and the ``calls``)."""
+    return EpisodeOutcome("", res.answer, res.correct, stats={"valid": res.valid, "calls": res.calls}, team_reward=res.reward)
 
 
 def _outcome(env: ResearchEnv, problem: Problem, answer: str | None, valid: bool, calls: list[SubCall]) -> ResearchOutcome:

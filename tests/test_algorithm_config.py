@@ -1,0 +1,45 @@
+"""Each algorithm's config section lives beside the algorithm; core/config.py names none (issue 14, item 4)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from teamrl.core.config import ConfigError, load_config
+
+
+def test_loss_eps_low_out_of_range_is_refused_by_the_schema():
+    # before: passed load_config and failed only in LossConfig, after the model loaded
+    with pytest.raises(ConfigError, match=r"train.loss.eps_low: 1.5 is out of range; must be <= 1"):
+        load_config(None, ["train.loss.eps_low=1.5"])
+
+
+def test_algorithm_sections_are_registered_beside_their_algorithms():
+    from teamrl.algorithms.at_grpo import ATGRPOConfig
+    from teamrl.algorithms.m_grpo import MGRPOConfig
+    from teamrl.algorithms.magrpo import MAGRPOConfig
+    from teamrl.core.config import SECTIONS, config_to_dict, describe_schema
+
+    assert SECTIONS["magrpo"] is MAGRPOConfig and SECTIONS["at_grpo"] is ATGRPOConfig and SECTIONS["m_grpo"] is MGRPOConfig
+    cfg = load_config(None, ["algorithm=magrpo", "magrpo.num_turns=2", "at_grpo.alpha=0.5"])
+    assert cfg.magrpo.num_turns == 2 and cfg.at_grpo.alpha == 0.5 and cfg.m_grpo.d_max == 2
+    assert config_to_dict(cfg)["magrpo"]["num_turns"] == 2  # the run directory's config.yaml keeps them
+    assert "magrpo.num_turns" in [row[0] for row in describe_schema()]
+    with pytest.raises(ConfigError, match=r"magrpo.joint_mode: 'both' is not allowed; choose one of \['aligned', 'cross'\]"):
+        load_config(None, ["magrpo.joint_mode=both"])
+    with pytest.raises(ConfigError, match=r"algorithm: 'ppo' is not allowed; choose one of \['at_grpo', 'grpo', 'm_grpo', 'magrpo'\]"):
+        load_config(None, ["algorithm=ppo"])
+
+
+def test_core_config_names_no_algorithm_section():
+    source = (Path(__file__).parents[1] / "teamrl" / "core" / "config.py").read_text()
+    for name in ("MAGRPOConfig", "ATGRPOConfig", "MGRPOConfig", '"magrpo"', '"at_grpo"', '"m_grpo"', "cfg.m_grpo", "cfg.magrpo"):
+        assert name not in source, name
+
+
+def test_settings_are_the_config_section_plus_run_values():
+    from teamrl.algorithms import ATGRPOConfig, ATGRPOSettings, MAGRPOConfig, MAGRPOSettings, MGRPOConfig, MGRPOSettings
+
+    assert issubclass(MAGRPOSettings, MAGRPOConfig) and issubclass(ATGRPOSettings, ATGRPOConfig)
+    assert issubclass(MGRPOSettings, MGRPOConfig)

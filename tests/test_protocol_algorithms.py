@@ -1,0 +1,85 @@
+"""Algorithms over a user's workflow in the episode protocol: rewards reported with ctx.reward, steps, refusals."""
+
+from __future__ import annotations
+
+import pytest
+
+from teamrl.algorithms import ATGRPO, GRPO, MAGRPO, ATGRPOSettings, MAGRPOSettings, make_algorithm
+from teamrl.core.config import ConfigError, load_config
+from teamrl.tasks import make_task
+from teamrl.tasks.task import Problem
+from teamrl.workflows import Workflow
+from tests.scripted import scripted_rollout
+
+REF = "tests.test_protocol_algorithms:"
+PROBLEMS = [Problem("p0"), Problem("p1")]
+
+
+async def two_steps(ctx, task, problem, settings):
+    """a, then b who sees a's text; a's own reward: its length; team reward 1 when b says 'yes' after a 'long' a."""
+    a = await ctx.generate("a", f"{problem.id} start")
+    ctx.reward(float(len(a)), role="a")
+    ctx.reward(0.5)
+    b = await ctx.generate("b", f"{problem.id} after {a}")
+    ctx.reward(1.0 if (a == "long" and b == "yes") else 0.0)
+    return None
+
+
+TWO_STEPS = Workflow(two_steps, ("a", "b"))
+BLACK_BOX = Workflow(two_steps, ("a", "b"), replayable=False)
+
+
+def _script(policy, prompt, n):
+    return (["x", "long"] if policy == "a" else ["no", "yes"])[:n] + ["z"] * max(0, n - 2)
+
+
+def test_at_grpo_scores_candidates_on_their_segment_and_continues_from_the_chosen_text():
+    samples = scripted_rollout(ATGRPO(ATGRPOSettings(k=2, alpha=2.0), workflow=REF + "TWO_STEPS"), PROBLEMS, None, _script)
+    a = sorted((s for s in samples if s.role == "a" and s.problem_id == "p0"), key=lambda s: s.branch)
+    # own reward (its length) + alpha * cumulative team reward after it (0.5)
+    assert [s.reward for s in a] == [1.0 + 2.0 * 0.5, 4.0 + 2.0 * 0.5] and a[1].tags.get("chosen")
+    b = sorted((s for s in samples if s.role == "b" and s.problem_id == "p0"), key=lambda s: s.branch)
+    assert all("after long" in s.prompt_text for s in b)  # b continues from a's chosen text
+    assert [s.reward for s in b] == [2.0 * 0.5, 2.0 * 1.5] and b[1].tags.get("chosen")
+    assert {s.group for s in samples} == {(p, 0, r) for p in ("p0", "p1") for r in ("a", "b")}
+
+
+def test_magrpo_on_a_sequential_workflow_makes_each_call_a_step():
+    samples = scripted_rollout(MAGRPO(MAGRPOSettings(group_size=2, num_turns=2), workflow=REF + "TWO_STEPS"), PROBLEMS,
+                               None, _script)
+    p0 = [s for s in samples if s.problem_id == "p0"]
+    assert sorted((s.role, s.turn, s.tags["path"]) for s in p0) == sorted(
+        [("a", 0, ())] * 2 + [("b", 1, (0,))] * 2 + [("b", 1, (1,))] * 2)
+    b_after_long = sorted((s for s in p0 if s.tags["path"] == (1,)), key=lambda s: s.branch)
+    assert [s.reward for s in b_after_long] == [0.0, 1.0]  # the team reward of each joint action's segment
+    a = sorted((s for s in p0 if s.role == "a"), key=lambda s: s.branch)
+    assert [s.reward for s in a] == [0.5 + 0.0, 0.5 + 0.5]  # r_0 + mean of the children's returns
+
+
+def test_grpo_per_role_reads_the_rewards_a_role_reported():
+    algo = GRPO(2, workflow=REF + "TWO_STEPS", reward="per_role")
+    samples = scripted_rollout(algo, PROBLEMS, None, lambda policy, prompt, n: ["long" if policy == "a" else "yes"] * n)
+    assert {s.reward for s in samples if s.role == "a"} == {4.0}  # its own reward
+    assert {s.reward for s in samples if s.role == "b"} == {1.5}  # no own reward: the team return 0.5 + 1.0
+    assert {s.group for s in samples} == {(p, r, 0) for p in ("p0", "p1") for r in ("a", "b")}
+
+
+@pytest.mark.parametrize("algorithm", ["at_grpo", "magrpo"])
+def test_branching_refuses_a_workflow_that_cannot_be_replayed(algorithm):
+    cfg = load_config(None, [f"algorithm={algorithm}", f"workflow.name={REF}BLACK_BOX", "task.name=word_count"])
+    with pytest.raises(ConfigError, match=rf"algorithm: {algorithm} branches episodes by replaying .* replayable=False"):
+        make_algorithm(cfg, make_task(cfg.task))
+    cfg = load_config(None, ["algorithm=grpo", f"workflow.name={REF}BLACK_BOX", "task.name=word_count"])
+    assert make_algorithm(cfg, make_task(cfg.task)).name == "grpo"
+
+
+def test_at_grpo_replay_applies_each_environment_step_once(monkeypatch):
+    """A copy replays its prefix from ctx.memo: env.apply runs once per sampled candidate, as before replay
+    (without the memo: 168 apply calls for these 48 samples)."""
+    env = make_task({"name": "plan_path", "num_problems": 2})
+    calls = []
+    apply = type(env).apply
+    monkeypatch.setattr(type(env), "apply", lambda self, state, role, text: calls.append(role) or apply(self, state, role, text))
+    samples = scripted_rollout(ATGRPO(ATGRPOSettings(k=4)), env.problems(), env,
+                               lambda policy, prompt, n: [f"Answer: {j}" for j in range(n)])
+    assert len(samples) == 48 and len(calls) == len(samples)
