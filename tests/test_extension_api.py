@@ -117,7 +117,19 @@ def test_a_workflows_own_options_are_validated_like_task_options(capsys):
     assert "workflow.options.repeats: expected an integer" in capsys.readouterr().err
     assert main(["config", "task.name=math.solve", "task.source=generated_easy", "task.num_problems=20",
                  "task.test_size=4", "workflow.name=voting", "workflow.options.repeats=2"]) == 2
+    assert "workflow.options.repeats: unknown key; allowed keys are ['max_iterations', 'max_subtasks', 'num_generators']" \
+        in capsys.readouterr().err
+    assert main(["config", "task.name=math.solve", "task.source=generated_easy", "task.num_problems=20",
+                 "task.test_size=4", "workflow.name=proposer_critic_judge", "--plugin", "examples/proposer_critic_judge.py",
+                 "workflow.options.repeats=2"]) == 2
     assert "declares no options of its own" in capsys.readouterr().err
+
+
+def test_the_study_workflows_old_top_level_options_move_into_workflow_options():
+    cfg = load_config(None, ["task.name=math.solve", "workflow.name=voting", "workflow.num_generators=4"])
+    assert cfg.workflow.options == {"num_generators": 4}
+    both = load_config(None, ["workflow.name=voting", "workflow.num_generators=4", "workflow.options.num_generators=5"])
+    assert both.workflow.options == {"num_generators": 5}  # the new place wins
 
 
 def test_registry_decorator_duplicates_and_unknown_names():

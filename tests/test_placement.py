@@ -43,7 +43,7 @@ SETUPS = {
     "m_grpo": ["algorithm=m_grpo", "task={name: research_scripted, num_problems: 4, max_sub_calls: 3, max_sub_turns: 2}",
                "m_grpo.d_max=2", "policy.mode=lora_per_role"],
     "workflow": ["task={name: math.solve, source: generated_easy, num_problems: 8, test_size: 2}", "workflow.name=voting",
-                 "workflow.num_generators=2", "workflow.reward=tests.test_placement:token_parity", "policy.mode=lora_per_role"],
+                 "workflow.options.num_generators=2", "workflow.reward=tests.test_placement:token_parity", "policy.mode=lora_per_role"],
 }
 # placement ray: the overrides on top of SETUPS (MAGRPO's two roles on two nodes; M-GRPO's two adapters on one worker)
 RAY = {

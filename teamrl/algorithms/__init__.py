@@ -125,11 +125,9 @@ def make_algorithm(cfg: Config, task: Any) -> Algorithm:
     if spec.options is not None:  # the workflow's own options, validated like a task's
         settings = build_dataclass(spec.options, w.options, "workflow.options.")
     elif w.options:
-        raise ConfigError(f"workflow.options: workflow {w.name!r} declares no options of its own; got {sorted(w.options)} "
-                          "(its settings are workflow.max_iterations, num_generators, max_subtasks)")
+        raise ConfigError(f"workflow.options: workflow {w.name!r} declares no options of its own; got {sorted(w.options)}")
     else:
-        settings = WorkflowSettings(max_iterations=w.max_iterations, num_generators=w.num_generators,
-                                    max_subtasks=w.max_subtasks)
+        settings = None  # a workflow without options gets none
     return entry.build(cfg, w.name, settings)
 
 

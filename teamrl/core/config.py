@@ -162,9 +162,6 @@ class WorkflowConfig:
                                         "sets one), or yours (@register_reward)")
     options: dict[str, Any] = option(factory=dict, doc="the options of a workflow that declares its own Options dataclass "
                                                        "(validated against it)")
-    max_iterations: int = option(0, ge=0, doc="Eval-Opt generator attempts; 0: 3 for math, 2 for code")
-    num_generators: int = option(3, ge=2, doc="Voting generators")
-    max_subtasks: int = option(3, ge=1, doc="Orch-Workers plan limit; a longer plan gets reward 0")
 
 
 @dataclass
@@ -205,6 +202,7 @@ class Config:
 SECTIONS: dict[str, type] = {}  # top-level section name -> its dataclass (each algorithm's own options)
 CHECKS: list[Callable[[Config], None]] = []  # cross-field checks of the layers that registered sections
 CHOICES: dict[str, Callable[[], list[str]]] = {}  # a top-level key -> the registered names it accepts
+MOVED_KEYS: dict[str, str] = {}  # old dotted key -> its new place (register_moved_key)
 SECTION_PROVIDERS = ("teamrl.algorithms",)  # packages that register their sections when imported
 
 
@@ -225,6 +223,28 @@ def register_check(check: Callable[[Config], None]) -> Callable[[Config], None]:
 def register_choices(key: str, names: Callable[[], list[str]]) -> None:
     """The values top-level ``key`` accepts come from ``names()`` (a registry), not from a fixed list."""
     CHOICES[key] = names
+
+
+def register_moved_key(old: str, new: str) -> None:
+    """A dotted config key that moved: a config that still gives ``old`` has its value moved to ``new``."""
+    MOVED_KEYS[old] = new
+
+
+def _move_keys(data: dict[str, Any]) -> None:
+    """Apply :data:`MOVED_KEYS` to the raw config mapping (``new`` wins when both are given)."""
+    for old, new in MOVED_KEYS.items():
+        *parents, leaf = old.split(".")
+        node: Any = data
+        for p in parents:
+            node = node.get(p) if isinstance(node, dict) else None
+        if isinstance(node, dict) and leaf in node:
+            value = node.pop(leaf)
+            *new_parents, new_leaf = new.split(".")
+            target: Any = data
+            for p in new_parents:
+                target = target.setdefault(p, {}) if isinstance(target, dict) else None
+            if isinstance(target, dict):
+                target.setdefault(new_leaf, value)
 
 
 def _load_section_providers() -> None:
@@ -399,6 +419,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     for key, value in parse_overrides(overrides or []):
         _set_path(data, key, value)
     _load_section_providers()
+    _move_keys(data)
     sections = {name: _coerce(data.pop(name), cls, name) for name, cls in SECTIONS.items() if name in data}
     try:
         cfg = build_dataclass(Config, data)

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
-from teamrl.core.config import ConfigError
+from teamrl.core.config import ConfigError, register_moved_key
 from teamrl.core.registry import Registry
 from teamrl.core.sample import Sample
 from teamrl.tasks.environment import Environment
@@ -37,8 +37,8 @@ class Workflow:
     """A workflow: its episode coroutine ``run(ctx, task, problem, settings)`` and the role types it uses.
 
     ``options``: the workflow's own options dataclass; ``workflow.options`` in the config is
-    validated against it and passed as ``settings``. Without one, ``settings`` is the shipped
-    :class:`WorkflowSettings` (``workflow.max_iterations``, ``num_generators``, ``max_subtasks``).
+    validated against it and passed as ``settings`` (the study workflows share :class:`WorkflowSettings`:
+    ``max_iterations``, ``num_generators``, ``max_subtasks``). Without one, ``settings`` is None.
     ``role_types`` empty: the roles are the task's (the default adapters). ``sub_roles``: the roles
     that act in nested sub-episodes (``ctx.sub_episode``; M-GRPO needs one). ``replayable`` False:
     its episodes cannot be branched by replay (a black box that is not deterministic given its
@@ -72,9 +72,12 @@ WORKFLOWS.register("team", Workflow(adapters.team, (), options=adapters.TeamOpti
 WORKFLOWS.register("env", Workflow(adapters.env, (), options=adapters.EnvOptions, task_kind=Environment))
 WORKFLOWS.register("research", Workflow(research, ("main", "sub"), sub_roles=("sub",), task_kind=ResearchEnv))
 WORKFLOWS.register("research_single", Workflow(research_solo, ("main",), task_kind=ResearchEnv))
-WORKFLOWS.register("eval_opt", Workflow(eval_opt, ("generator", "evaluator"), task_kind=SolveTask))
-WORKFLOWS.register("voting", Workflow(voting, ("generator", "aggregator"), task_kind=SolveTask))
-WORKFLOWS.register("orch_workers", Workflow(orch_workers, ("orchestrator", "worker", "synthesizer"), task_kind=SolveTask))
+WORKFLOWS.register("eval_opt", Workflow(eval_opt, ("generator", "evaluator"), options=WorkflowSettings, task_kind=SolveTask))
+WORKFLOWS.register("voting", Workflow(voting, ("generator", "aggregator"), options=WorkflowSettings, task_kind=SolveTask))
+# the study workflows' options were top-level workflow keys before: old configs keep working
+for _key in ("max_iterations", "num_generators", "max_subtasks"):
+    register_moved_key(f"workflow.{_key}", f"workflow.options.{_key}")
+WORKFLOWS.register("orch_workers", Workflow(orch_workers, ("orchestrator", "worker", "synthesizer"), options=WorkflowSettings, task_kind=SolveTask))
 
 TASK_KINDS = {Task: "a one-role task", TeamTask: "a team task (roles acting together)",
               Environment: "a multi-turn environment (plan_path, sokoban, sudoku, ...)",

@@ -2,7 +2,7 @@
 
 Turn structure:
 
-1. ``orchestrator`` sees the problem and writes a plan of at most ``workflow.max_subtasks``
+1. ``orchestrator`` sees the problem and writes a plan of at most ``workflow.options.max_subtasks``
    (default 3) subtasks, one per line: ``Subtask 1: ...`` (numbered lines ``1. ...`` are read
    too);
 2. ``worker0 .. worker{k-1}`` each solve one subtask, in parallel, **without** seeing the

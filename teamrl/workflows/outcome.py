@@ -5,19 +5,20 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from teamrl.core.config import option
 from teamrl.core.sample import Sample
 
 
 @dataclass(frozen=True)
 class WorkflowSettings:
-    """Limits of the study workflows (the ``workflow`` config section).
+    """The options of the study workflows (``workflow.options`` of ``eval_opt``, ``voting``, ``orch_workers``).
 
     ``max_iterations`` 0 means the task's default: 3 generator attempts for math, 2 for code.
     """
 
-    max_iterations: int = 0
-    num_generators: int = 3
-    max_subtasks: int = 3
+    max_iterations: int = option(0, ge=0, doc="Eval-Opt generator attempts; 0: 3 for math, 2 for code")
+    num_generators: int = option(3, ge=2, doc="Voting generators")
+    max_subtasks: int = option(3, ge=1, doc="Orch-Workers plan limit; a longer plan gets reward 0")
 
     def iterations_for(self, task_name: str) -> int:
         if self.max_iterations:

@@ -2,7 +2,7 @@
 
 Turn structure:
 
-1. ``generator0 .. generator{n-1}`` (``workflow.num_generators``, default 3) answer the same
+1. ``generator0 .. generator{n-1}`` (``workflow.options.num_generators``, default 3) answer the same
    prompt in parallel, in one engine batch (they are instances of one role type: under IP they
    share the ``generator`` adapter);
 2. ``aggregator`` sees the problem and the numbered candidates and names one:
