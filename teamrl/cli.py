@@ -277,14 +277,16 @@ def _eval(cfg, ns) -> int:
             from teamrl.tasks.research import ResearchEnv
 
             task = make_task(cfg.task)
-            if isinstance(task, ResearchEnv):
+            if cfg.workflow.name:  # the run's workflow: trained, untrained, and the single-agent baseline
+                methods = (["team"] if ns.checkpoint else []) + ["untrained", "single"]
+            elif isinstance(task, ResearchEnv):
                 methods = ["untrained", "single"] + (["team"] if ns.checkpoint else [])
             elif isinstance(task, Environment):
                 methods = ["untrained", "single"] + (["team", "swapped"] if ns.checkpoint else [])
             else:
                 methods = ["single"] if isinstance(task, Task) else ["single", "concat", "sequential", "discussion"]
-                if ns.checkpoint:
-                    methods = ["team", *methods]
+                if ns.checkpoint:  # the untrained team (the same team on the base weights) is the concat baseline
+                    methods = ["team", "untrained"] if isinstance(task, Task) else ["team", "untrained", *methods[:1], *methods[2:]]
         rows = evaluate(cfg, methods, checkpoint=Path(ns.checkpoint) if ns.checkpoint else None, limit=ns.limit,
                         temperature=ns.temperature)
     except (ConfigError, FileNotFoundError) as e:

@@ -65,6 +65,10 @@ class SolveTask(Task):
     def prompt(self, problem: Problem) -> list[dict[str, str]]:
         return [{"role": "user", "content": f"{self.question(problem)}\n\n{self.answer_instruction}"}]
 
+    def valid(self, problem: Problem, text: str) -> bool:
+        """Format validity (``teamrl eval``): the reply has an answer :meth:`extract` can read."""
+        return self.extract(text) is not None
+
     def reward(self, problem: Problem, text: str) -> float:
         return 1.0 if self.correct_many(problem, [self.extract(text)])[0] else 0.0
 
