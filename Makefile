@@ -1,5 +1,6 @@
 # make demo  - set up .venv if missing, then train a two-agent MAGRPO team (writing.tldr) on the embedded
-#              SmolLM2-135M, evaluate it against the prompt baselines and write the report (<= 15 min on 2 CPU cores)
+#              SmolLM2-135M, write the report, then evaluate it against the untrained team and the prompt baselines on
+#              12 held-out papers, ending with the paired trained-vs-untrained difference (<= 15 min on 2 CPU cores)
 # make test  - set up .venv if missing, then run the test suite
 # make bench - side by side, as ratios: MAGRPO iteration vs CoMLRL, GRPO step vs TRL, rollout vs model.generate,
 #              train-step FLOP/s vs the measured matmul peak, two-agent rollout in one batch vs two decodes
@@ -35,8 +36,8 @@ $(STAMP): pyproject.toml constraints.txt
 
 demo: setup
 	$(VENV)/bin/teamrl train configs/magrpo_writing_tldr.yaml name=$(RUN_NAME) $(ARGS)
-	$(VENV)/bin/teamrl eval --checkpoint runs/$(RUN_NAME) task.split=test --limit 12
 	$(VENV)/bin/teamrl report runs/$(RUN_NAME)
+	$(VENV)/bin/teamrl eval --checkpoint runs/$(RUN_NAME) task.split=test --limit 12
 
 test: setup
 	$(PY) -m pytest $(ARGS)

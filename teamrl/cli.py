@@ -88,9 +88,9 @@ def _main(argv: list[str]) -> int:
     p_train.add_argument("args", nargs="*", help="CONFIG.yaml and key.sub=value overrides")
     p_cfg = sub.add_parser("config", help="validate a config and print it resolved")
     p_cfg.add_argument("args", nargs="*")
-    p_eval = sub.add_parser("eval", help="trained team vs prompt baselines: normalised return, tokens/s, s/problem")
+    p_eval = sub.add_parser("eval", help="trained vs untrained team and prompt baselines: normalised return, validity, tokens/s")
     p_eval.add_argument("--checkpoint", default=None, help="a run directory: its last checkpoint is the trained team")
-    p_eval.add_argument("--method", default=None, help="comma-separated subset of team,single,concat,sequential,discussion")
+    p_eval.add_argument("--method", default=None, help="comma-separated subset of team,untrained,single,concat,sequential,discussion (default: all that apply; a workflow.name run: team,untrained,single)")
     p_eval.add_argument("--limit", type=int, default=20, help="number of evaluation problems (default 20)")
     p_eval.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (default 0: greedy)")
     p_eval.add_argument("args", nargs="*")
@@ -218,8 +218,20 @@ def _main(argv: list[str]) -> int:
     if acc:
         print(f"held-out accuracy: first {acc['untrained']:.3f}, peak {acc['peak']:.3f} (step {acc['peak_step']}), "
               f"final {acc['final']:.3f}")
+    if cfg.train.final_eval_problems:
+        _final_eval(cfg, trainer.run_dir)
     print(f"run directory: {trainer.run_dir}")
     return 0
+
+
+def _final_eval(cfg, run_dir: Path) -> None:
+    """Untrained vs trained team, greedy, on held-out problems, with the paired comparison."""
+    from teamrl.trainer.evaluate import evaluate, format_table, held_out_config
+
+    held_out, where = held_out_config(cfg)
+    rows = evaluate(held_out, ["untrained", "team"], checkpoint=run_dir, limit=cfg.train.final_eval_problems, progress=False)
+    print(f"untrained vs trained team, greedy, on {rows[0].problems} {where}:")
+    print(format_table(rows))
 
 
 def _serve(ns) -> int:

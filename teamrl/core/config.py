@@ -129,6 +129,8 @@ class TrainConfig:
     eval_problems: int = option(16, ge=1, doc="held-out problems per evaluation")
     cliff_points: float = option(10.0, gt=0, doc="an evaluation this many accuracy points under the running peak is a cliff: warn")
     cliff_stop: bool = option(False, doc="stop training at an accuracy cliff (the best checkpoint is kept either way)")
+    final_eval_problems: int = option(0, ge=0, doc="after training, evaluate the untrained and the trained team greedily on "
+                                                   "this many held-out problems, side by side with a paired comparison; 0: off")
 
 
 @dataclass

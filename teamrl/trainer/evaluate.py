@@ -8,6 +8,7 @@ workflow on the base weights), each row with the workflow's own statistics.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import sys
 import time
@@ -117,6 +118,21 @@ def workflow_stats(workflow: str, outcomes: Sequence[EpisodeOutcome]) -> dict[st
         if all(isinstance(v, (bool, int, float)) and math.isfinite(v) for v in values):
             out.setdefault(k, sum(float(v) for v in values) / len(values))
     return out
+
+
+def held_out_config(cfg: Config) -> tuple[Config, str]:
+    """(the config with the task's held-out problems, what they are): ``task.split=test`` where the
+    task has a split option, else a fresh ``task.seed`` where it generates its problems, else the
+    training problems themselves (said so)."""
+    from teamrl.tasks import TASKS
+
+    fields = getattr(TASKS.get_entry(cfg.task.get("name"), "task.name").Options, "__dataclass_fields__", {})
+    if "split" in fields:
+        return dataclasses.replace(cfg, task={**cfg.task, "split": "test"}), "held-out problems (task.split=test)"
+    if "seed" in fields:
+        seed = int(cfg.task.get("seed", fields["seed"].default)) + 1
+        return dataclasses.replace(cfg, task={**cfg.task, "seed": seed}), f"held-out problems (freshly generated: task.seed={seed})"
+    return cfg, "the training problems (the task holds none out)"
 
 
 def _workflow_algorithm(cfg: Config, task: Any) -> WorkflowGRPO | None:
