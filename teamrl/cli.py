@@ -3,6 +3,7 @@
   teamrl train [CONFIG.yaml] [--resume] [--plugin FILE.py ...] [key.sub=value ...]
   teamrl config [CONFIG.yaml] [--plugin FILE.py ...] [key.sub=value ...]   # validate and print the resolved config
   teamrl eval [CONFIG.yaml] [--checkpoint RUN_DIR] [--method team,single,...] [--limit N] [key.sub=value ...]
+  teamrl sft [CONFIG.yaml] [--data DEMOS.jsonl] [--epochs N] [key.sub=value ...]   # warm start, then train --resume
   teamrl report RUN_DIR                              # PNG plots + report.md in RUN_DIR/report
   teamrl study STUDY.yaml [--table]                  # a workflow x policy x task x model x seed grid -> study.md
   teamrl serve --model NAME [--port 8000] [--lora NAME=PATH ...]   # OpenAI-compatible completions server
@@ -94,6 +95,16 @@ def _main(argv: list[str]) -> int:
     p_eval.add_argument("--limit", type=int, default=20, help="number of evaluation problems (default 20)")
     p_eval.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (default 0: greedy)")
     p_eval.add_argument("args", nargs="*")
+    p_sft = sub.add_parser("sft", help="warm start: fine-tune each role's policy on demonstrations (a JSONL, or the task's "
+                                       "own solver) and save them as the run's step-0 checkpoint; then teamrl train --resume")
+    p_sft.add_argument("--data", default=None, help="JSONL of {role, messages, completion} rows (default: the task's "
+                                                     "demonstrations(problem) on its training problems)")
+    p_sft.add_argument("--problems", type=int, default=64, help="training problems to take task demonstrations from (default 64)")
+    p_sft.add_argument("--as-role", default=None, help="train this role's policy on the task's demonstrations, whatever role they name")
+    p_sft.add_argument("--epochs", type=int, default=3, help="passes over the demonstrations (default 3)")
+    p_sft.add_argument("--batch-size", type=int, default=8, help="demonstrations per optimizer step (default 8)")
+    p_sft.add_argument("--lr", type=float, default=None, help="learning rate (default train.lr)")
+    p_sft.add_argument("args", nargs="*", help="CONFIG.yaml and key.sub=value overrides (the RL run's own)")
     p_report = sub.add_parser("report", help="plots and a summary page of a run directory")
     p_report.add_argument("run_dir")
     p_study = sub.add_parser("study", help="run a workflow-study grid cell by cell (resumable) and write its table")
@@ -118,14 +129,14 @@ def _main(argv: list[str]) -> int:
                          help="with --strict: which log-probs are returned (vLLM's --logprobs-mode; default raw_logprobs)")
     p_serve.add_argument("--override-generation-config", default=None, metavar="JSON",
                          help='with --strict: sampling defaults as generation_config.json would set them, e.g. \'{"repetition_penalty": 1.1}\'')
-    for p in (p_train, p_cfg, p_eval):
+    for p in (p_train, p_cfg, p_eval, p_sft):
         p.add_argument("--plugin", action="append", default=[], metavar="FILE.py",
                        help="import a Python file that registers tasks, workflows or rewards (repeatable)")
     sub.add_parser("bench", help="benchmarks vs CoMLRL, TRL and model.generate -> bench/RESULTS.md (options: teamrl bench --help)")
     plugins, argv = _take_plugins(argv)
     ns = parser.parse_args(argv)
-    if plugins and ns.command not in ("train", "config", "eval"):
-        raise SystemExit(f"teamrl {ns.command}: --plugin is taken by train, config and eval")
+    if plugins and ns.command not in ("train", "config", "eval", "sft"):
+        raise SystemExit(f"teamrl {ns.command}: --plugin is taken by train, config, eval and sft")
     if ns.command in ("train", "eval", "study") and os.environ.get("TEAMRL_LOW_MEMORY", "") not in ("", "0"):
         from teamrl.core.memory import return_freed_memory_to_os
 
@@ -186,6 +197,8 @@ def _main(argv: list[str]) -> int:
         return 0
     if ns.command == "eval":
         return _eval(cfg, ns)
+    if ns.command == "sft":
+        return _sft(cfg, ns)
     from teamrl.rollout.http_engine import ServerError
     from teamrl.trainer.decoupled import WorkerFailed
     from teamrl.trainer.trainer import RunExists, make_trainer
@@ -271,6 +284,28 @@ def _serve(ns) -> int:
         print(f"teamrl: --lora: {e.message}", file=sys.stderr)
         return 2
     serve(ms, ns.host, ns.port, ready_file=ns.ready_file, verbose=ns.verbose)
+    return 0
+
+
+def _sft(cfg, ns) -> int:
+    from dataclasses import replace
+
+    from teamrl.tasks import make_task
+    from teamrl.trainer.sft import load_demonstrations, task_demonstrations, warm_start
+
+    if ns.data:
+        demos = load_demonstrations(ns.data)
+    else:
+        task = make_task(cfg.task)
+        demos = task_demonstrations(task, task.problems()[:ns.problems])
+        if ns.as_role:
+            demos = [replace(d, role=ns.as_role) for d in demos]
+    run_dir, records = warm_start(cfg, demos, epochs=ns.epochs, batch_size=ns.batch_size, lr=ns.lr, progress=cfg.run.progress)
+    for name in dict.fromkeys(r["policy"] for r in records):
+        own = [r["loss"] for r in records if r["policy"] == name]
+        print(f"policy {name}: demonstration loss {own[0]:.3f} (first step) -> {own[-1]:.3f} (last step), {len(own)} steps")
+    print(f"{len(demos)} demonstrations, warm start saved in {run_dir / 'checkpoints'}; "
+          f"continue with RL: teamrl train ... name={cfg.name} --resume")
     return 0
 
 

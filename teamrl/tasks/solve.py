@@ -136,6 +136,12 @@ class MathSolve(SolveTask):
         truth = str(problem.data["answer"])
         return [a is not None and answers_equal(a, truth) for a in answers]
 
+    def demonstrations(self, problem: Problem) -> list[tuple[str, list[dict[str, str]], str]]:
+        """Warm start (``teamrl sft``): the agent's prompt and a reply in the answer format with the
+        true value (the generator's expression shown as the working, where it has one)."""
+        work = f"{problem.data['expression']} = {problem.data['answer']}\n" if "expression" in problem.data else ""
+        return [("agent", self.prompt(problem), f"{work}Answer: {problem.data['answer']}")]
+
 
 @dataclass
 class CodeSolveOptions(CodeProblemsOptions):
