@@ -124,3 +124,33 @@ def test_math_and_plan_path_demonstrations_are_correct_answers():
         end, _ = env.apply(state, "planner", answer)
         assert env.success(end) and env.team_reward(end) == 1.0  # a shortest path: full team reward
     assert BFS_PROGRAM.count("print(") == 1
+
+
+def test_research_demonstrations_are_a_correct_episode_of_the_real_workflow():
+    """Replayed through research_team, the demonstrations are exactly the prompts the agents see,
+    every reply is well-formed, and the episode ends with the correct answer."""
+    from teamrl.policies.chat import encode_chat
+    from teamrl.rollout.engine import SamplingParams
+    from teamrl.rollout.scheduler import GenerationScheduler
+    from teamrl.tasks import make_task
+    from teamrl.workflows.context import EpisodeContext
+    from teamrl.workflows.research_team import research_team
+    from tests.scripted import TOK, ScriptedEngine
+
+    env = make_task({"name": "research", "num_problems": 6})
+    for p in env.problems()[:3]:  # one question of each kind: city, country, age
+        demos = env.demonstrations(p)
+        replies = {(role, TOK.decode(encode_chat(TOK, msgs), skip_special_tokens=True)): text for role, msgs, text in demos}
+        used = []
+
+        def script(policy, prompt, n):
+            used.append((policy, prompt))
+            return [replies[(policy, prompt)]]
+
+        sched = GenerationScheduler(ScriptedEngine(script))
+        ctx = EpisodeContext(sched, lambda role: role, TOK, SamplingParams(max_new_tokens=8), p.id, 0)
+        (outcome,) = sched.run([research_team(ctx, env, p)])
+        assert outcome.correct and outcome.valid and all(c.format_valid for c in outcome.calls), (p.data, outcome)
+        assert sorted(used) == sorted(replies) and len(used) == len(demos)
+    with pytest.raises(InputError, match="max_sub_turns=2"):
+        make_task({"name": "research", "max_sub_turns": 2}).demonstrations(env.problems()[0])

@@ -96,8 +96,12 @@ def task_demonstrations(task: Any, problems: Sequence[Problem]) -> list[Demonstr
     if hook is None:
         raise ConfigError(f"task {task.name!r} has no demonstrations(problem) method (no solver to learn from); "
                           "pass --data FILE.jsonl with rows of role, messages, completion")
-    return [_demonstration(row, f"task {task.name!r}: demonstrations(problem {p.id!r})[{j}]")
-            for p in problems for j, row in enumerate(hook(p))]
+    demos = [_demonstration(row, f"task {task.name!r}: demonstrations(problem {p.id!r})[{j}]")
+             for p in problems for j, row in enumerate(hook(p))]
+    if not demos:
+        raise InputError(f"task {task.name!r}: demonstrations() gave none for its {len(problems)} problems "
+                         "(its data may have no known solutions); pass --data FILE.jsonl")
+    return demos
 
 
 def sft_loss(model: torch.nn.Module, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]],
