@@ -84,3 +84,14 @@ def test_train_ends_with_untrained_vs_trained_on_held_out_problems(tmp_path, cap
     assert "| team |" in out and "| untrained |" in out and "valid replies" in out, out
     assert "team - untrained:" in out and "paired over the same 3 problems" in out
     assert "held-out" in out
+
+
+def test_eval_of_a_single_agent_m_grpo_run_loads_its_one_policy(tmp_path):
+    """m_grpo.agents=single trains the main agent alone (lora_per_role: no 'sub' adapter in its checkpoint)."""
+    cfg = load_config(None, ["name=solo", f"run.dir={tmp_path}", "model=tiny-random", "threads=1", "algorithm=m_grpo",
+                             "task.name=research", "task.num_problems=4", "m_grpo.agents=single", "policy.mode=lora_per_role",
+                             "rollout.group_size=2", "rollout.batch_size=1", "rollout.max_new_tokens=4", "train.steps=1",
+                             "run.progress=false", "run.tensorboard=false", "policy.lora.r=4"])
+    Trainer(cfg).train()
+    rows = evaluate(cfg, ["team", "untrained"], checkpoint=tmp_path / "solo", limit=2, progress=False)
+    assert [r.method for r in rows] == ["team", "untrained"] and all(r.problems == 2 for r in rows)

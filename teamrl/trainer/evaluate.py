@@ -172,6 +172,8 @@ def evaluate(cfg: Config, methods: list[str], checkpoint: Path | None = None, li
         raise ConfigError("--method team needs --checkpoint RUN_DIR (a trained run); the untrained team is the untrained method")
     seed_everything(cfg.seed)
     roles = list(study.roles) if study is not None else list(task.roles)
+    if isinstance(task, ResearchEnv) and cfg.m_grpo.agents == "single":
+        roles = ["main"]  # the single-agent baseline trains no sub-agent: its checkpoint has no 'sub' policy
     router = PolicyRouter(cfg.policy.mode, roles, cfg.model, cfg.policy.lora, lr=cfg.train.lr, seed=cfg.seed,
                           need_reference=cfg.policy.lora is None, device=cfg.policy.device, dtype=cfg.policy.dtype,
                           role_map=cfg.policy.roles)
