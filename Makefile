@@ -7,6 +7,10 @@
 #              -> bench/RESULTS.md (= teamrl bench; about an hour on 2 idle cores, most of it in CoMLRL: 2 token lengths
 #              x 3 alternating rounds x (warm-up + 1 timed) iterations of ~2-4 min; ARGS="--only b,c,d,e" skips it;
 #              CoMLRL and TRL get their own venvs under ~/.cache/teamrl/bench-venvs on first use)
+# make learn - the learning benchmark (bench/learning.py = teamrl bench --learning): each algorithm on its paper's task,
+#              untrained / warm start / single agent / the algorithm and its ablation, 2 seeds, held-out scores
+#              -> bench/LEARNING.md + PNG curves (meant to take under an hour on 2 idle cores; not yet run in full).
+#              ARGS="--quick": a smoke run of the whole grid on the tiny random model (under a minute)
 # make mutate - mutation testing of the training math (tools/mutants.py, ~125 mutants, each with its own small set of
 #              tests; 12-25 min on 2 busy cores; not part of make test). ARGS="--only magrpo" runs a subset, ARGS="--check"
 #              only checks that every mutant's snippet still matches the code
@@ -15,7 +19,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.teamrl-installed
 RUN_NAME ?= demo-$(shell date +%Y%m%d-%H%M%S)
 
-.PHONY: setup sandbox-jail demo test bench mutate clean
+.PHONY: setup sandbox-jail demo test bench learn mutate clean
 
 setup: sandbox-jail $(STAMP)
 
@@ -41,6 +45,9 @@ demo: setup
 
 test: setup
 	$(PY) -m pytest $(ARGS)
+
+learn: setup
+	$(VENV)/bin/teamrl bench --learning --out bench/LEARNING.md $(ARGS)
 
 mutate: setup
 	OMP_NUM_THREADS=1 $(PY) tools/mutate.py $(ARGS)

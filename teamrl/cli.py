@@ -8,6 +8,7 @@
   teamrl study STUDY.yaml [--table]                  # a workflow x policy x task x model x seed grid -> study.md
   teamrl serve --model NAME [--port 8000] [--lora NAME=PATH ...]   # OpenAI-compatible completions server
   teamrl bench [--only a,b,c,d] [--steps N] ...      # side-by-side benchmarks -> bench/RESULTS.md (= make bench)
+  teamrl bench --learning [--quick] [--seeds N] ...  # the learning benchmark -> bench/LEARNING.md (= make learn)
 
 ``--plugin FILE.py`` (repeatable; train, config, eval) imports a file that registers your own
 tasks, workflows or rewards (see docs/extending.md) before the config is read.
@@ -57,10 +58,13 @@ def _take_plugins(argv: list[str]) -> tuple[list[str], list[str]]:
 
 
 def _bench(argv: list[str]) -> int:
-    """Run ``bench/anchors.py`` of this source tree (the benchmarks are not part of the installed package)."""
+    """Run ``bench/anchors.py`` (or, with ``--learning``, ``bench/learning.py``) of this source tree
+    (the benchmarks are not part of the installed package)."""
     import runpy
 
-    script = Path(__file__).resolve().parents[1] / "bench" / "anchors.py"
+    learning = "--learning" in argv
+    argv = [a for a in argv if a != "--learning"]
+    script = Path(__file__).resolve().parents[1] / "bench" / ("learning.py" if learning else "anchors.py")
     if not script.is_file():
         print(f"teamrl: bench needs a source checkout; {script} does not exist", file=sys.stderr)
         return 2

@@ -332,6 +332,10 @@ class ResearchEnv:
         """The single agent's action: a tool, ``answer`` or ``invalid``."""
         return parse_action(text, (*SUB_TOOLS, "answer"))
 
+    def valid(self, problem: Problem, text: str) -> bool:
+        """Format validity (``teamrl eval``): exactly one action tag of any agent's (subtask, answer, a tool, result)."""
+        return well_formed(text, ("subtask", "answer", *SUB_TOOLS, "result"))
+
     def sub_well_formed(self, text: str) -> bool:
         """Whether a sub-agent reply has exactly one known action tag."""
         return well_formed(text, (*SUB_TOOLS, "result"))
