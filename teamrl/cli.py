@@ -138,7 +138,12 @@ def _main(argv: list[str]) -> int:
                        help="import a Python file that registers tasks, workflows or rewards (repeatable)")
     sub.add_parser("bench", help="benchmarks vs CoMLRL, TRL and model.generate -> bench/RESULTS.md (options: teamrl bench --help)")
     plugins, argv = _take_plugins(argv)
-    ns = parser.parse_args(argv)
+    ns, unknown = parser.parse_known_args(argv)
+    # argparse stops taking positionals after an option: key=value overrides after one are still overrides
+    if unknown and hasattr(ns, "args") and all("=" in a and not a.startswith("-") for a in unknown):
+        ns.args += unknown
+    elif unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     if plugins and ns.command not in ("train", "config", "eval", "sft"):
         raise SystemExit(f"teamrl {ns.command}: --plugin is taken by train, config, eval and sft")
     if ns.command in ("train", "eval", "study") and os.environ.get("TEAMRL_LOW_MEMORY", "") not in ("", "0"):

@@ -79,7 +79,8 @@ def test_cli_sft_from_a_file_then_an_unknown_role_is_one_line(tmp_path, capsys):
 
     demos = tmp_path / "demos.jsonl"
     demos.write_text(json.dumps({"role": "agent", "messages": "What is 2+2?", "completion": "Answer: 4"}) + "\n")
-    base = ["sft", "--data", str(demos), "--epochs", "2", *[a for a in _cfg_args(tmp_path)]]
+    first, *rest = _cfg_args(tmp_path)  # overrides on both sides of the options, as a user types them
+    base = ["sft", first, "--data", str(demos), "--epochs", "2", *rest]
     assert main(base) == 0
     out = capsys.readouterr().out
     assert "policy shared: demonstration loss" in out and "--resume" in out

@@ -167,7 +167,8 @@ def warm_start(cfg: Config, demonstrations: Sequence[Demonstration], epochs: int
         try:
             name = router.policy_name(d.role)
         except KeyError:
-            raise InputError(f"sft: a demonstration's role {d.role!r} is not a role of this run; its roles are {roles}") from None
+            raise InputError(f"sft: a demonstration's role {d.role!r} is not a role of this run; its roles are {roles} "
+                             "(teamrl sft --as-role ROLE trains one of them on the task's demonstrations)") from None
         completion = tok(d.completion, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]  # learn to stop too
         by_policy.setdefault(name, []).append((encode_chat(tok, d.messages), completion))
     records: list[dict[str, float]] = []
