@@ -63,6 +63,8 @@ class ArmResult:
     episodes: int = 0
     tokens: list[float] = field(default_factory=list)
     curves: list[list[float]] = field(default_factory=list)  # training reward per step, one list per seed
+    cliffs: list[str] = field(default_factory=list)  # "seed S, step N" of each accuracy cliff flagged during training
+    watched: bool = False  # whether held-out accuracy was evaluated during training (cliffs could be flagged)
 
 
 def comparisons() -> list[Comparison]:
@@ -95,10 +97,10 @@ def comparisons() -> list[Comparison]:
         *[Comparison(f"study_{wf}", f"Workflow study, {wf} on easy arithmetic, held-out problems (task.split=test)",
                      ("algorithm=grpo", "task.name=math.solve", "task.source=generated_easy", "task.num_problems=80",
                       "task.test_size=16", f"workflow.name={wf}", "rollout.group_size=4", "rollout.batch_size=2",
-                      "rollout.max_new_tokens=64", "train.steps=8", lr),
+                      "rollout.max_new_tokens=64", "train.steps=8", "train.eval_every=4", "train.eval_problems=8", lr),
                      (Arm("untrained team", rl=False), Arm("SA-RL (single workflow)", ("workflow.name=single",)),
                       Arm("SP (shared policy)", ("policy.mode=shared",)), Arm("IP (LoRA per role)", ("policy.mode=lora_per_role",))),
-                     quick=("task.num_problems=12", "task.test_size=3"))
+                     quick=("task.num_problems=12", "task.test_size=3", "train.eval_every=1", "train.eval_problems=1"))
           for wf in ("eval_opt", "voting")],
     ]
 
@@ -137,6 +139,8 @@ def run_arm(comp: Comparison, index: int, seed: int, workdir: Path, eval_problem
         result.curves.append([m.get("normalised_return", m["reward_mean"]) for m in steps])
         trained_tokens = sum(v for m in steps for k, v in m.items() if k.startswith("tokens/"))
         result.episodes = cfg.train.steps * cfg.rollout.batch_size * cfg.rollout.group_size
+        result.watched = result.watched or bool(cfg.train.eval_every)
+        result.cliffs += [f"seed {seed}, step {m['step']}" for m in metrics if m.get("eval/cliff")]
     held, _ = held_out_config(cfg)
     method = "team" if (arm.rl or arm.warm_start) else "untrained"
     (row,) = evaluate(held, [method], checkpoint=workdir / name if method == "team" else None, limit=eval_problems,
@@ -168,6 +172,10 @@ def render(comp: Comparison, results: list[ArmResult], seeds: list[int], eval_pr
     for r in results:
         lines.append(f"| {r.label} | {_spread(r.scores)} | {_spread(r.success)} | {_spread(r.valid)} | "
                      f"{statistics.mean(r.wall):.0f} | {r.episodes or '-'} | {statistics.mean(r.tokens):.0f} |")
+    watched = [r for r in results if r.watched]
+    if watched:
+        cliffs = [f"{r.label} ({'; '.join(r.cliffs)})" for r in watched if r.cliffs]
+        lines += ["", "Accuracy cliffs flagged during training: " + (", ".join(cliffs) if cliffs else "none") + "."]
     if png:
         lines += ["", f"![{comp.key} training curves]({png})"]
     return "\n".join(lines) + "\n"

@@ -10,7 +10,7 @@
   teamrl bench [--only a,b,c,d] [--steps N] ...      # side-by-side benchmarks -> bench/RESULTS.md (= make bench)
   teamrl bench --learning [--quick] [--seeds N] ...  # the learning benchmark -> bench/LEARNING.md (= make learn)
 
-``--plugin FILE.py`` (repeatable; train, config, eval) imports a file that registers your own
+``--plugin FILE.py`` (repeatable; train, config, eval, sft) imports a file that registers your own
 tasks, workflows or rewards (see docs/extending.md) before the config is read.
 
 Bad input (a config, a data file, a model name, what a task's reward returned) ends in one line
@@ -104,7 +104,7 @@ def _main(argv: list[str]) -> int:
     p_sft.add_argument("--data", default=None, help="JSONL of {role, messages, completion} rows (default: the task's "
                                                      "demonstrations(problem) on its training problems)")
     p_sft.add_argument("--problems", type=int, default=64, help="training problems to take task demonstrations from (default 64)")
-    p_sft.add_argument("--as-role", default=None, help="train this role's policy on the task's demonstrations, whatever role they name")
+    p_sft.add_argument("--as-role", default=None, help="train this role's policy on every demonstration, whatever role it names")
     p_sft.add_argument("--epochs", type=int, default=3, help="passes over the demonstrations (default 3)")
     p_sft.add_argument("--batch-size", type=int, default=8, help="demonstrations per optimizer step (default 8)")
     p_sft.add_argument("--lr", type=float, default=None, help="learning rate (default train.lr)")
@@ -307,8 +307,8 @@ def _sft(cfg, ns) -> int:
     else:
         task = make_task(cfg.task)
         demos = task_demonstrations(task, task.problems()[:ns.problems])
-        if ns.as_role:
-            demos = [replace(d, role=ns.as_role) for d in demos]
+    if ns.as_role:
+        demos = [replace(d, role=ns.as_role) for d in demos]
     run_dir, records = warm_start(cfg, demos, epochs=ns.epochs, batch_size=ns.batch_size, lr=ns.lr, progress=cfg.run.progress)
     for name in dict.fromkeys(r["policy"] for r in records):
         own = [r["loss"] for r in records if r["policy"] == name]

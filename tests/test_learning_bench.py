@@ -33,6 +33,8 @@ def test_quick_learning_run_writes_every_table_and_curve(tmp_path):
             assert (cells[5] != "-") == arm.rl, row  # RL arms sampled episodes; the others none
         png = tmp_path / f"LEARNING_{comp.key}.png"
         assert png.read_bytes()[:4] == b"\x89PNG" and f"]({png.name})" in page
+    for section in page.split("### ")[1:]:  # the study watches held-out accuracy during training for cliffs
+        assert ("Accuracy cliffs flagged during training:" in section) == section.startswith("Workflow study"), section
     # equal budgets: every RL arm of a comparison sampled the same number of episodes
     for section in page.split("### ")[1:]:
         episodes = {line.split("|")[6].strip() for line in section.splitlines() if line.startswith("| ") and "---" not in line
