@@ -130,8 +130,10 @@ def run_arm(comp: Comparison, index: int, seed: int, workdir: Path, eval_problem
     t0 = time.perf_counter()
     if arm.warm_start:
         task = make_task(cfg.task)
-        demos = task_demonstrations(task, task.problems()[:2 if quick else 32])
-        warm_start(cfg, demos, epochs=1 if quick else 3, batch_size=8, progress=False)
+        # full scale: a first guess. 128 research demonstrations x 2 epochs of SmolLM2-135M took over 19 min on a
+        # loaded 2-core machine, so the warm start is kept to 8 problems' demonstrations, 2 passes
+        demos = task_demonstrations(task, task.problems()[:2 if quick else 8])
+        warm_start(cfg, demos, epochs=1 if quick else 2, batch_size=8, progress=False)
     trained_tokens = 0.0
     if arm.rl:
         metrics = Trainer(cfg, resume=arm.warm_start).train()
