@@ -48,6 +48,7 @@ def test_validity_is_the_tasks_hook_and_checked():
     task = MathSolve()
     p = task.problems()[0]
     assert reply_valid(task, p, "so Answer: 12") is True and reply_valid(task, p, "no idea") is False
+    assert reply_valid(task, p, "the sum is 12") is False  # scored by its last number, but not in the asked-for format
     assert reply_valid(object(), p, "anything") is None  # no hook: unknown
 
     class Bad:

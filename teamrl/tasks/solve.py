@@ -126,6 +126,11 @@ class MathSolve(SolveTask):
     def question(self, problem: Problem) -> str:
         return f"Problem:\n{problem.data['question']}"
 
+    def valid(self, problem: Problem, text: str) -> bool:
+        """Format validity: the reply ends in the asked-for form (an ``Answer:`` line or ``\\boxed{}``); the
+        last-number fallback of :meth:`extract` is leniency in scoring, not the format."""
+        return extract_answer(text) is not None
+
     def extract(self, text: str) -> str | None:
         answer = extract_answer(text)
         if answer is None and self.opts.last_number:
