@@ -1,11 +1,16 @@
 # make demo  - set up .venv if missing, then train a two-agent MAGRPO team (writing.tldr) on the embedded
-#              SmolLM2-135M, evaluate it against the prompt baselines and write the report (<= 15 min on 2 CPU cores)
+#              SmolLM2-135M, write the report, then evaluate it against the untrained team and the prompt baselines on
+#              12 held-out papers, ending with the paired trained-vs-untrained difference (<= 15 min on 2 CPU cores)
 # make test  - set up .venv if missing, then run the test suite
 # make bench - side by side, as ratios: MAGRPO iteration vs CoMLRL, GRPO step vs TRL, rollout vs model.generate,
 #              train-step FLOP/s vs the measured matmul peak, two-agent rollout in one batch vs two decodes
 #              -> bench/RESULTS.md (= teamrl bench; about an hour on 2 idle cores, most of it in CoMLRL: 2 token lengths
 #              x 3 alternating rounds x (warm-up + 1 timed) iterations of ~2-4 min; ARGS="--only b,c,d,e" skips it;
 #              CoMLRL and TRL get their own venvs under ~/.cache/teamrl/bench-venvs on first use)
+# make learn - the learning benchmark (bench/learning.py = teamrl bench --learning): each algorithm on its paper's task,
+#              untrained / warm start / single agent / the algorithm and its ablation, 2 seeds, held-out scores
+#              -> bench/LEARNING.md + PNG curves (meant to take under an hour on 2 idle cores; not yet run in full).
+#              ARGS="--quick": a smoke run of the whole grid on the tiny random model (under a minute)
 # make mutate - mutation testing of the training math (tools/mutants.py, ~125 mutants, each with its own small set of
 #              tests; 12-25 min on 2 busy cores; not part of make test). ARGS="--only magrpo" runs a subset, ARGS="--check"
 #              only checks that every mutant's snippet still matches the code
@@ -14,7 +19,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.teamrl-installed
 RUN_NAME ?= demo-$(shell date +%Y%m%d-%H%M%S)
 
-.PHONY: setup sandbox-jail demo test bench mutate clean
+.PHONY: setup sandbox-jail demo test bench learn mutate clean
 
 setup: sandbox-jail $(STAMP)
 
@@ -35,11 +40,14 @@ $(STAMP): pyproject.toml constraints.txt
 
 demo: setup
 	$(VENV)/bin/teamrl train configs/magrpo_writing_tldr.yaml name=$(RUN_NAME) $(ARGS)
-	$(VENV)/bin/teamrl eval --checkpoint runs/$(RUN_NAME) task.split=test --limit 12
 	$(VENV)/bin/teamrl report runs/$(RUN_NAME)
+	$(VENV)/bin/teamrl eval --checkpoint runs/$(RUN_NAME) task.split=test --limit 12
 
 test: setup
 	$(PY) -m pytest $(ARGS)
+
+learn: setup
+	$(VENV)/bin/teamrl bench --learning --out bench/LEARNING.md $(ARGS)
 
 mutate: setup
 	OMP_NUM_THREADS=1 $(PY) tools/mutate.py $(ARGS)

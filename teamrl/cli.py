@@ -3,12 +3,14 @@
   teamrl train [CONFIG.yaml] [--resume] [--plugin FILE.py ...] [key.sub=value ...]
   teamrl config [CONFIG.yaml] [--plugin FILE.py ...] [key.sub=value ...]   # validate and print the resolved config
   teamrl eval [CONFIG.yaml] [--checkpoint RUN_DIR] [--method team,single,...] [--limit N] [key.sub=value ...]
+  teamrl sft [CONFIG.yaml] [--data DEMOS.jsonl] [--epochs N] [key.sub=value ...]   # warm start, then train --resume
   teamrl report RUN_DIR                              # PNG plots + report.md in RUN_DIR/report
   teamrl study STUDY.yaml [--table]                  # a workflow x policy x task x model x seed grid -> study.md
   teamrl serve --model NAME [--port 8000] [--lora NAME=PATH ...]   # OpenAI-compatible completions server
   teamrl bench [--only a,b,c,d] [--steps N] ...      # side-by-side benchmarks -> bench/RESULTS.md (= make bench)
+  teamrl bench --learning [--quick] [--seeds N] ...  # the learning benchmark -> bench/LEARNING.md (= make learn)
 
-``--plugin FILE.py`` (repeatable; train, config, eval) imports a file that registers your own
+``--plugin FILE.py`` (repeatable; train, config, eval, sft) imports a file that registers your own
 tasks, workflows or rewards (see docs/extending.md) before the config is read.
 
 Bad input (a config, a data file, a model name, what a task's reward returned) ends in one line
@@ -56,10 +58,13 @@ def _take_plugins(argv: list[str]) -> tuple[list[str], list[str]]:
 
 
 def _bench(argv: list[str]) -> int:
-    """Run ``bench/anchors.py`` of this source tree (the benchmarks are not part of the installed package)."""
+    """Run ``bench/anchors.py`` (or, with ``--learning``, ``bench/learning.py``) of this source tree
+    (the benchmarks are not part of the installed package)."""
     import runpy
 
-    script = Path(__file__).resolve().parents[1] / "bench" / "anchors.py"
+    learning = "--learning" in argv
+    argv = [a for a in argv if a != "--learning"]
+    script = Path(__file__).resolve().parents[1] / "bench" / ("learning.py" if learning else "anchors.py")
     if not script.is_file():
         print(f"teamrl: bench needs a source checkout; {script} does not exist", file=sys.stderr)
         return 2
@@ -88,12 +93,22 @@ def _main(argv: list[str]) -> int:
     p_train.add_argument("args", nargs="*", help="CONFIG.yaml and key.sub=value overrides")
     p_cfg = sub.add_parser("config", help="validate a config and print it resolved")
     p_cfg.add_argument("args", nargs="*")
-    p_eval = sub.add_parser("eval", help="trained team vs prompt baselines: normalised return, tokens/s, s/problem")
+    p_eval = sub.add_parser("eval", help="trained vs untrained team and prompt baselines: normalised return, validity, tokens/s")
     p_eval.add_argument("--checkpoint", default=None, help="a run directory: its last checkpoint is the trained team")
-    p_eval.add_argument("--method", default=None, help="comma-separated subset of team,single,concat,sequential,discussion")
+    p_eval.add_argument("--method", default=None, help="comma-separated subset of team,untrained,single,concat,sequential,discussion (default: all that apply; a workflow.name run: team,untrained,single)")
     p_eval.add_argument("--limit", type=int, default=20, help="number of evaluation problems (default 20)")
     p_eval.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (default 0: greedy)")
     p_eval.add_argument("args", nargs="*")
+    p_sft = sub.add_parser("sft", help="warm start: fine-tune each role's policy on demonstrations (a JSONL, or the task's "
+                                       "own solver) and save them as the run's step-0 checkpoint; then teamrl train --resume")
+    p_sft.add_argument("--data", default=None, help="JSONL of {role, messages, completion} rows (default: the task's "
+                                                     "demonstrations(problem) on its training problems)")
+    p_sft.add_argument("--problems", type=int, default=64, help="training problems to take task demonstrations from (default 64)")
+    p_sft.add_argument("--as-role", default=None, help="train this role's policy on every demonstration, whatever role it names")
+    p_sft.add_argument("--epochs", type=int, default=3, help="passes over the demonstrations (default 3)")
+    p_sft.add_argument("--batch-size", type=int, default=8, help="demonstrations per optimizer step (default 8)")
+    p_sft.add_argument("--lr", type=float, default=None, help="learning rate (default train.lr)")
+    p_sft.add_argument("args", nargs="*", help="CONFIG.yaml and key.sub=value overrides (the RL run's own)")
     p_report = sub.add_parser("report", help="plots and a summary page of a run directory")
     p_report.add_argument("run_dir")
     p_study = sub.add_parser("study", help="run a workflow-study grid cell by cell (resumable) and write its table")
@@ -118,14 +133,19 @@ def _main(argv: list[str]) -> int:
                          help="with --strict: which log-probs are returned (vLLM's --logprobs-mode; default raw_logprobs)")
     p_serve.add_argument("--override-generation-config", default=None, metavar="JSON",
                          help='with --strict: sampling defaults as generation_config.json would set them, e.g. \'{"repetition_penalty": 1.1}\'')
-    for p in (p_train, p_cfg, p_eval):
+    for p in (p_train, p_cfg, p_eval, p_sft):
         p.add_argument("--plugin", action="append", default=[], metavar="FILE.py",
                        help="import a Python file that registers tasks, workflows or rewards (repeatable)")
     sub.add_parser("bench", help="benchmarks vs CoMLRL, TRL and model.generate -> bench/RESULTS.md (options: teamrl bench --help)")
     plugins, argv = _take_plugins(argv)
-    ns = parser.parse_args(argv)
-    if plugins and ns.command not in ("train", "config", "eval"):
-        raise SystemExit(f"teamrl {ns.command}: --plugin is taken by train, config and eval")
+    ns, unknown = parser.parse_known_args(argv)
+    # argparse stops taking positionals after an option: key=value overrides after one are still overrides
+    if unknown and hasattr(ns, "args") and all("=" in a and not a.startswith("-") for a in unknown):
+        ns.args += unknown
+    elif unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    if plugins and ns.command not in ("train", "config", "eval", "sft"):
+        raise SystemExit(f"teamrl {ns.command}: --plugin is taken by train, config, eval and sft")
     if ns.command in ("train", "eval", "study") and os.environ.get("TEAMRL_LOW_MEMORY", "") not in ("", "0"):
         from teamrl.core.memory import return_freed_memory_to_os
 
@@ -186,6 +206,8 @@ def _main(argv: list[str]) -> int:
         return 0
     if ns.command == "eval":
         return _eval(cfg, ns)
+    if ns.command == "sft":
+        return _sft(cfg, ns)
     from teamrl.rollout.http_engine import ServerError
     from teamrl.trainer.workers import WorkerFailed
     from teamrl.trainer.trainer import RunExists, make_trainer
@@ -218,8 +240,20 @@ def _main(argv: list[str]) -> int:
     if acc:
         print(f"held-out accuracy: first {acc['untrained']:.3f}, peak {acc['peak']:.3f} (step {acc['peak_step']}), "
               f"final {acc['final']:.3f}")
+    if cfg.train.final_eval_problems:
+        _final_eval(cfg, trainer.run_dir)
     print(f"run directory: {trainer.run_dir}")
     return 0
+
+
+def _final_eval(cfg, run_dir: Path) -> None:
+    """Untrained vs trained team, greedy, on held-out problems, with the paired comparison."""
+    from teamrl.trainer.evaluate import evaluate, format_table, held_out_config
+
+    held_out, where = held_out_config(cfg)
+    rows = evaluate(held_out, ["untrained", "team"], checkpoint=run_dir, limit=cfg.train.final_eval_problems, progress=False)
+    print(f"untrained vs trained team, greedy, on {rows[0].problems} {where}:")
+    print(format_table(rows))
 
 
 def _serve(ns) -> int:
@@ -262,6 +296,28 @@ def _serve(ns) -> int:
     return 0
 
 
+def _sft(cfg, ns) -> int:
+    from dataclasses import replace
+
+    from teamrl.tasks import make_task
+    from teamrl.trainer.sft import load_demonstrations, task_demonstrations, warm_start
+
+    if ns.data:
+        demos = load_demonstrations(ns.data)
+    else:
+        task = make_task(cfg.task)
+        demos = task_demonstrations(task, task.problems()[:ns.problems])
+    if ns.as_role:
+        demos = [replace(d, role=ns.as_role) for d in demos]
+    run_dir, records = warm_start(cfg, demos, epochs=ns.epochs, batch_size=ns.batch_size, lr=ns.lr, progress=cfg.run.progress)
+    for name in dict.fromkeys(r["policy"] for r in records):
+        own = [r["loss"] for r in records if r["policy"] == name]
+        print(f"policy {name}: demonstration loss {own[0]:.3f} (first step) -> {own[-1]:.3f} (last step), {len(own)} steps")
+    print(f"{len(demos)} demonstrations, warm start saved in {run_dir / 'checkpoints'}; "
+          f"continue with RL: teamrl train ... name={cfg.name} --resume")
+    return 0
+
+
 def _eval(cfg, ns) -> int:
     from teamrl.core.config import ConfigError
     from teamrl.tasks import make_task
@@ -277,14 +333,16 @@ def _eval(cfg, ns) -> int:
             from teamrl.tasks.research import ResearchEnv
 
             task = make_task(cfg.task)
-            if isinstance(task, ResearchEnv):
+            if cfg.workflow.name:  # the run's workflow: trained, untrained, and the single-agent baseline
+                methods = (["team"] if ns.checkpoint else []) + ["untrained", "single"]
+            elif isinstance(task, ResearchEnv):
                 methods = ["untrained", "single"] + (["team"] if ns.checkpoint else [])
             elif isinstance(task, Environment):
                 methods = ["untrained", "single"] + (["team", "swapped"] if ns.checkpoint else [])
             else:
                 methods = ["single"] if isinstance(task, Task) else ["single", "concat", "sequential", "discussion"]
-                if ns.checkpoint:
-                    methods = ["team", *methods]
+                if ns.checkpoint:  # the untrained team (the same team on the base weights) is the concat baseline
+                    methods = ["team", "untrained"] if isinstance(task, Task) else ["team", "untrained", *methods[:1], *methods[2:]]
         rows = evaluate(cfg, methods, checkpoint=Path(ns.checkpoint) if ns.checkpoint else None, limit=ns.limit,
                         temperature=ns.temperature)
     except (ConfigError, FileNotFoundError) as e:

@@ -43,3 +43,19 @@ def test_settings_are_the_config_section_plus_run_values():
 
     assert issubclass(MAGRPOSettings, MAGRPOConfig) and issubclass(ATGRPOSettings, ATGRPOConfig)
     assert issubclass(MGRPOSettings, MGRPOConfig)
+
+
+def test_a_config_copied_with_dataclasses_replace_keeps_its_algorithm_sections():
+    """Held-out evaluation copies the config with another task; the m_grpo section must come along
+    (it was lost: an m_grpo.agents=single run was evaluated as a main + sub team)."""
+    import dataclasses
+
+    from teamrl.core.config import config_to_dict, load_config
+
+    cfg = load_config(None, ["algorithm=m_grpo", "task.name=research", "m_grpo.agents=single", "magrpo.gamma=0.5"])
+    copy = dataclasses.replace(cfg, task={**cfg.task, "seed": 7})
+    assert copy.m_grpo.agents == "single" and copy.magrpo.gamma == 0.5 and copy.task["seed"] == 7
+    data = config_to_dict(copy)
+    assert data["m_grpo"]["agents"] == "single" and "sections" not in data
+    with pytest.raises(ConfigError, match="sections: unknown key"):
+        load_config(None, ["sections={}"])

@@ -116,20 +116,24 @@ def make_algorithm(cfg: Config, task: Any) -> Algorithm:
     reason = refusal(cfg, task)
     if reason:
         raise ConfigError(f"algorithm: {reason}")
-    w = cfg.workflow
-    if not w.name:
-        if w.options:
-            raise ConfigError(f"workflow.options: no workflow.name is set; got {sorted(w.options)}")
+    if not cfg.workflow.name:
+        if cfg.workflow.options:
+            raise ConfigError(f"workflow.options: no workflow.name is set; got {sorted(cfg.workflow.options)}")
         return entry.build(cfg, None, None)
+    return entry.build(cfg, cfg.workflow.name, workflow_settings(cfg))
+
+
+def workflow_settings(cfg: Config) -> Any:
+    """What the configured ``workflow.name`` receives as ``settings``: its ``workflow.options`` validated
+    against its own options dataclass, or None for a workflow that declares none."""
+    w = cfg.workflow
     spec = WORKFLOWS.get_entry(w.name, "workflow.name")
     if spec.options is not None:  # the workflow's own options, validated like a task's
-        settings = build_dataclass(spec.options, w.options, "workflow.options.")
-    elif w.options:
+        return build_dataclass(spec.options, w.options, "workflow.options.")
+    if w.options:
         raise ConfigError(f"workflow.options: workflow {w.name!r} declares no options of its own; got {sorted(w.options)}")
-    else:
-        settings = None  # a workflow without options gets none
-    return entry.build(cfg, w.name, settings)
+    return None
 
 
 __all__ = ["ALGORITHMS", "ATGRPO", "ATGRPOConfig", "ATGRPOSettings", "MAGRPOConfig", "MGRPOConfig", "Algorithm", "AlgorithmEntry", "GRPO", "MAGRPO", "MAGRPOSettings", "MGRPO",
-           "MGRPOSettings", "WorkflowGRPO", "make_algorithm", "refusal", "workflow_name"]
+           "MGRPOSettings", "WorkflowGRPO", "make_algorithm", "refusal", "workflow_name", "workflow_settings"]

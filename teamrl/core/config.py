@@ -150,6 +150,8 @@ class TrainConfig:
     eval_problems: int = option(16, ge=1, doc="held-out problems per evaluation")
     cliff_points: float = option(10.0, gt=0, doc="an evaluation this many accuracy points under the running peak is a cliff: warn")
     cliff_stop: bool = option(False, doc="stop training at an accuracy cliff (the best checkpoint is kept either way)")
+    final_eval_problems: int = option(0, ge=0, doc="after training, evaluate the untrained and the trained team greedily on "
+                                                   "this many held-out problems, side by side with a paired comparison; 0: off")
 
 
 @dataclass
@@ -190,12 +192,14 @@ class Config:
     train: TrainConfig = option(factory=TrainConfig)
     workflow: WorkflowConfig = option(factory=WorkflowConfig)
     run: RunConfig = option(factory=RunConfig)
+    # the registered sections as loaded (a field, so that dataclasses.replace keeps them); not a config key
+    sections: dict[str, Any] = field(default_factory=dict, repr=False, metadata={"internal": True})
 
     def __getattr__(self, name: str) -> Any:
         """A registered section (:func:`register_section`), e.g. an algorithm's: as loaded, or its defaults."""
-        if name.startswith("__") or name not in SECTIONS:
+        if name.startswith("__") or name == "sections" or name not in SECTIONS:
             raise AttributeError(f"{type(self).__name__!s} has no attribute {name!r}")
-        return self.__dict__.setdefault("_sections", {}).setdefault(name, SECTIONS[name]())
+        return self.sections.setdefault(name, SECTIONS[name]())
 
 
 # ---- what higher layers add to the config (core names none of them) -----------------------------
@@ -329,7 +333,7 @@ def _check_range(f: dataclasses.Field, value: Any, key: str) -> None:
 def build_dataclass(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
     """Validate ``data`` against the dataclass ``cls`` (same rules as the config) and build it."""
     hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
+    fields = {f.name: f for f in dataclasses.fields(cls) if not f.metadata.get("internal")}
     unknown = [k for k in data if k not in fields]
     if unknown:
         raise ConfigError(f"{prefix}{unknown[0]}: unknown key; allowed keys are {sorted(fields)}")
@@ -425,10 +429,10 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         cfg = build_dataclass(Config, data)
     except ConfigError as e:
         if str(e).endswith("]") and "unknown key; allowed keys are" in str(e):  # name the registered sections too
-            raise ConfigError(str(e)[:str(e).rindex("[")] + str(sorted([f.name for f in dataclasses.fields(Config)] + list(SECTIONS)))) from None
+            raise ConfigError(str(e)[:str(e).rindex("[")] + str(sorted([f.name for f in dataclasses.fields(Config) if not f.metadata.get("internal")] + list(SECTIONS)))) from None
         raise
     for name, cls in SECTIONS.items():
-        cfg.__dict__.setdefault("_sections", {})[name] = sections.get(name) or cls()
+        cfg.sections[name] = sections.get(name) or cls()
     validate(cfg)
     return cfg
 
@@ -519,6 +523,7 @@ def config_to_dict(cfg: Any) -> Any:
     """The resolved config as plain data (for ``config.yaml`` in the run directory), registered sections included."""
     out = dataclasses.asdict(cfg)
     if isinstance(cfg, Config):
+        del out["sections"]
         for name in SECTIONS:
             out[name] = dataclasses.asdict(getattr(cfg, name))
     return out
@@ -538,6 +543,8 @@ def _describe_fields(cls: type, prefix: str) -> list[tuple[str, str, str, str]]:
     rows = []
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
+        if f.metadata.get("internal"):
+            continue
         tp = hints[f.name]
         inner = [a for a in typing.get_args(tp) if dataclasses.is_dataclass(a)]
         sub = tp if dataclasses.is_dataclass(tp) else (inner[0] if inner else None)

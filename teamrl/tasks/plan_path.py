@@ -167,6 +167,28 @@ def generate_grid(rng: random.Random, size: int, wall_density: float, tries: int
                        f"at wall_density={wall_density}; lower task.wall_density")
 
 
+# The tool's demonstration (warm start): a breadth-first search from the prelude's variables.
+BFS_PROGRAM = """from collections import deque
+steps = {"U": (-1, 0), "D": (1, 0), "L": (0, -1), "R": (0, 1)}
+prev = {tuple(start): None}
+queue = deque([tuple(start)])
+while queue:
+    cell = queue.popleft()
+    if cell == tuple(goal):
+        break
+    for move, (dr, dc) in steps.items():
+        r, c = cell[0] + dr, cell[1] + dc
+        if 0 <= r < len(grid) and 0 <= c < len(grid[r]) and grid[r][c] != "#" and (r, c) not in prev:
+            prev[(r, c)] = (cell, move)
+            queue.append((r, c))
+path, cell = [], tuple(goal)
+while prev.get(cell):
+    cell, move = prev[cell]
+    path.append(move)
+print(" ".join(reversed(path)))
+"""
+
+
 class PlanPath(ToolPlannerEnvironment):
     """Grid path planning with a tool agent and a planner; see the module docstring for rewards."""
 
@@ -264,3 +286,16 @@ class PlanPath(ToolPlannerEnvironment):
     def success(self, state: PlanPathState) -> bool:
         """The goal was reached (by any path; the team reward also prices optimality)."""
         return state.reached
+
+    def demonstrations(self, problem: Problem) -> list[tuple[str, list[dict[str, str]], str]]:
+        """Warm start (``teamrl sft``): the first turn solved. The tool writes a BFS program (what
+        it prints, the shortest path, is shown to the planner) and the planner answers
+        ``Moves: ...`` with a shortest path."""
+        state = self.reset(problem)
+        moves = " ".join(shortest_path(state.grid, state.pos, state.goal) or "")
+        out = []
+        if "tool" in self.roles:
+            out.append(("tool", self.observe(state, "tool"), f"```python\n{BFS_PROGRAM}```"))
+            state = replace(state, tool_output=moves)
+        out.append(("planner", self.observe(state, "planner"), f"Moves: {moves}"))
+        return out

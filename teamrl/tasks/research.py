@@ -332,6 +332,10 @@ class ResearchEnv:
         """The single agent's action: a tool, ``answer`` or ``invalid``."""
         return parse_action(text, (*SUB_TOOLS, "answer"))
 
+    def valid(self, problem: Problem, text: str) -> bool:
+        """Format validity (``teamrl eval``): exactly one action tag of any agent's (subtask, answer, a tool, result)."""
+        return well_formed(text, ("subtask", "answer", *SUB_TOOLS, "result"))
+
     def sub_well_formed(self, text: str) -> bool:
         """Whether a sub-agent reply has exactly one known action tag."""
         return well_formed(text, (*SUB_TOOLS, "result"))
@@ -350,6 +354,56 @@ class ResearchEnv:
     def correct(self, problem: Problem, answer: str | None) -> bool:
         """Whether ``answer`` matches the question's answer exactly (after normalising)."""
         return answer is not None and answers_match(answer, problem.data["answer"])
+
+    def demonstrations(self, problem: Problem) -> list[tuple[str, list[dict[str, str]], str]]:
+        """Warm start (``teamrl sft``): one correct team episode of a generated question, in the
+        tool protocol, with the environment's own prompts and tool outputs. The main agent asks
+        for the founder, then for the founder's birth (and the city's country), then answers; the
+        sub-agent searches and opens pages and returns a ``<result>``. Needs ``max_sub_calls`` >= 2
+        and ``max_sub_turns`` >= 3; questions loaded from files have no known chain and no demonstrations."""
+        o = self.opts
+        if o.source != "generated":
+            return []
+        if o.max_sub_calls < 2 or o.max_sub_turns < 3:
+            raise ConfigError(f"research demonstrations take two sub-agent calls of up to three replies; got "
+                              f"task.max_sub_calls={o.max_sub_calls}, task.max_sub_turns={o.max_sub_turns}")
+        company = re.search(r"founder of (.+?) (?:born\?|in the year)", problem.data["question"]).group(1)
+        company_id = next(p.id for p in self.pages.values() if p.title == company)
+        founder_id = self.pages[company_id].links[0]
+        founder = self.pages[founder_id]
+        demos: list[tuple[str, list[dict[str, str]], str]] = []
+
+        def sub_call(subtask: str, replies: list[str]) -> str:
+            """The sub-agent's replies with the tool outputs it sees; returns its result."""
+            messages = self.sub_prompt(problem, subtask)
+            for reply in replies:
+                demos.append(("sub", messages, reply))
+                action = self.parse_sub(reply)
+                if action.kind == "result":
+                    return action.arg
+                messages = messages + [{"role": "assistant", "content": reply},
+                                       {"role": "user", "content": f"Tool output:\n{self.run_tool(action)}"}]
+            raise AssertionError("a sub-agent demonstration ends with <result>")
+
+        asks = [f"Find who founded {company}, with that person's page id.",
+                f"Open page {founder_id} ({founder.title}) and find when and where that person was born"
+                + (", then the country of that city." if problem.data["kind"] == "country" else ".")]
+        results = [sub_call(asks[0], [f"<search>{company}</search>", f"<open>{company_id}</open>",
+                                      f"<result>{self.pages[company_id].text}</result>"])]
+        second = [f"<open>{founder_id}</open>"]
+        finding = founder.text
+        if problem.data["kind"] == "country":
+            city = self.pages[founder.links[0]]
+            second.append(f"<open>{city.id}</open>")
+            finding = f"{founder.text} {city.text}"
+        results.append(sub_call(asks[1], [*second, f"<result>{finding}</result>"]))
+        messages = self.main_prompt(problem)
+        for ask, result in zip(asks, results):
+            demos.append(("main", messages, f"<subtask>{ask}</subtask>"))
+            messages = messages + [{"role": "assistant", "content": f"<subtask>{ask}</subtask>"},
+                                   {"role": "user", "content": f"Helper result: {truncate(result, RESULT_CHARS)}"}]
+        demos.append(("main", messages, f"<answer>{problem.data['answer']}</answer>"))
+        return demos
 
     def main_reward(self, problem: Problem, answer: str | None, valid: bool) -> float:
         """``reward_correct`` / ``reward_wrong`` / ``reward_invalid`` (no answer, or a reply without an action)."""

@@ -65,6 +65,10 @@ class SolveTask(Task):
     def prompt(self, problem: Problem) -> list[dict[str, str]]:
         return [{"role": "user", "content": f"{self.question(problem)}\n\n{self.answer_instruction}"}]
 
+    def valid(self, problem: Problem, text: str) -> bool:
+        """Format validity (``teamrl eval``): the reply has an answer :meth:`extract` can read."""
+        return self.extract(text) is not None
+
     def reward(self, problem: Problem, text: str) -> float:
         return 1.0 if self.correct_many(problem, [self.extract(text)])[0] else 0.0
 
@@ -122,6 +126,11 @@ class MathSolve(SolveTask):
     def question(self, problem: Problem) -> str:
         return f"Problem:\n{problem.data['question']}"
 
+    def valid(self, problem: Problem, text: str) -> bool:
+        """Format validity: the reply ends in the asked-for form (an ``Answer:`` line or ``\\boxed{}``); the
+        last-number fallback of :meth:`extract` is leniency in scoring, not the format."""
+        return extract_answer(text) is not None
+
     def extract(self, text: str) -> str | None:
         answer = extract_answer(text)
         if answer is None and self.opts.last_number:
@@ -131,6 +140,12 @@ class MathSolve(SolveTask):
     def correct_many(self, problem: Problem, answers: Sequence[str | None]) -> list[bool]:
         truth = str(problem.data["answer"])
         return [a is not None and answers_equal(a, truth) for a in answers]
+
+    def demonstrations(self, problem: Problem) -> list[tuple[str, list[dict[str, str]], str]]:
+        """Warm start (``teamrl sft``): the agent's prompt and a reply in the answer format with the
+        true value (the generator's expression shown as the working, where it has one)."""
+        work = f"{problem.data['expression']} = {problem.data['answer']}\n" if "expression" in problem.data else ""
+        return [("agent", self.prompt(problem), f"{work}Answer: {problem.data['answer']}")]
 
 
 @dataclass

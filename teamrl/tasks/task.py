@@ -41,6 +41,19 @@ def checked_rewards(task_name: str, call: str, values: Any, expected: int, per: 
     return [checked_reward(task_name, f"{call}[{i}]", v) for i, v in enumerate(values)]
 
 
+def reply_valid(task: Any, problem: Problem, text: str) -> bool | None:
+    """Whether ``text`` is a reply in the task's format (an answer it can read, an action it can
+    parse), from the task's optional hook ``valid(problem, text) -> bool``; None when the task
+    has no such hook (format validity unknown). Anything but a bool or None is an :class:`InputError`."""
+    hook = getattr(task, "valid", None)
+    if hook is None:
+        return None
+    value = hook(problem, text)
+    if value is not None and not isinstance(value, bool):
+        raise InputError(f"task {task.name!r}: valid(problem {problem.id!r}) returned {value!r}; expected True, False or None")
+    return value
+
+
 def batch_instances(problems: Sequence[Problem]) -> list[Problem]:
     """The problems of one batch, each with an id no other instance has: a problem drawn again
     gets ``<id>#2``, ``<id>#3``, ... (same data). Algorithms key groups and outcomes by the

@@ -1,0 +1,252 @@
+"""The learning benchmark (``make learn`` = ``teamrl bench --learning``): does each algorithm learn, on
+held-out problems, against its baselines at an equal sample budget?
+
+For each algorithm on its paper's task at CPU scale, every arm runs with the same steps, problems
+per step and group size (so the same number of sampled episodes), on ``--seeds`` seeds, and is
+scored greedily on held-out problems (``task.split=test``, or a fresh generator seed):
+
+- MAGRPO on writing.tldr (the demo): untrained team vs MAGRPO;
+- AT-GRPO on Plan-Path: untrained, warm start only, single-agent GRPO (planner alone), AT-GRPO
+  with trajectory grouping (the paper's ablation) and with tree grouping, both after the warm start;
+- M-GRPO on the research environment: untrained, warm start only, single agent, frozen sub-agent,
+  main + sub (the RL arms after the warm start);
+- the workflow study on easy arithmetic, Eval-Opt and Voting: untrained, SA-RL (the ``single``
+  workflow), SP (one shared policy) and IP (one LoRA adapter per role).
+
+Writes ``--out`` (default bench/LEARNING.md): one table per comparison (held-out score, mean and
+spread over seeds; success/accuracy; valid replies; wall time; sampled episodes and trained
+tokens) and one PNG of training curves per comparison beside it. ``--quick``: the tiny random
+model, one seed, one step, two held-out problems: a smoke run of the whole grid (seconds).
+
+Usage: python bench/learning.py [--quick] [--seeds 2] [--only magrpo,at_grpo,m_grpo,study] [--out bench/LEARNING.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One row of a comparison: its overrides, whether it is warm-started and whether RL trains it."""
+
+    label: str
+    overrides: tuple[str, ...] = ()
+    warm_start: bool = False
+    rl: bool = True
+
+
+@dataclass(frozen=True)
+class Comparison:
+    key: str
+    title: str
+    common: tuple[str, ...]  # the full-scale settings shared by every arm (the sample budget)
+    arms: tuple[Arm, ...]
+    quick: tuple[str, ...] = ()  # --quick: the task's own smaller settings
+
+
+@dataclass
+class ArmResult:
+    label: str
+    scores: list[float] = field(default_factory=list)  # held-out normalised return, one per seed
+    success: list[float] = field(default_factory=list)
+    valid: list[float] = field(default_factory=list)
+    wall: list[float] = field(default_factory=list)
+    episodes: int = 0
+    tokens: list[float] = field(default_factory=list)
+    curves: list[list[float]] = field(default_factory=list)  # training reward per step, one list per seed
+    cliffs: list[str] = field(default_factory=list)  # "seed S, step N" of each accuracy cliff flagged during training
+    watched: bool = False  # whether held-out accuracy was evaluated during training (cliffs could be flagged)
+
+
+def comparisons() -> list[Comparison]:
+    """The grid at full CPU scale (the embedded SmolLM2-135M)."""
+    lr = "train.lr=0.0005"
+    return [
+        Comparison("magrpo", "MAGRPO, writing.tldr (the demo task): two LoRA agents, held-out papers (aclsum test split)",
+                   ("algorithm=magrpo", "task.name=writing.tldr", "task.split=train", "policy.mode=lora_per_role",
+                    "rollout.group_size=4", "rollout.batch_size=2", "rollout.max_new_tokens=64", "train.steps=12", lr),
+                   (Arm("untrained team", rl=False), Arm("MAGRPO"))),
+        Comparison("at_grpo", "AT-GRPO, Plan-Path 4x4, 2 turns (tool + planner), held-out grids of a fresh seed",
+                   ("algorithm=at_grpo", "task.name=plan_path", "task.min_size=4", "task.max_size=4", "task.max_turns=2",
+                    "task.num_problems=32", "policy.mode=shared", "rollout.group_size=4", "rollout.batch_size=2",
+                    "rollout.max_new_tokens=96", "train.steps=6", lr),
+                   (Arm("untrained team", rl=False), Arm("warm start only", warm_start=True, rl=False),
+                    Arm("single-agent GRPO (planner alone), warm start", ("task.agents=planner", "at_grpo.grouping=trajectory"),
+                        warm_start=True),
+                    Arm("AT-GRPO, trajectory grouping, warm start", ("at_grpo.grouping=trajectory",), warm_start=True),
+                    Arm("AT-GRPO, tree grouping, warm start", ("at_grpo.grouping=tree",), warm_start=True)),
+                   quick=("task.num_problems=8", "task.max_turns=1")),
+        Comparison("m_grpo", "M-GRPO, research environment (main + tool-using sub-agent), held-out questions of a fresh seed",
+                   ("algorithm=m_grpo", "task.name=research", "task.num_problems=32", "policy.mode=lora_per_role",
+                    "rollout.group_size=4", "rollout.batch_size=2", "rollout.max_new_tokens=48", "train.steps=6", lr),
+                   (Arm("untrained team", rl=False), Arm("warm start only", warm_start=True, rl=False),
+                    # the task's demonstrations are of the team protocol (main + sub), so the single agent has none
+                    Arm("single agent (no warm start: no single-agent demonstrations)", ("m_grpo.agents=single",)),
+                    Arm("main + frozen sub-agent, warm start", ("m_grpo.sub_agent=frozen",), warm_start=True),
+                    Arm("M-GRPO main + sub, warm start", (), warm_start=True)),
+                   quick=("task.num_problems=12",)),
+        *[Comparison(f"study_{wf}", f"Workflow study, {wf} on easy arithmetic, held-out problems (task.split=test)",
+                     ("algorithm=grpo", "task.name=math.solve", "task.source=generated_easy", "task.num_problems=80",
+                      "task.test_size=16", f"workflow.name={wf}", "rollout.group_size=4", "rollout.batch_size=2",
+                      "rollout.max_new_tokens=64", "train.steps=8", "train.eval_every=4", "train.eval_problems=8", lr),
+                     (Arm("untrained team", rl=False), Arm("SA-RL (single workflow)", ("workflow.name=single",)),
+                      Arm("SP (shared policy)", ("policy.mode=shared",)), Arm("IP (LoRA per role)", ("policy.mode=lora_per_role",))),
+                     quick=("task.num_problems=12", "task.test_size=3", "train.eval_every=1", "train.eval_problems=1"))
+          for wf in ("eval_opt", "voting")],
+    ]
+
+
+# --quick: every comparison on the tiny random model, one step of the smallest budget
+QUICK = ("model=tiny-random", "threads=1", "rollout.max_new_tokens=4", "rollout.group_size=2", "rollout.batch_size=1",
+         "train.steps=1", "policy.lora.r=4")
+
+
+def _overrides(comp: Comparison, arm: Arm, quick: bool) -> list[str]:
+    extra = [*QUICK, *comp.quick] if quick else []
+    return [*comp.common, *arm.overrides, *extra, "run.progress=false", "run.tensorboard=false", "run.log_episodes=false"]
+
+
+def run_arm(comp: Comparison, index: int, seed: int, workdir: Path, eval_problems: int, quick: bool, result: ArmResult) -> None:
+    """Warm start (if the arm has one), RL (if it trains), then the greedy held-out score; into ``result``."""
+    from teamrl.core.config import load_config
+    from teamrl.tasks import make_task
+    from teamrl.trainer.evaluate import evaluate, held_out_config
+    from teamrl.trainer.sft import task_demonstrations, warm_start
+    from teamrl.trainer.trainer import Trainer
+
+    arm = comp.arms[index]
+    name = f"{comp.key}-arm{index}-seed{seed}"
+    cfg = load_config(None, [*_overrides(comp, arm, quick), f"seed={seed}", f"run.dir={workdir}", f"name={name}",
+                             f"run.save_every={10**6}"])
+    t0 = time.perf_counter()
+    if arm.warm_start:
+        task = make_task(cfg.task)
+        # full scale: a first guess. 128 research demonstrations x 2 epochs of SmolLM2-135M took over 19 min on a
+        # loaded 2-core machine, so the warm start is kept to 8 problems' demonstrations, 2 passes
+        demos = task_demonstrations(task, task.problems()[:2 if quick else 8])
+        warm_start(cfg, demos, epochs=1 if quick else 2, batch_size=8, progress=False)
+    trained_tokens = 0.0
+    if arm.rl:
+        metrics = Trainer(cfg, resume=arm.warm_start).train()
+        steps = [m for m in metrics if "reward_mean" in m]
+        result.curves.append([m.get("normalised_return", m["reward_mean"]) for m in steps])
+        trained_tokens = sum(v for m in steps for k, v in m.items() if k.startswith("tokens/"))
+        result.episodes = cfg.train.steps * cfg.rollout.batch_size * cfg.rollout.group_size
+        result.watched = result.watched or bool(cfg.train.eval_every)
+        result.cliffs += [f"seed {seed}, step {m['step']}" for m in metrics if m.get("eval/cliff")]
+    held, _ = held_out_config(cfg)
+    method = "team" if (arm.rl or arm.warm_start) else "untrained"
+    (row,) = evaluate(held, [method], checkpoint=workdir / name if method == "team" else None, limit=eval_problems,
+                      progress=False)
+    result.wall.append(time.perf_counter() - t0)
+    result.scores.append(row.mean)
+    result.tokens.append(trained_tokens)
+    if row.pass_at_1 is not None:
+        result.success.append(row.pass_at_1)
+    if row.valid is not None:
+        result.valid.append(row.valid)
+
+
+def _spread(values: list[float]) -> str:
+    if not values:
+        return "-"
+    if len(values) == 1:
+        return f"{values[0]:.3f}"
+    return f"{statistics.mean(values):.3f} ({min(values):.3f}..{max(values):.3f})"
+
+
+def render(comp: Comparison, results: list[ArmResult], seeds: list[int], eval_problems: int, png: str | None) -> str:
+    """The comparison's Markdown section: the table (mean and range over seeds) and its curve plot."""
+    lines = [f"### {comp.title}", "",
+             f"Seeds {seeds}; {eval_problems} held-out problems, greedy. Equal budget: every RL arm samples the same "
+             "episodes (steps x problems per step x group size).", "",
+             "| arm | held-out normalised return | success / accuracy | valid replies | wall s (mean) | episodes sampled (steps x problems x G) | "
+             "trained tokens (mean) |", "|---|---|---|---|---|---|---|"]
+    for r in results:
+        lines.append(f"| {r.label} | {_spread(r.scores)} | {_spread(r.success)} | {_spread(r.valid)} | "
+                     f"{statistics.mean(r.wall):.0f} | {r.episodes or '-'} | {statistics.mean(r.tokens):.0f} |")
+    watched = [r for r in results if r.watched]
+    if watched:
+        cliffs = [f"{r.label} ({'; '.join(r.cliffs)})" for r in watched if r.cliffs]
+        lines += ["", "Accuracy cliffs flagged during training: " + (", ".join(cliffs) if cliffs else "none") + "."]
+    if png:
+        lines += ["", f"![{comp.key} training curves]({png})"]
+    return "\n".join(lines) + "\n"
+
+
+def plot(comp: Comparison, results: list[ArmResult], path: Path) -> bool:
+    """Training curves (mean over seeds) of the RL arms; False when no arm trained."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    trained = [r for r in results if r.curves]
+    if not trained:
+        return False
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for r in trained:
+        n = min(len(c) for c in r.curves)
+        ax.plot(range(1, n + 1), [statistics.mean(c[i] for c in r.curves) for i in range(n)], marker="o", label=r.label)
+    ax.set_xlabel("step")
+    ax.set_ylabel("training reward (mean over seeds)")
+    ax.set_title(comp.key)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="smoke run: tiny random model, 1 seed, 1 step, 2 held-out problems")
+    ap.add_argument("--seeds", type=int, default=None, help="seeds per arm (default 2; --quick: 1)")
+    ap.add_argument("--eval", type=int, default=None, help="held-out problems (default 12; --quick: 2)")
+    ap.add_argument("--only", default="", help="comma-separated comparison keys (magrpo, at_grpo, m_grpo, study_eval_opt, "
+                                               "study_voting); default all")
+    ap.add_argument("--out", default=str(REPO / "bench" / "LEARNING.md"), help="Markdown file to write (PNGs beside it)")
+    args = ap.parse_args(argv)
+    seeds = list(range(args.seeds or (1 if args.quick else 2)))
+    eval_problems = args.eval or (2 if args.quick else 12)
+    grid = comparisons()
+    if args.only:
+        keys = args.only.split(",")
+        unknown = [k for k in keys if k not in {c.key for c in grid}]
+        if unknown:
+            print(f"bench --learning: --only {unknown[0]!r} is not a comparison; choose from {[c.key for c in grid]}", file=sys.stderr)
+            return 2
+        grid = [c for c in grid if c.key in keys]
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    sections = []
+    with tempfile.TemporaryDirectory() as d:
+        for comp in grid:
+            results = [ArmResult(a.label) for a in comp.arms]
+            for index, (arm, result) in enumerate(zip(comp.arms, results)):
+                for seed in seeds:
+                    run_arm(comp, index, seed, Path(d), eval_problems, args.quick, result)
+                print(f"[learn] {comp.key} / {arm.label}: held-out {_spread(result.scores)}, "
+                      f"{statistics.mean(result.wall):.0f} s per seed", file=sys.stderr, flush=True)
+            png = out.with_name(f"{out.stem}_{comp.key}.png")
+            sections.append(render(comp, results, seeds, eval_problems, png.name if plot(comp, results, png) else None))
+    mode = "--quick smoke run (tiny random model: the numbers say nothing about learning)" if args.quick else "full run"
+    page = (f"# Learning benchmark\n\nWritten by `bench/learning.py` ({mode}); wall time {time.perf_counter() - t0:.0f} s.\n\n"
+            + "\n".join(sections))
+    out.write_text(page)
+    print(page)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

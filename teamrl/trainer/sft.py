@@ -1,0 +1,200 @@
+"""``teamrl sft``: warm start. Fine-tune each role's policy on demonstrations before RL.
+
+A demonstration is (role, messages, completion): the chat a role was shown and the reply it
+should give. They come from a JSONL file (one ``{"role": ..., "messages": [...] or "text",
+"completion": "..."}`` per line) or from the task's own solver: an optional task method
+``demonstrations(problem) -> list[(role, messages, completion)]`` (``math.solve``'s known
+answers, ``plan_path``'s shortest paths and BFS program).
+
+The policies, adapters, checkpoints and run directory are RL's own (:class:`PolicyRouter`,
+:mod:`teamrl.trainer.checkpoint`, ``runs/<name>/``); the loss is the cross-entropy of the
+completion tokens only (prompt and padding carry none), computed with the RL loss's log-prob
+code. The warm-started weights are saved as checkpoint ``step_000000`` with a fresh optimizer
+(RL's learning rate, no SFT moments), so ``teamrl train CONFIG --resume`` (same ``name``)
+starts RL from them at step 0.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+import yaml
+
+from teamrl.core.config import Config, ConfigError, InputError, InputFileMissing, config_to_dict
+from teamrl.core.seeding import derive_seed, seed_everything
+from teamrl.policies.chat import Messages, encode_chat
+from teamrl.policies.logprobs import build_token_batch, completion_logprobs
+from teamrl.policies.policy import Policy
+from teamrl.policies.router import PolicyRouter
+from teamrl.tasks import Problem, make_task
+from teamrl.trainer.checkpoint import list_checkpoints, save_checkpoint
+from teamrl.trainer.update import _to_device
+
+WARM_START_STEP = 0  # the checkpoint step of the warm start: RL resumes from it at step 0
+
+
+@dataclass(frozen=True)
+class Demonstration:
+    """What ``role`` was shown (``messages``) and the reply it should give (``completion``)."""
+
+    role: str
+    messages: Messages | str
+    completion: str
+
+
+def _demonstration(row: Any, where: str) -> Demonstration:
+    """One demonstration from a JSONL object or a (role, messages, completion) tuple; ``where`` names it in errors."""
+    if isinstance(row, dict):
+        missing = [k for k in ("role", "messages", "completion") if k not in row]
+        if missing:
+            raise InputError(f"{where}: missing {missing}; a demonstration has role, messages and completion")
+        role, messages, completion = row["role"], row["messages"], row["completion"]
+    elif isinstance(row, (tuple, list)) and len(row) == 3:
+        role, messages, completion = row
+    else:
+        raise InputError(f"{where}: {row!r:.80} is not a demonstration; expected (role, messages, completion)")
+    if not isinstance(role, str) or not role:
+        raise InputError(f"{where}: role {role!r} must be a non-empty string")
+    if not isinstance(completion, str) or not completion.strip():
+        raise InputError(f"{where}: completion {completion!r:.60} must be a non-empty string")
+    ok_messages = isinstance(messages, str) or (isinstance(messages, list) and messages and all(
+        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in messages))
+    if not ok_messages:
+        raise InputError(f"{where}: messages {messages!r:.80} must be a string or a list of {{role, content}} chat messages")
+    return Demonstration(role, messages, completion)
+
+
+def load_demonstrations(path: str | Path) -> list[Demonstration]:
+    """The demonstrations of a JSONL file (one object per non-empty line)."""
+    path = Path(path)
+    if not path.is_file():
+        raise InputFileMissing(f"--data {path}: no such file (expected JSONL rows with role, messages, completion)")
+    out = []
+    for i, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise InputError(f"--data {path}:{i}: not JSON ({e.msg})") from None
+        out.append(_demonstration(row, f"--data {path}:{i}"))
+    if not out:
+        raise InputError(f"--data {path}: no demonstrations in it")
+    return out
+
+
+def task_demonstrations(task: Any, problems: Sequence[Problem]) -> list[Demonstration]:
+    """The task's own demonstrations (its ``demonstrations(problem)`` method) of ``problems``."""
+    hook = getattr(task, "demonstrations", None)
+    if hook is None:
+        raise ConfigError(f"task {task.name!r} has no demonstrations(problem) method (no solver to learn from); "
+                          "pass --data FILE.jsonl with rows of role, messages, completion")
+    demos = [_demonstration(row, f"task {task.name!r}: demonstrations(problem {p.id!r})[{j}]")
+             for p in problems for j, row in enumerate(hook(p))]
+    if not demos:
+        raise InputError(f"task {task.name!r}: demonstrations() gave none for its {len(problems)} problems "
+                         "(its data may have no known solutions); pass --data FILE.jsonl")
+    return demos
+
+
+def sft_loss(model: torch.nn.Module, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]],
+             pad_id: int) -> tuple[torch.Tensor, int]:
+    """(mean cross-entropy per completion token, completion token count): the prompt and the padding carry no loss."""
+    batch = _to_device(build_token_batch(prompts, completions, pad_id), next(model.parameters()).device)
+    logp, _ = completion_logprobs(model, batch)
+    mask = batch.completion_pad_mask.to(logp.dtype)
+    tokens = int(mask.sum())
+    return -(logp * mask).sum() / max(tokens, 1), tokens
+
+
+def sft_step(policy: Policy, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]], pad_id: int,
+             max_grad_norm: float, micro_batch_size: int) -> float | None:
+    """One optimizer step of ``policy`` on the cross-entropy of these demonstrations (token mean);
+    returns the loss, or None when the loss or gradient was not finite (the step is skipped)."""
+    total = sum(len(c) for c in completions)
+    policy.optimizer.zero_grad(set_to_none=True)
+    loss_sum = 0.0
+    with policy.active() as model:
+        model.train()
+        for start in range(0, len(prompts), micro_batch_size):
+            sl = slice(start, start + micro_batch_size)
+            loss, tokens = sft_loss(model, prompts[sl], completions[sl], pad_id)
+            (loss * tokens / total).backward()
+            loss_sum += float(loss.detach()) * tokens / total
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(policy.parameters(), max_grad_norm))
+    if not (math.isfinite(loss_sum) and math.isfinite(grad_norm)):  # nothing non-finite reaches the weights
+        policy.optimizer.zero_grad(set_to_none=True)
+        print(f"warning: sft: policy {policy.name!r}: non-finite loss or gradient; step skipped", file=sys.stderr)
+        return None
+    policy.step()
+    policy.optimizer.zero_grad(set_to_none=True)
+    return loss_sum
+
+
+def warm_start(cfg: Config, demonstrations: Sequence[Demonstration], epochs: int = 3, batch_size: int = 8,
+               lr: float | None = None, progress: bool = True) -> tuple[Path, list[dict[str, float]]]:
+    """Fine-tune the config's policies on ``demonstrations`` and save them as the run's step-0 checkpoint.
+
+    Each policy steps on its own roles' demonstrations, ``batch_size`` at a time, ``epochs``
+    passes in a seeded order. Returns (run directory, one record per optimizer step:
+    epoch, step, policy, loss). The per-step records also go to ``RUN_DIR/sft.jsonl``.
+    """
+    from teamrl.algorithms import make_algorithm
+
+    if epochs < 1 or batch_size < 1:
+        raise ConfigError(f"sft: --epochs {epochs} and --batch-size {batch_size} must be >= 1")
+    run_dir = Path(cfg.run.dir) / cfg.name
+    if list_checkpoints(run_dir / "checkpoints"):
+        raise ConfigError(f"sft: run directory {run_dir} already has checkpoints; warm-start a new run (choose another name=)")
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    seed_everything(cfg.seed)
+    task = make_task(cfg.task)
+    roles = list(getattr(make_algorithm(cfg, task), "roles", None) or task.roles)  # the roles RL will train
+    router = PolicyRouter(cfg.policy.mode, roles, cfg.model, cfg.policy.lora, lr=lr or cfg.train.lr,
+                          weight_decay=cfg.train.weight_decay, seed=cfg.seed, device=cfg.policy.device,
+                          dtype=cfg.policy.dtype, role_map=cfg.policy.roles)
+    tok = router.tokenizer
+    by_policy: dict[str, list[tuple[list[int], list[int]]]] = {}
+    for d in demonstrations:
+        try:
+            name = router.policy_name(d.role)
+        except KeyError:
+            raise InputError(f"sft: a demonstration's role {d.role!r} is not a role of this run; its roles are {roles} "
+                             "(teamrl sft --as-role ROLE trains one of them on the task's demonstrations)") from None
+        completion = tok(d.completion, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]  # learn to stop too
+        by_policy.setdefault(name, []).append((encode_chat(tok, d.messages), completion))
+    records: list[dict[str, float]] = []
+    step = 0
+    for epoch in range(1, epochs + 1):
+        for name, rows in by_policy.items():
+            order = list(range(len(rows)))
+            random.Random(derive_seed(cfg.seed, epoch, 11)).shuffle(order)
+            for start in range(0, len(order), batch_size):
+                part = [rows[i] for i in order[start:start + batch_size]]
+                loss = sft_step(router.policies[name], [p for p, _ in part], [c for _, c in part], tok.pad_token_id,
+                                cfg.train.max_grad_norm, cfg.train.micro_batch_size)
+                step += 1
+                records.append({"epoch": epoch, "step": step, "policy": name, "loss": float("nan") if loss is None else loss,
+                                "demonstrations": len(part)})
+        if progress:
+            last = {r["policy"]: r["loss"] for r in records if r["epoch"] == epoch}
+            print(f"[teamrl sft] epoch {epoch}/{epochs}: " + ", ".join(f"{k} loss {v:.3f}" for k, v in last.items()),
+                  file=sys.stderr, flush=True)
+    for policy in router.policies.values():  # RL starts with its own learning rate and no SFT moments
+        policy.optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
+    save_checkpoint(run_dir / "checkpoints", WARM_START_STEP, router, {"data_position": 0, "warm_start": True})
+    (run_dir / "metrics.jsonl").touch()  # RL's metrics start here when it resumes from the warm start
+    with (run_dir / "sft.jsonl").open("w") as f:
+        for r in records:
+            f.write(json.dumps(r) + "\n")
+    return run_dir, records

@@ -1,0 +1,49 @@
+"""``make learn`` / ``teamrl bench --learning``: the --quick smoke run of the whole grid on the tiny model."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _learning():
+    spec = importlib.util.spec_from_file_location("learning", REPO / "bench" / "learning.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["learning"] = mod  # dataclasses look their module up there
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_quick_learning_run_writes_every_table_and_curve(tmp_path):
+    learning = _learning()
+    out = tmp_path / "LEARNING.md"
+    assert learning.main(["--quick", "--out", str(out)]) == 0
+    page = out.read_text()
+    assert "--quick smoke run" in page and re.search(r"wall time \d+ s", page)
+    for comp in learning.comparisons():
+        assert f"### {comp.title}" in page
+        for arm in comp.arms:
+            row = next(line for line in page.splitlines() if line.startswith(f"| {arm.label} |"))
+            cells = [c.strip() for c in row.strip("|").split("|")]
+            assert 0.0 <= float(cells[1]) <= 1.0, row  # held-out normalised return of the one seed
+            assert (cells[5] != "-") == arm.rl, row  # RL arms sampled episodes; the others none
+        png = tmp_path / f"LEARNING_{comp.key}.png"
+        assert png.read_bytes()[:4] == b"\x89PNG" and f"]({png.name})" in page
+    for section in page.split("### ")[1:]:  # the study watches held-out accuracy during training for cliffs
+        assert ("Accuracy cliffs flagged during training:" in section) == section.startswith("Workflow study"), section
+    # equal budgets: every RL arm of a comparison sampled the same number of episodes
+    for section in page.split("### ")[1:]:
+        episodes = {line.split("|")[6].strip() for line in section.splitlines() if line.startswith("| ") and "---" not in line
+                    and not line.startswith("| arm")} - {"-"}
+        assert len(episodes) == 1, section
+
+
+def test_bench_learning_dispatch_and_a_bad_comparison_name(capsys):
+    from teamrl.cli import main
+
+    assert main(["bench", "--learning", "--quick", "--only", "nope"]) == 2
+    assert "--only 'nope' is not a comparison; choose from ['magrpo'" in capsys.readouterr().err
