@@ -1,7 +1,8 @@
 """Batched generation with Hugging Face models in this process (CPU or GPU).
 
-A lean decode loop instead of ``model.generate``: identical prompts are prefilled once and
-their KV cache rows copied to the samples that share them; logits are computed only for the
+A lean decode loop instead of ``model.generate``: identical prompts are prefilled once and the
+samples that share one read its keys/values from one copy (:mod:`teamrl.rollout.prefix_attention`;
+copied to each sample for models it does not support); logits are computed only for the
 last position; sampling uses an inverse-CDF draw (``torch.multinomial`` spends ~30 ms per
 step on a 49k vocabulary at batch 32 on CPU); finished rows leave the batch so later steps
 only compute live sequences; per-row temperature, top-k and top-p are vectorised.
