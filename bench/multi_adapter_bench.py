@@ -9,6 +9,10 @@ number of new tokens (EOS ignored), temperature 1. Side by side in one process, 
 - one batch: both policies in one decode through the shared base, each row with its own adapter
   (``HFEngine(row_models=SharedBaseAdapters(...))``, what the trainer uses).
 
+``--modes`` picks the modes alternated; a ``-copied`` suffix (``separate-copied``, ``joint-copied``)
+runs the mode with each prompt's keys/values copied to every row that samples it (the engine
+before shared-prompt decode attention), for an A/B of that change in one process.
+
 ``--rss MODE`` runs only one mode (in its own process) and reports the process's peak RSS, so the
 memory of the two paths can be compared without one's peak hiding the other's.
 
@@ -61,9 +65,18 @@ def engines(router):
 
 
 def run_mode(mode: str, separate, joint, calls) -> list:
-    if mode == "separate":
-        return [separate.generate(policy, reqs, seed) for policy, reqs, seed in calls]
-    return joint.generate_many(calls)
+    from teamrl.rollout import hf_engine
+
+    base, _, variant = mode.partition("-")
+    supports = hf_engine.supports_shared_prompts
+    if variant == "copied":  # the prompt keys/values copied to each row, as before shared-prompt attention
+        hf_engine.supports_shared_prompts = lambda model: False
+    try:
+        if base == "separate":
+            return [separate.generate(policy, reqs, seed) for policy, reqs, seed in calls]
+        return joint.generate_many(calls)
+    finally:
+        hf_engine.supports_shared_prompts = supports
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -74,7 +87,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--json", default="", help="write the figures as JSON to this file")
-    ap.add_argument("--rss", choices=["separate", "joint"], help="run only this mode, once, and report peak RSS")
+    ap.add_argument("--modes", default="separate,joint",
+                    help="modes to alternate: separate, joint, separate-copied, joint-copied (comma-separated)")
+    ap.add_argument("--rss", choices=["separate", "joint", "separate-copied", "joint-copied"],
+                    help="run only this mode, once, and report peak RSS")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     router, calls = build(args.problems, args.group, args.tokens)
@@ -87,18 +103,20 @@ def main(argv: list[str] | None = None) -> int:
         out = {"mode": args.rss, "seconds": time.perf_counter() - t, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                "peak_rss_mb_after_loading": rss_loaded}
     else:
-        run_mode("joint", separate, joint, calls)  # warm-up of both paths (and the merged copies)
-        run_mode("separate", separate, joint, calls)
-        times: dict[str, list[float]] = {"separate": [], "joint": []}
+        modes = args.modes.split(",")
+        for mode in modes:  # warm-up of every path (and the merged copies)
+            run_mode(mode, separate, joint, calls)
+        times: dict[str, list[float]] = {mode: [] for mode in modes}
         for _ in range(args.repeats):
-            for mode in ("separate", "joint"):
+            for mode in modes:
                 t = time.perf_counter()
                 run_mode(mode, separate, joint, calls)
                 times[mode].append(time.perf_counter() - t)
         med = {k: statistics.median(v) for k, v in times.items()}
-        out = {"rows": rows, "tokens": args.tokens, "threads": args.threads, "times": times, "median": med,
-               "speedup": med["separate"] / med["joint"],
-               "pair_ratios": [a / b for a, b in zip(times["separate"], times["joint"])]}
+        out = {"rows": rows, "tokens": args.tokens, "threads": args.threads, "times": times, "median": med}
+        for a, b in (("separate", "joint"), ("joint-copied", "joint"), ("separate-copied", "separate"), ("separate-copied", "joint")):
+            if a in times and b in times:
+                out[f"{a}/{b}"] = {"median_ratio": med[a] / med[b], "pair_ratios": [x / y for x, y in zip(times[a], times[b])]}
     print(json.dumps(out))
     if args.json:
         with open(args.json, "w") as f:

@@ -1,7 +1,8 @@
 """Batched generation with Hugging Face models in this process (CPU or GPU).
 
-A lean decode loop instead of ``model.generate``: identical prompts are prefilled once and
-their KV cache rows copied to the samples that share them; logits are computed only for the
+A lean decode loop instead of ``model.generate``: identical prompts are prefilled once and the
+samples that share one read its keys/values from one copy (:mod:`teamrl.rollout.prefix_attention`;
+copied to each sample for models it does not support); logits are computed only for the
 last position; sampling uses an inverse-CDF draw (``torch.multinomial`` spends ~30 ms per
 step on a 49k vocabulary at batch 32 on CPU); finished rows leave the batch so later steps
 only compute live sequences; per-row temperature, top-k and top-p are vectorised.
@@ -17,6 +18,7 @@ from transformers import DynamicCache, PreTrainedTokenizerBase
 from transformers.cache_utils import DynamicLayer
 
 from teamrl.rollout.engine import Completion, Engine, GenerationRequest
+from teamrl.rollout.prefix_attention import SharedPrompts, shared_prompt_decoding, supports_shared_prompts
 
 # policy name -> context manager that yields the model computing with that policy's weights
 ModelProvider = Callable[[str], contextlib.AbstractContextManager]
@@ -196,9 +198,12 @@ class HFEngine(Engine):
         ids, attn = ids.to(dev), attn.to(dev)
         padded = not bool(attn.all())
         pos = (attn.cumsum(-1) - 1).clamp(min=0)
+        max_new_tokens = int(max(p.max_new_tokens for p in row_params))
+        # Prompts sampled more than once keep one copy of their keys/values, read once per prompt at each step.
+        shared = len(prompts) < R and supports_shared_prompts(model)
         cache = DynamicCache()
         # Write keys/values into buffers sized for the whole generation instead of concatenating every step.
-        capacity = P + int(max(p.max_new_tokens for p in row_params))
+        capacity = P if shared else P + max_new_tokens
         cache.layer_class_to_replicate = lambda: _PreallocatedLayer(capacity)
         groups = _prefill_groups([len(p) for p in prompts])
         if len(groups) == 1:
@@ -214,7 +219,13 @@ class HFEngine(Engine):
             last_logits = self._prefill_by_group(model, ids, attn, pos, groups, cache, capacity, before)
         src = torch.tensor(row_prompt, device=dev)
         logits = last_logits.index_select(0, src)
-        if len(prompts) != R or row_prompt != list(range(R)):
+        prompt_state = None
+        if shared:
+            prompt_state, slot_index = self._shared_prompts(cache, attn, row_prompt)
+            cache = DynamicCache()  # from here on: each row's generated tokens only
+            cache.layer_class_to_replicate = lambda: _PreallocatedLayer(max_new_tokens)
+            padded = False  # the prompt padding is in prompt_state.valid
+        elif len(prompts) != R or row_prompt != list(range(R)):
             cache.reorder_cache(src)
         attn = attn.index_select(0, src)
         last_pos = pos[:, -1].index_select(0, src)
@@ -261,14 +272,32 @@ class HFEngine(Engine):
             last_pos = last_pos + 1
             if select is not None:
                 select(row_owner_t.index_select(0, live.cpu()))
-            out = model(input_ids=nxt.unsqueeze(1), attention_mask=attn if padded else None,
-                        position_ids=last_pos.unsqueeze(1), past_key_values=cache, use_cache=True, logits_to_keep=1)
+            extra = {}
+            if prompt_state is not None:
+                prompt_state.slot_index = slot_index.index_select(0, live)
+                extra["shared_prompts"] = prompt_state
+            with shared_prompt_decoding(model) if prompt_state is not None else contextlib.nullcontext():
+                out = model(input_ids=nxt.unsqueeze(1), attention_mask=attn if padded else None,
+                            position_ids=last_pos.unsqueeze(1), past_key_values=cache, use_cache=True, logits_to_keep=1, **extra)
             logits = out.logits[:, -1, :]
         texts = self.tokenizer.batch_decode(tokens, skip_special_tokens=True)
         for r in range(R):
             if finish[r] == "stop":
                 texts[r] = _cut_after_stop(texts[r], stops[r])
         return [Completion(tokens[r], logps[r], texts[r], finish[r]) for r in range(R)]
+
+    @staticmethod
+    def _shared_prompts(cache: DynamicCache, attn: torch.Tensor, row_prompt: list[int]) -> tuple[SharedPrompts, torch.Tensor]:
+        """The prefilled prompts' keys/values as :class:`SharedPrompts`, and each output row's slot index into them."""
+        slots, seen = [], [0] * attn.shape[0]
+        for u in row_prompt:
+            slots.append(seen[u])
+            seen[u] += 1
+        max_rows = max(seen)
+        slot_index = torch.tensor([u * max_rows + k for u, k in zip(row_prompt, slots)], device=attn.device)
+        state = SharedPrompts([layer.keys for layer in cache.layers], [layer.values for layer in cache.layers],
+                              attn.bool(), slot_index, max_rows)
+        return state, slot_index
 
     @staticmethod
     def _sample_per_policy(logits: torch.Tensor, temp: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
