@@ -60,3 +60,33 @@ def test_the_environment_single_baseline_is_the_last_role_alone(monkeypatch):
 
     last = make_task(cfg.task).roles[-1]
     assert seen and set(seen) == {last} and row.pass_at_1 is not None
+
+
+def test_a_team_task_with_a_passed_hook_reports_pass_at_1_for_its_team_and_prompt_baselines(monkeypatch):
+    """A coding team task's pass@1 (its ``passed`` hook) comes from the workflow's outcome, for the team
+    workflow and the scored prompt baselines alike; a task without the hook reports none."""
+    monkeypatch.setitem(TASKS, "toy_team", ToyTeam)
+    cfg = load_config(None, [*TINY, "algorithm=magrpo", "task.name=toy_team"])
+    assert all(r.pass_at_1 is None for r in evaluate(cfg, ["untrained"], limit=2, progress=False))
+    monkeypatch.setattr(ToyTeam, "passed", lambda self, problem, outputs: set(outputs) == {"short", "long"}, raising=False)
+    rows = evaluate(cfg, ["untrained", "concat", "sequential"], limit=2, progress=False)
+    assert [r.pass_at_1 for r in rows] == [1.0, 1.0, 1.0]
+
+
+def test_untrained_is_the_runs_own_workflow_on_base_weights(monkeypatch):
+    """An m_grpo.agents=single run trains research_single: its untrained row is research_single too
+    (it was the main + sub team)."""
+    from teamrl.workflows import WORKFLOWS, Workflow
+
+    seen = []
+    real = WORKFLOWS["research_single"]
+
+    async def spy(ctx, env, problem, settings):
+        out = await real.run(ctx, env, problem, settings)
+        seen.append(ctx.workflow)
+        return out
+
+    monkeypatch.setitem(WORKFLOWS, "research_single", Workflow(spy, real.role_types, task_kind=real.task_kind))
+    cfg = load_config(None, [*TINY, "algorithm=m_grpo", "task.name=research", "task.num_problems=4", "m_grpo.agents=single"])
+    (row,) = evaluate(cfg, ["untrained"], limit=2, progress=False)
+    assert seen == ["research_single"] * 2 and row.pass_at_1 is not None
