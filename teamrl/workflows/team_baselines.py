@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Awaitable, Callable
 
-from teamrl.tasks.task import Problem, Task, TeamTask, checked_reward
+from teamrl.tasks.task import Problem, TeamTask, checked_reward
 from teamrl.workflows.adapters import joint_outcome
 from teamrl.workflows.context import EpisodeContext
 from teamrl.workflows.outcome import EpisodeOutcome
@@ -59,9 +59,7 @@ async def discussion(ctx: EpisodeContext, task: TeamTask, problem: Problem) -> d
     return dict(zip(task.roles, revised))
 
 
-async def single(ctx: EpisodeContext, task: TeamTask | Task, problem: Problem) -> dict[str, str]:
-    if isinstance(task, Task):
-        return {"agent": await ctx.generate("agent", task.prompt(problem))}
+async def single(ctx: EpisodeContext, task: TeamTask, problem: Problem) -> dict[str, str]:
     text = await ctx.generate(task.roles[0], task.single_prompt(problem))
     return task.split_single(text)
 
@@ -77,6 +75,3 @@ def scored(prompt_team: Callable[[EpisodeContext, TeamTask, Problem], Awaitable[
 
     run.__name__ = run.__qualname__ = prompt_team.__name__
     return run
-
-
-BASELINES = {"concat": parallel, "sequential": sequential, "discussion": discussion, "single": single}
