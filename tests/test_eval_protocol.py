@@ -90,3 +90,18 @@ def test_untrained_is_the_runs_own_workflow_on_base_weights(monkeypatch):
     cfg = load_config(None, [*TINY, "algorithm=m_grpo", "task.name=research", "task.num_problems=4", "m_grpo.agents=single"])
     (row,) = evaluate(cfg, ["untrained"], limit=2, progress=False)
     assert seen == ["research_single"] * 2 and row.pass_at_1 is not None
+
+
+def test_a_baseline_that_cannot_run_on_the_task_is_refused_before_any_model_loads(monkeypatch):
+    """A user's workflow on a team task: its default ``single`` baseline (the ``single`` workflow) runs on
+    one-role tasks only, so it is refused with the reason (it crashed inside the episode before)."""
+    from teamrl.workflows import WORKFLOWS, Workflow
+
+    async def pair(ctx, task, problem, settings):
+        return 0.0
+
+    monkeypatch.setitem(TASKS, "toy_team", ToyTeam)
+    monkeypatch.setitem(WORKFLOWS, "pair", Workflow(pair, ("short", "long")))
+    cfg = load_config(None, [*TINY, "task.name=toy_team", "workflow.name=pair"])
+    with pytest.raises(ConfigError, match=r"^--method single \(workflow 'pair'\): workflow.name: 'single' runs on a one-role task"):
+        evaluate(cfg, ["single"], progress=False)

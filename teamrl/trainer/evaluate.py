@@ -145,11 +145,13 @@ class RunWorkflow:
 def run_workflow(cfg: Config, task: Any) -> RunWorkflow:
     """The run's workflow, checked against the task (and its ``workflow.options``) as train checks it.
     Without ``workflow.name`` it runs with its default settings (one team turn: the normalised return of
-    a turn's joint answer), asking for the test verdict where the workflow has a ``pass_at_1`` option."""
+    a turn's joint answer); a workflow with a ``pass_at_1`` option is asked for its test verdict."""
     name = workflow_name(cfg, task)
     spec = WORKFLOWS.get_entry(name, "workflow.name")
     check_task(name, spec, task)
-    settings = workflow_settings(cfg) if cfg.workflow.name else default_settings(spec, None, pass_at_1=True)
+    settings = workflow_settings(cfg) if cfg.workflow.name else default_settings(spec)
+    if dataclasses.is_dataclass(settings) and "pass_at_1" in {f.name for f in dataclasses.fields(settings)}:
+        settings = dataclasses.replace(settings, pass_at_1=True)
     own = {"team": Baseline(name, None, weights="trained"), "untrained": Baseline(name, None)}
     return RunWorkflow(name, settings, spec.roles_for(task), {**own, **eval_baselines(name)})
 
