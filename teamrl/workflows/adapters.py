@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
+from typing import Callable
 
 from teamrl.core.config import option
 from teamrl.tasks.environment import Environment
@@ -47,15 +48,16 @@ class TeamOptions:
                                         "hook: one more test run per episode), as teamrl eval's pass@1 does")
 
 
-def joint_outcome(task: TeamTask, problem: Problem, outputs: dict[str, str], final_reward: float,
-                  pass_at_1: bool = True) -> EpisodeOutcome | float:
+def joint_outcome(task: TeamTask, problem: Problem, outputs: dict[str, str], final_reward: float, pass_at_1: bool = True,
+                  memo: Callable[[Callable[[], bool]], bool] = lambda compute: compute()) -> EpisodeOutcome | float:
     """What a team episode returns: an :class:`EpisodeOutcome` whose ``correct`` is the task's
     ``passed(problem, outputs)`` where it has that hook (coding tasks) and ``pass_at_1`` asks for it,
-    else ``final_reward`` alone (no notion of a fully correct joint answer)."""
+    else ``final_reward`` alone (no notion of a fully correct joint answer). ``memo`` computes the
+    verdict (a workflow passes ``ctx.memo`` so that replayed copies run the tests once)."""
     passed = getattr(task, "passed", None) if pass_at_1 else None
     if passed is None:
         return final_reward
-    return EpisodeOutcome("", None, bool(passed(problem, outputs)), team_reward=final_reward)
+    return EpisodeOutcome("", None, memo(lambda: bool(passed(problem, outputs))), team_reward=final_reward)
 
 
 async def team(ctx, task: TeamTask, problem: Problem, settings: TeamOptions) -> EpisodeOutcome | float:
@@ -76,7 +78,8 @@ async def team(ctx, task: TeamTask, problem: Problem, settings: TeamOptions) -> 
             ctx.reward(local, role=role)
         if turn + 1 < settings.turns:
             feedback = ctx.memo(key + ("feedback",), lambda: task.feedback(problem, outputs, reward))
-    return joint_outcome(task, problem, outputs, 0.0, settings.pass_at_1)
+    return joint_outcome(task, problem, outputs, 0.0, settings.pass_at_1,
+                         memo=lambda compute: ctx.memo(key + ("passed",), compute))
 
 
 def _score_team(task: TeamTask, problem: Problem, outputs: dict[str, str]) -> tuple[float, dict[str, float]]:
