@@ -95,7 +95,7 @@ def _main(argv: list[str]) -> int:
     p_cfg.add_argument("args", nargs="*")
     p_eval = sub.add_parser("eval", help="trained vs untrained team and prompt baselines: normalised return, validity, tokens/s")
     p_eval.add_argument("--checkpoint", default=None, help="a run directory: its last checkpoint is the trained team")
-    p_eval.add_argument("--method", default=None, help="comma-separated subset of team,untrained,single,concat,sequential,discussion (default: all that apply; a workflow.name run: team,untrained,single)")
+    p_eval.add_argument("--method", default=None, help="comma-separated subset of team,untrained,single,concat,sequential,discussion,swapped: those the run's workflow takes (default: team with --checkpoint, untrained and the workflow's baselines)")
     p_eval.add_argument("--limit", type=int, default=20, help="number of evaluation problems (default 20)")
     p_eval.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (default 0: greedy)")
     p_eval.add_argument("args", nargs="*")
@@ -320,29 +320,13 @@ def _sft(cfg, ns) -> int:
 
 def _eval(cfg, ns) -> int:
     from teamrl.core.config import ConfigError
-    from teamrl.tasks import make_task
-    from teamrl.tasks.task import Task
-    from teamrl.trainer.evaluate import evaluate, format_table
+    from teamrl.trainer.evaluate import default_methods, evaluate, format_table
 
     try:
         if ns.method:
             methods = [m.strip() for m in ns.method.split(",") if m.strip()]
-        else:
-            from teamrl.tasks.environment import Environment
-
-            from teamrl.tasks.research import ResearchEnv
-
-            task = make_task(cfg.task)
-            if cfg.workflow.name:  # the run's workflow: trained, untrained, and the single-agent baseline
-                methods = (["team"] if ns.checkpoint else []) + ["untrained", "single"]
-            elif isinstance(task, ResearchEnv):
-                methods = ["untrained", "single"] + (["team"] if ns.checkpoint else [])
-            elif isinstance(task, Environment):
-                methods = ["untrained", "single"] + (["team", "swapped"] if ns.checkpoint else [])
-            else:
-                methods = ["single"] if isinstance(task, Task) else ["single", "concat", "sequential", "discussion"]
-                if ns.checkpoint:  # the untrained team (the same team on the base weights) is the concat baseline
-                    methods = ["team", "untrained"] if isinstance(task, Task) else ["team", "untrained", *methods[:1], *methods[2:]]
+        else:  # the run's workflow, trained and untrained, and the baselines declared for it
+            methods = default_methods(cfg, has_checkpoint=bool(ns.checkpoint))
         rows = evaluate(cfg, methods, checkpoint=Path(ns.checkpoint) if ns.checkpoint else None, limit=ns.limit,
                         temperature=ns.temperature)
     except (ConfigError, FileNotFoundError) as e:

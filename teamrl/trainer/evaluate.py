@@ -1,24 +1,28 @@
-"""``teamrl eval``: the trained team vs the untrained team and prompt baselines, same task, reward and base model.
+"""``teamrl eval``: the trained team vs the untrained team and baselines, same task, reward and base model.
 
-A run trained with ``workflow.name`` is evaluated with its workflow: ``team`` (the checkpoint's
-weights), ``untrained`` (the same workflow on the base weights) and ``single`` (the ``single``
-workflow on the base weights), each row with the workflow's own statistics.
+Every method runs a workflow through the episode protocol (:func:`~teamrl.workflows.episode.run_episode`):
+``team`` is the run's workflow (:func:`~teamrl.algorithms.workflow_name`) with the checkpoint's
+weights, ``untrained`` the same workflow on the base weights, and the baselines are those declared
+for that workflow (:func:`~teamrl.workflows.eval_baselines`); a method the workflow has no baseline
+for is refused with the methods it takes. An episode's score is its team return over the task's
+``max_reward``; pass@1 / success is the share of episodes whose outcome is correct, where the
+workflow returns an :class:`~teamrl.workflows.EpisodeOutcome`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
-from teamrl.algorithms import make_algorithm, workflow_settings
+from teamrl.algorithms import workflow_name, workflow_settings
+from teamrl.algorithms.episodes import workflow_settings as default_settings
 from teamrl.algorithms.grpo import outcome_metrics
 from teamrl.core.config import Config, ConfigError
 from teamrl.core.seeding import derive_seed, seed_everything
@@ -28,20 +32,13 @@ from teamrl.rollout.engine import SamplingParams
 from teamrl.rollout.hf_engine import HFEngine
 from teamrl.rollout.scheduler import GenerationScheduler
 from teamrl.tasks import make_task
-from teamrl.tasks.environment import Environment
-from teamrl.tasks.research import ResearchEnv
-from teamrl.tasks.task import Task, TeamTask, checked_reward, reply_valid
+from teamrl.tasks.task import reply_valid
 from teamrl.trainer.checkpoint import list_checkpoints, load_checkpoint
-from teamrl.workflows import WORKFLOWS, EpisodeOutcome
+from teamrl.workflows import WORKFLOWS, Baseline, EpisodeOutcome, check_task, eval_baselines
 from teamrl.workflows.context import EpisodeContext
-from teamrl.workflows.env_episode import play
-from teamrl.workflows.research_team import research_single, research_team
-from teamrl.workflows.team_baselines import BASELINES, parallel, single
+from teamrl.workflows.episode import run_episode
 
 EVAL_METHODS = ("team", "single", "concat", "sequential", "discussion", "untrained", "swapped")
-ENV_METHODS = ("team", "untrained", "single", "swapped")
-RESEARCH_METHODS = ("team", "untrained", "single")
-WORKFLOW_METHODS = ("team", "untrained", "single")
 BASE = "__base__"  # the policy name that routes to the base model (adapters off)
 # the workflows whose statistics outcome_metrics summarises; any other workflow's numeric stats are reported as means
 SUMMARISED_WORKFLOWS = ("eval_opt", "voting", "orch_workers", "single")
@@ -136,53 +133,77 @@ def held_out_config(cfg: Config) -> tuple[Config, str]:
 
 
 @dataclass(frozen=True)
-class NamedWorkflow:
-    """A run's ``workflow.name``: the workflow, the settings it receives and its roles."""
+class RunWorkflow:
+    """The workflow a run trained (``workflow.name`` or the task's default), its settings, roles and eval methods."""
 
-    workflow: str
+    name: str
     settings: Any
     roles: tuple[str, ...]
+    methods: dict[str, Baseline]  # every method it takes: team, untrained and its declared baselines
 
 
-def _workflow_algorithm(cfg: Config, task: Any) -> NamedWorkflow | None:
-    """The run's named workflow (``workflow.name``), or None."""
-    if not cfg.workflow.name:
-        return None
-    make_algorithm(cfg, task)  # checks the workflow name, options and task kind as train does
-    spec = WORKFLOWS.get_entry(cfg.workflow.name, "workflow.name")
-    return NamedWorkflow(cfg.workflow.name, workflow_settings(cfg), spec.roles_for(task))
+def run_workflow(cfg: Config, task: Any) -> RunWorkflow:
+    """The run's workflow, checked against the task (and its ``workflow.options``) as train checks it.
+    Without ``workflow.name`` it runs with its default settings (one team turn: the normalised return of
+    a turn's joint answer); a workflow with a ``pass_at_1`` option is asked for its test verdict."""
+    name = workflow_name(cfg, task)
+    spec = WORKFLOWS.get_entry(name, "workflow.name")
+    check_task(name, spec, task)
+    settings = workflow_settings(cfg) if cfg.workflow.name else default_settings(spec)
+    if dataclasses.is_dataclass(settings) and "pass_at_1" in {f.name for f in dataclasses.fields(settings)}:
+        settings = dataclasses.replace(settings, pass_at_1=True)
+    own = {"team": Baseline(name, None, weights="trained"), "untrained": Baseline(name, None)}
+    return RunWorkflow(name, settings, spec.roles_for(task), {**own, **eval_baselines(name)})
+
+
+def default_methods(cfg: Config, has_checkpoint: bool) -> list[str]:
+    """What ``teamrl eval`` runs when no ``--method`` is given: ``team`` (with a checkpoint), ``untrained``
+    and the run's workflow's default baselines."""
+    run = run_workflow(cfg, make_task(cfg.task))
+    return [m for m, b in run.methods.items() if (m != "team" or has_checkpoint) and b.by_default]
+
+
+def _method_checked(run: RunWorkflow, method: str, task: Any) -> Baseline:
+    """The method's :class:`Baseline`, or a one-line refusal naming what the run's workflow takes."""
+    if method not in EVAL_METHODS:
+        raise ConfigError(f"--method: {method!r} is not known; choose from {list(EVAL_METHODS)}")
+    baseline = run.methods.get(method)
+    if baseline is None:
+        raise ConfigError(f"--method {method}: workflow {run.name!r} has no {method} baseline; it takes {list(run.methods)}")
+    if baseline.workflow is not None:
+        try:
+            check_task(baseline.name, baseline.workflow, task)
+        except ConfigError as e:
+            raise ConfigError(f"--method {method} (workflow {run.name!r}): {e}") from None
+    return baseline
+
+
+def _route(baseline: Baseline, router: PolicyRouter, roles: Sequence[str]) -> Callable[[str], str]:
+    """Which policy each role's calls go to: trained, base (adapters off), or the next role's trained policy."""
+    if baseline.weights == "trained":
+        return router.policy_name
+    if baseline.weights == "swapped":
+        swap = {r: roles[(i + 1) % len(roles)] for i, r in enumerate(roles)}
+        return lambda role: router.policy_name(swap.get(role, role))
+    return lambda role: BASE
 
 
 def evaluate(cfg: Config, methods: list[str], checkpoint: Path | None = None, limit: int = 20,
              temperature: float = 0.0, progress: bool = True) -> list[EvalRow]:
     """Run each method on the first ``limit`` evaluation problems and return one row per method.
 
-    ``team`` runs every role with its trained policy (the checkpoint's); ``untrained`` the same
-    team on the base model; the baselines run the base model (adapters disabled) with the prompts
-    of :mod:`teamrl.workflows.team_baselines`. A ``workflow.name`` run takes team, untrained and
-    single (the ``single`` workflow).
+    ``team`` runs the run's workflow with every role on its trained policy (the checkpoint's);
+    ``untrained`` the same workflow on the base model; the baselines are the run's workflow's
+    (:func:`~teamrl.workflows.eval_baselines`), on the base model (``swapped``: each role on the
+    next role's trained policy).
     """
-    bad = [m for m in methods if m not in EVAL_METHODS]
-    if bad:
-        raise ConfigError(f"--method: {bad[0]!r} is not known; choose from {list(EVAL_METHODS)}")
     task = make_task(cfg.task)
-    study = _workflow_algorithm(cfg, task)
-    if study is not None and set(methods) - set(WORKFLOW_METHODS):
-        raise ConfigError(f"--method: workflow {cfg.workflow.name!r} takes {list(WORKFLOW_METHODS)}")
-    if study is None and isinstance(task, Task) and {"concat", "sequential", "discussion", "swapped"} & set(methods):
-        raise ConfigError(f"--method: task {task.name!r} has one agent; use team, untrained and single")
-    if isinstance(task, ResearchEnv) and set(methods) - set(RESEARCH_METHODS):
-        raise ConfigError(f"--method: the research environment takes {list(RESEARCH_METHODS)}")
-    if isinstance(task, Environment) and set(methods) - set(ENV_METHODS):
-        raise ConfigError(f"--method: environment {task.name!r} takes {list(ENV_METHODS)}")
-    if isinstance(task, TeamTask) and "swapped" in methods:
-        raise ConfigError("--method: swapped is for environments (roles acting on one state in turn)")
-    if {"team", "swapped"} & set(methods) and checkpoint is None:
+    run = run_workflow(cfg, task)
+    chosen = {m: _method_checked(run, m, task) for m in methods}
+    if any(b.weights != "base" for b in chosen.values()) and checkpoint is None:
         raise ConfigError("--method team needs --checkpoint RUN_DIR (a trained run); the untrained team is the untrained method")
     seed_everything(cfg.seed)
-    roles = list(study.roles) if study is not None else list(task.roles)
-    if isinstance(task, ResearchEnv) and cfg.m_grpo.agents == "single":
-        roles = ["main"]  # the single-agent baseline trains no sub-agent: its checkpoint has no 'sub' policy
+    roles = list(run.roles)
     router = PolicyRouter(cfg.policy.mode, roles, cfg.model, cfg.policy.lora, lr=cfg.train.lr, seed=cfg.seed,
                           need_reference=cfg.policy.lora is None, device=cfg.policy.device, dtype=cfg.policy.dtype,
                           role_map=cfg.policy.roles)
@@ -192,7 +213,7 @@ def evaluate(cfg: Config, methods: list[str], checkpoint: Path | None = None, li
             raise FileNotFoundError(f"--checkpoint {checkpoint}: no checkpoints/step_N folder in it")
         load_checkpoint(ckpts[-1], router)
 
-    def models(name: str) -> contextlib.AbstractContextManager:
+    def models(name: str):
         if name == BASE:
             return next(iter(router.policies.values())).reference()
         return router.policies[name].generation_model()
@@ -205,81 +226,35 @@ def evaluate(cfg: Config, methods: list[str], checkpoint: Path | None = None, li
         raise ConfigError(f"task {task.name!r}: no problems to evaluate (check task.split / task.test_size / --limit)")
     max_reward = getattr(task, "max_reward", 1.0)
     rows = []
-    for method in methods:
-        route = router.policy_name if method == "team" else (lambda role: BASE)
-        if study is not None:
-            spec = WORKFLOWS.get_entry("single" if method == "single" else study.workflow, "workflow.name")
-            workflow = (lambda ctx, t, p, _run=spec.run: _run(ctx, t, p, study.settings))
-        elif isinstance(task, ResearchEnv):
-            # team: the trained agents (main + sub, or the single agent of an m_grpo.agents=single run);
-            # untrained: main + sub on the base model; single: one agent with the tools, base model
-            solo = method == "single" or (method == "team" and cfg.m_grpo.agents == "single")
-            workflow = research_single if solo else research_team
-        elif isinstance(task, Environment):
-            workflow, route = _env_method(task, router, method)
-        elif method in ("team", "untrained"):  # the trained team and the same team on the base weights
-            workflow = single if isinstance(task, Task) else parallel
-        else:
-            workflow = BASELINES[method]
+    for method, baseline in chosen.items():
+        run_fn = (baseline.workflow or WORKFLOWS.get_entry(run.name, "workflow.name")).run
+        settings = run.settings if baseline.workflow is None else None
         scheduler = GenerationScheduler(engine, seed=derive_seed(cfg.seed, 7))
         # One agent writing every part of a team task gets the whole team's token budget.
-        widen = method == "single" and isinstance(task, TeamTask)
-        p_method = SamplingParams(**{**params.__dict__, "max_new_tokens": params.max_new_tokens * len(roles)}) if widen else params
-        ctxs = [EpisodeContext(scheduler, route, router.tokenizer, p_method, p.id, 0) for p in problems]
+        p_method = dataclasses.replace(params, max_new_tokens=params.max_new_tokens * len(roles)) if baseline.widen else params
+        ctxs = [EpisodeContext(scheduler, _route(baseline, router, roles), router.tokenizer, p_method, p.id, 0) for p in problems]
+        for ctx in ctxs:
+            ctx.workflow = baseline.name
         t0 = time.perf_counter()
         if progress:
             print(f"[teamrl eval] {method}: {len(problems)} problems ...", file=sys.stderr, flush=True)
         with torch.no_grad():
-            outputs = scheduler.run([workflow(c, task, p) for c, p in zip(ctxs, problems)])
+            results = scheduler.run([run_episode(lambda c, _p=p: run_fn(c, task, _p, settings), ctx)
+                                     for p, ctx in zip(problems, ctxs)])
         wall = time.perf_counter() - t0
-        scores = []
-        for p, out in zip(problems, outputs):
-            if isinstance(task, ResearchEnv) or study is not None:
-                r = out.reward
-            elif isinstance(task, Environment):
-                r = task.team_reward(out)
-            else:
-                r = task.reward(p, out["agent"]) if isinstance(task, Task) else task.reward(p, out)
-                r = checked_reward(task.name, f"reward(problem {p.id!r})", r)
-            scores.append(r / max_reward)
+        scores = [r.team_return / max_reward for r in results]
         n = len(scores)
         mean, stderr = mean_and_stderr(scores)
         replies = [s for c in ctxs for s in c.samples]
         tokens = sum(len(s.completion_ids) for s in replies)
-        passed, stats = None, {}
-        if study is not None:
-            stats = workflow_stats("single" if method == "single" else study.workflow, outputs)
-            passed = stats["accuracy"]
-        elif isinstance(task, ResearchEnv):
-            passed = sum(out.correct for out in outputs) / n
-        elif isinstance(task, Environment):
-            passed = sum(bool(task.success(out)) for out in outputs) / n
-        elif hasattr(task, "passed"):  # coding tasks: share of problems whose answer passes every test
-            passed = sum(bool(task.passed(p, out)) for p, out in zip(problems, outputs)) / n
+        outcomes = [r.outcome for r in results if r.outcome is not None]
+        stats = workflow_stats(baseline.name, outcomes) if len(outcomes) == n else {}
+        passed = stats.get("accuracy")
         by_id = {p.id: p for p in problems}
         verdicts = [v for v in (reply_valid(task, by_id[c.problem_id], s.text) for c in ctxs for s in c.samples) if v is not None]
         valid = sum(verdicts) / len(verdicts) if verdicts else None
         rows.append(EvalRow(method, mean, stderr, n, tokens / wall, wall / n, passed, valid, len(replies) / n, scores, stats))
     return rows
-
-
-def _env_method(env: Environment, router: PolicyRouter, method: str):
-    """(workflow, route) of an evaluation method on an environment.
-
-    team: each role with its own trained policy; untrained: the base model for every role
-    (the prompt-only team); single: only the last role acts (one agent doing the task alone),
-    base model; swapped: each role with the next role's trained policy (specialisation check;
-    a no-op under a shared policy).
-    """
-    roles = list(env.roles)
-    if method == "team":
-        return (lambda ctx, e, p: play(ctx, e, p)), router.policy_name
-    if method == "untrained":
-        return (lambda ctx, e, p: play(ctx, e, p)), (lambda role: BASE)
-    if method == "single":
-        return (lambda ctx, e, p: play(ctx, e, p, roles=roles[-1:])), (lambda role: BASE)
-    swap = {r: roles[(i + 1) % len(roles)] for i, r in enumerate(roles)}
-    return (lambda ctx, e, p: play(ctx, e, p)), (lambda role: router.policy_name(swap[role]))
 
 
 def format_table(rows: list[EvalRow]) -> str:

@@ -8,6 +8,9 @@ task kinds' defaults ``single``, ``team``, ``env``, ``research`` (``research_sin
 ``@register_workflow("name", roles=(...))``. Each entry gives the episode function and its role types
 (instances such as ``generator0`` share their type's policy).
 
+:func:`eval_baselines` declares, per workflow, the baselines ``teamrl eval`` compares a run of it
+with (the one place that does).
+
 ``REWARDS`` holds how an episode's outcome becomes each sample's reward (``workflow.reward``):
 ``outcome`` and ``per_role`` are shipped; add your own with ``@register_reward("name")``.
 """
@@ -24,7 +27,7 @@ from teamrl.tasks.environment import Environment
 from teamrl.tasks.research import ResearchEnv
 from teamrl.tasks.solve import SolveTask
 from teamrl.tasks.task import Task, TeamTask
-from teamrl.workflows import adapters
+from teamrl.workflows import adapters, team_baselines
 from teamrl.workflows.eval_opt import eval_opt
 from teamrl.workflows.orch_workers import orch_workers
 from teamrl.workflows.outcome import EpisodeOutcome, WorkflowSettings, own_reward
@@ -122,6 +125,53 @@ def default_workflow(task: Any) -> str:
                       "name a workflow with workflow.name")
 
 
+@dataclass(frozen=True)
+class Baseline:
+    """A ``teamrl eval`` method besides the run's own workflow on its trained (``team``) or base
+    (``untrained``) weights: the workflow it runs (None: the run's own) and the weights its roles
+    use: ``base`` (adapters off) or ``swapped`` (each role the next role's trained policy).
+    ``widen``: the one agent writing every part gets the whole team's token budget. ``by_default``:
+    run when no ``--method`` is given (False where it repeats ``untrained``)."""
+
+    name: str  # the workflow's name, for its statistics and messages
+    workflow: Workflow | None
+    weights: str = "base"
+    widen: bool = False
+    by_default: bool = True
+    doc: str = ""
+
+
+_SINGLE = Baseline("single", WORKFLOWS.get("single"), doc="one agent answers the task's prompt, base model")
+_BASELINES: dict[str, dict[str, Baseline]] = {
+    "single": {"single": Baseline("single", WORKFLOWS.get("single"), by_default=False, doc="the untrained agent itself")},
+    "team": {
+        "single": Baseline("single", Workflow(team_baselines.scored(team_baselines.single), (), task_kind=TeamTask), widen=True,
+                           doc="one agent writes every part in one answer (the task splits it), the team's token budget"),
+        "concat": Baseline("concat", Workflow(team_baselines.scored(team_baselines.parallel), (), task_kind=TeamTask),
+                           by_default=False, doc="the roles answer at once without coordination (the untrained team of one turn)"),
+        "sequential": Baseline("sequential", Workflow(team_baselines.scored(team_baselines.sequential), (), task_kind=TeamTask),
+                               doc="the roles answer in order, each seeing the earlier roles' outputs"),
+        "discussion": Baseline("discussion", Workflow(team_baselines.scored(team_baselines.discussion), (), task_kind=TeamTask),
+                               doc="parallel drafts, then each role revises after seeing the others'"),
+    },
+    "env": {
+        "single": Baseline("single", Workflow(adapters.env_last_role, (), task_kind=Environment),
+                           doc="only the environment's last role acts (one agent doing the task alone)"),
+        "swapped": Baseline("env", None, weights="swapped", doc="each role acts with the next role's trained policy"),
+    },
+    "research": {"single": Baseline("research_single", WORKFLOWS.get("research_single"), doc="one agent with the tools")},
+    "research_single": {"single": Baseline("research_single", WORKFLOWS.get("research_single"), by_default=False,
+                                           doc="the untrained agent itself")},
+}
+
+
+def eval_baselines(workflow: str) -> dict[str, Baseline]:
+    """The baselines ``teamrl eval`` runs for a run of ``workflow`` (method -> :class:`Baseline`): a team
+    task's prompt baselines, an environment's last role alone and the swapped team, research's single
+    agent with the tools; any other workflow (the study workflows, users'): the ``single`` workflow."""
+    return _BASELINES.get(workflow, {"single": _SINGLE})
+
+
 RewardFn = Callable[[Sample, EpisodeOutcome], float]
 REWARDS: Registry[RewardFn] = Registry("reward")
 
@@ -144,5 +194,5 @@ def per_role_reward(sample: Sample, outcome: EpisodeOutcome) -> float:
     return own if own is not None else outcome.reward
 
 
-__all__ = ["REWARDS", "WORKFLOWS", "EpisodeOutcome", "Workflow", "WorkflowSettings", "check_task", "default_workflow", "register_reward",
+__all__ = ["REWARDS", "WORKFLOWS", "Baseline", "EpisodeOutcome", "Workflow", "WorkflowSettings", "check_task", "default_workflow", "eval_baselines", "register_reward",
            "register_workflow"]

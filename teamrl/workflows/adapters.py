@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
+from typing import Callable
 
 from teamrl.core.config import option
 from teamrl.tasks.environment import Environment
@@ -43,11 +44,27 @@ async def single(ctx, task: Task, problem: Problem, settings: object = None) -> 
 @dataclass
 class TeamOptions:
     turns: int = option(1, ge=1, doc="turns of the team (every role acts once per turn); MAGRPO sets magrpo.num_turns")
+    pass_at_1: bool = option(False, doc="return whether the last joint answer passes every test (the task's passed() "
+                                        "hook: one more test run per episode), as teamrl eval's pass@1 does")
 
 
-async def team(ctx, task: TeamTask, problem: Problem, settings: TeamOptions) -> None:
-    """Every role at once on its local prompt, ``settings.turns`` times; rewards reported per turn."""
+def joint_outcome(task: TeamTask, problem: Problem, outputs: dict[str, str], final_reward: float, pass_at_1: bool = True,
+                  memo: Callable[[Callable[[], bool]], bool] = lambda compute: compute()) -> EpisodeOutcome | float:
+    """What a team episode returns: an :class:`EpisodeOutcome` whose ``correct`` is the task's
+    ``passed(problem, outputs)`` where it has that hook (coding tasks) and ``pass_at_1`` asks for it,
+    else ``final_reward`` alone (no notion of a fully correct joint answer). ``memo`` computes the
+    verdict (a workflow passes ``ctx.memo`` so that replayed copies run the tests once)."""
+    passed = getattr(task, "passed", None) if pass_at_1 else None
+    if passed is None:
+        return final_reward
+    return EpisodeOutcome("", None, memo(lambda: bool(passed(problem, outputs))), team_reward=final_reward)
+
+
+async def team(ctx, task: TeamTask, problem: Problem, settings: TeamOptions) -> EpisodeOutcome | float:
+    """Every role at once on its local prompt, ``settings.turns`` times; rewards reported per turn
+    (the final team reward is 0; with ``settings.pass_at_1`` the last joint answer's test verdict is the outcome)."""
     history: list[dict[str, str]] = []
+    outputs: dict[str, str] = {}
     feedback = ""
     for turn in range(settings.turns):
         texts = await asyncio.gather(*[ctx.generate(role, task.prompt(problem, role, turn, history, feedback), turn=turn)
@@ -61,7 +78,8 @@ async def team(ctx, task: TeamTask, problem: Problem, settings: TeamOptions) -> 
             ctx.reward(local, role=role)
         if turn + 1 < settings.turns:
             feedback = ctx.memo(key + ("feedback",), lambda: task.feedback(problem, outputs, reward))
-    return None
+    return joint_outcome(task, problem, outputs, 0.0, settings.pass_at_1,
+                         memo=lambda compute: ctx.memo(key + ("passed",), compute))
 
 
 def _score_team(task: TeamTask, problem: Problem, outputs: dict[str, str]) -> tuple[float, dict[str, float]]:
@@ -77,8 +95,10 @@ class EnvOptions:
     max_turns: int = option(0, ge=0, doc="turns per episode; 0: the environment's max_turns (AT-GRPO sets at_grpo.max_turns)")
 
 
-async def env(ctx, environment: Environment, problem: Problem, settings: EnvOptions) -> EpisodeOutcome:
-    """Roles act in order each turn until done; local rewards and team-reward changes reported as they happen."""
+async def env(ctx, environment: Environment, problem: Problem, settings: EnvOptions,
+              acting: tuple[str, ...] = ()) -> EpisodeOutcome:
+    """Roles act in order each turn until done; local rewards and team-reward changes reported as they happen.
+    ``acting``: the roles that act (default: all of the environment's)."""
     name = environment.name
     state = environment.reset(problem)
     team_now = checked_reward(name, "team_reward(reset state)", environment.team_reward(state))
@@ -88,7 +108,7 @@ async def env(ctx, environment: Environment, problem: Problem, settings: EnvOpti
         if environment.done(state):
             break
         before = state
-        for role in environment.roles:
+        for role in acting or environment.roles:
             text = await ctx.generate(role, environment.observe(before if environment.parallel else state, role), turn=turn)
             texts += (text,)
             # apply never changes the state it is given, so a step replayed by a branch copy is looked up, not rerun
@@ -100,6 +120,11 @@ async def env(ctx, environment: Environment, problem: Problem, settings: EnvOpti
                 break
     # every team reward was reported as it changed: the final team reward is 0
     return EpisodeOutcome("", None, bool(environment.success(state)), stats={"team_reward": team_now}, team_reward=0.0)
+
+
+async def env_last_role(ctx, environment: Environment, problem: Problem, settings: object = None) -> EpisodeOutcome:
+    """The single-agent baseline of an environment: only its last role acts (one agent doing the task alone)."""
+    return await env(ctx, environment, problem, EnvOptions(), acting=tuple(environment.roles)[-1:])
 
 
 def _step(environment: Environment, state: object, role: str, text: str) -> tuple[object, float, float]:

@@ -5,14 +5,20 @@
 - ``sequential``: roles answer in order, each seeing the earlier roles' outputs;
 - ``discussion``: one round: parallel drafts, then each role sees the others' drafts and revises;
 - ``single``: one agent writes every part in one answer (the task splits it).
+
+:func:`scored` makes each of them a workflow of the episode protocol (``teamrl eval`` runs them so):
+the task's checked reward of the joint output is the final team reward.
 """
 
 from __future__ import annotations
 
 import asyncio
+from typing import Any, Awaitable, Callable
 
-from teamrl.tasks.task import Problem, Task, TeamTask
+from teamrl.tasks.task import Problem, TeamTask, checked_reward
+from teamrl.workflows.adapters import joint_outcome
 from teamrl.workflows.context import EpisodeContext
+from teamrl.workflows.outcome import EpisodeOutcome
 
 
 def _with_note(messages: list[dict[str, str]], note: str) -> list[dict[str, str]]:
@@ -53,11 +59,19 @@ async def discussion(ctx: EpisodeContext, task: TeamTask, problem: Problem) -> d
     return dict(zip(task.roles, revised))
 
 
-async def single(ctx: EpisodeContext, task: TeamTask | Task, problem: Problem) -> dict[str, str]:
-    if isinstance(task, Task):
-        return {"agent": await ctx.generate("agent", task.prompt(problem))}
+async def single(ctx: EpisodeContext, task: TeamTask, problem: Problem) -> dict[str, str]:
     text = await ctx.generate(task.roles[0], task.single_prompt(problem))
     return task.split_single(text)
 
 
-BASELINES = {"concat": parallel, "sequential": sequential, "discussion": discussion, "single": single}
+def scored(prompt_team: Callable[[EpisodeContext, TeamTask, Problem], Awaitable[dict[str, str]]]
+           ) -> Callable[..., Awaitable[EpisodeOutcome | float]]:
+    """``prompt_team`` as a workflow ``run(ctx, task, problem, settings)``: the task's checked reward of the
+    joint output is its final team reward (an outcome with the test verdict where the task has ``passed``)."""
+    async def run(ctx: EpisodeContext, task: TeamTask, problem: Problem, settings: Any = None) -> EpisodeOutcome | float:
+        outputs = await prompt_team(ctx, task, problem)
+        reward = checked_reward(task.name, f"reward(problem {problem.id!r})", task.reward(problem, outputs))
+        return joint_outcome(task, problem, outputs, reward)
+
+    run.__name__ = run.__qualname__ = prompt_team.__name__
+    return run
