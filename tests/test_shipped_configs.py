@@ -72,3 +72,18 @@ def test_example_config_with_its_plugin_passes_teamrl_config(path):
     assert done.returncode == 0, done.stderr[-2000:]
     shown = yaml.safe_load(done.stdout)
     assert shown["workflow"]["name"] == raw["workflow"]["name"] and shown["task"]["name"] == raw["task"]["name"]
+
+
+def test_train_every_config_lists_every_config_and_trains_one(tmp_path):
+    from tools.train_every_config import runs
+
+    labels = [label for label, _ in runs(tmp_path)]
+    for path in TRAINING + EXAMPLES:
+        assert str(path.relative_to(ROOT)) in labels
+    for path in STUDIES:
+        assert sum(label.startswith(f"{path.relative_to(ROOT)} [") for label in labels) == len(cells(load_study(path)))
+    done = subprocess.run([sys.executable, "tools/train_every_config.py", "--only", "grpo_word_count"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300, env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"})
+    assert done.returncode == 0, done.stdout + done.stderr[-2000:]
+    (row,) = [line for line in done.stdout.splitlines() if "grpo_word_count" in line]
+    assert row.split("|")[2].strip() == "ok" and float(row.split("|")[4]) >= 0, row
