@@ -198,7 +198,7 @@ MUTANTS: list[Mutant] = [
     Mutant("magrpo.group_key_without_path", MAGRPO, 'return (sample.problem_id, sample.role, sample.turn, sample.tags.get("path", ()))',
            "return (sample.problem_id, sample.role, sample.turn)", T_MAGRPO, "sibling nodes of a turn pooled in one group"),
     Mutant("magrpo.one_turn_too_many", MAGRPO, "expand = [depth + 1 < self.s.num_turns", "expand = [depth < self.s.num_turns",
-           T_MAGRPO, "one turn more than num_turns"),
+           T_MAGRPO + ("tests/test_magrpo_depth.py",), "one turn more than num_turns"),
     Mutant("magrpo.returns_not_used", MAGRPO, "per_sample = completion_returns(joint, returns, G, len(frontier))",
            "per_sample = completion_returns(joint, rewards, G, len(frontier))", T_MAGRPO, "sample rewards ignore later turns"),
     Mutant("magrpo.cross_count_once", MAGRPO, "count[a][j] += 1", "count[a][j] = 1",
