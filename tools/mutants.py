@@ -255,7 +255,7 @@ MUTANTS: list[Mutant] = [
 
     # --- algorithms/workflow_grpo.py ------------------------------------------------------------
     Mutant("workflow.role_reward_in_outcome_mode", REWARDS, '(1 or 0)."""\n    return outcome.reward',
-           '(1 or 0)."""\n    return sample.tags.get("role_reward", outcome.reward)',
+           '(1 or 0)."""\n    return own_reward(sample) if own_reward(sample) is not None else outcome.reward',
            T_WORKFLOW, "per-role reward used in outcome mode (issue 20 survivor)"),
     Mutant("workflow.role_reward_ignored", REWARDS, "return own if own is not None else outcome.reward",
            "return outcome.reward", T_WORKFLOW, "per_role mode never uses the role's reward"),
