@@ -1,5 +1,5 @@
 """The public extension API: registries, --plugin, package.module:object references, the role -> policy map,
-and the user-workflow example (examples/proposer_critic_judge.py) trained through the CLI.
+and the user-workflow example (examples/proposer_critic_judge.py) trained and evaluated through the CLI.
 
 Nothing here registers into the library's registries in this process: plugins are loaded by a
 ``teamrl`` subprocess, and registry behaviour is checked on fresh :class:`Registry` instances."""
@@ -58,7 +58,7 @@ def test_example_uses_only_the_public_api_in_at_most_40_lines():
     (["policy.mode=lora_per_role", "policy.roles={proposer: proposer, critic: reviewer, judge: reviewer}"],
      {"proposer", "reviewer"}),
 ], ids=["shared", "adapter_per_role", "role_map"])
-def test_example_trains_through_the_cli_with_a_plugin(tmp_path, policy, expected):
+def test_example_trains_and_evaluates_through_the_cli_with_a_plugin(tmp_path, policy, expected):
     reward_plugin = tmp_path / "my_reward.py"
     reward_plugin.write_text(VARIED_REWARD)
     done = _teamrl("train", str(EXAMPLE_YAML), "--plugin", str(EXAMPLE), "--plugin", str(reward_plugin),
@@ -77,6 +77,16 @@ def test_example_trains_through_the_cli_with_a_plugin(tmp_path, policy, expected
         weights = torch.load(ckpt / f"policy_{name}.pt")
         moved = [k for k, v in weights.items() if "lora_B" in k and v.abs().max() > 0]
         assert moved, f"adapter {name!r} did not move"
+    # teamrl eval of the trained run: the trained team, the same team untrained and the single-agent baseline, paired,
+    # on problems the run did not train on (the example's task draws another set with another task.seed)
+    evaluated = _teamrl("eval", "--checkpoint", str(tmp_path / "pcj"), "--plugin", str(EXAMPLE), "--plugin",
+                        str(reward_plugin), "--limit", "2", "task.seed=1")
+    assert evaluated.returncode == 0, evaluated.stderr[-2000:]
+    rows = {cells[0]: cells for cells in ([c.strip() for c in line.strip("|").split("|")]
+                                          for line in evaluated.stdout.splitlines() if line.startswith("| "))}
+    for method in ("team", "untrained", "single"):
+        assert method in rows and rows[method][4] == "2", evaluated.stdout
+    assert "team - untrained:" in evaluated.stdout and "paired over the same 2 problems" in evaluated.stdout
 
 
 def test_unregistered_names_are_one_line_errors_that_name_what_is_registered(capsys):

@@ -21,8 +21,8 @@ GRPO = "teamrl/algorithms/grpo.py"
 MAGRPO = "teamrl/algorithms/magrpo.py"
 ATGRPO = "teamrl/algorithms/at_grpo.py"
 MGRPO = "teamrl/algorithms/m_grpo.py"
-WORKFLOW = "teamrl/algorithms/workflow_grpo.py"
 REWARDS = "teamrl/workflows/__init__.py"  # the registered workflow rewards
+ADAPTERS = "teamrl/workflows/adapters.py"  # the env workflow AT-GRPO runs an environment through
 ENGINE = "teamrl/rollout/hf_engine.py"
 
 T_ADV = ("tests/test_losses.py",)
@@ -179,17 +179,17 @@ MUTANTS: list[Mutant] = [
            T_LOGP, "shared-prefix prompts attend to their left padding"),
 
     # --- algorithms/grpo.py ---------------------------------------------------------------------
-    Mutant("grpo.group_per_episode", GRPO, "return (sample.problem_id,)", "return (sample.problem_id, sample.episode)",
+    Mutant("grpo.group_per_episode", GRPO, "s.group = (s.problem_id,) if per_problem", "s.group = (s.problem_id, s.episode) if per_problem",
            T_GRPO, "every episode its own group (all advantages 0)"),
-    Mutant("grpo.one_episode_short", GRPO, "for e in range(self.group_size)]", "for e in range(self.group_size - 1)]",
+    Mutant("grpo.one_episode_short", GRPO, "run, self.group_size, extra)", "run, self.group_size - 1, extra)",
            T_GRPO, "G - 1 episodes per problem"),
-    Mutant("grpo.baseline_not_greedy", GRPO, 'make_ctx(p, -1, {"greedy": True})', 'make_ctx(p, -1, {})',
+    Mutant("grpo.baseline_not_greedy", GRPO, 'extra = [(p, -1, {"greedy": True})', 'extra = [(p, -1, {})',
            T_GRPO, "ReMax baseline sampled instead of greedy"),
 
     # --- algorithms/magrpo.py -------------------------------------------------------------------
-    Mutant("magrpo.threshold_strict", MAGRPO, "reward / task.max_reward >= t", "reward / task.max_reward > t",
+    Mutant("magrpo.threshold_strict", MAGRPO, "reward / max_reward >= t", "reward / max_reward > t",
            T_MAGRPO, "a reward exactly at the threshold does not terminate (issue 20 survivor)"),
-    Mutant("magrpo.threshold_unnormalised", MAGRPO, "reward / task.max_reward >= t", "reward >= t",
+    Mutant("magrpo.threshold_unnormalised", MAGRPO, "reward / max_reward >= t", "reward >= t",
            T_MAGRPO, "termination threshold compared with the raw reward"),
     Mutant("magrpo.no_discount", MAGRPO, "return reward + (gamma * sum(child_returns)", "return reward + (sum(child_returns)",
            T_MAGRPO, "gamma ignored"),
@@ -197,38 +197,38 @@ MUTANTS: list[Mutant] = [
            "sum(child_returns) if child_returns", T_MAGRPO, "children's returns summed, not averaged"),
     Mutant("magrpo.group_key_without_path", MAGRPO, 'return (sample.problem_id, sample.role, sample.turn, sample.tags.get("path", ()))',
            "return (sample.problem_id, sample.role, sample.turn)", T_MAGRPO, "sibling nodes of a turn pooled in one group"),
-    Mutant("magrpo.one_turn_too_many", MAGRPO, "expand = [turn + 1 < self.s.num_turns", "expand = [turn < self.s.num_turns",
-           T_MAGRPO, "one turn more than num_turns"),
-    Mutant("magrpo.returns_not_used", MAGRPO, "per_sample = completion_returns(joint, returns, G, len(roles))",
-           "per_sample = completion_returns(joint, rewards, G, len(roles))", T_MAGRPO, "sample rewards ignore later turns"),
+    Mutant("magrpo.one_turn_too_many", MAGRPO, "expand = [depth + 1 < self.s.num_turns", "expand = [depth < self.s.num_turns",
+           T_MAGRPO + ("tests/test_magrpo_depth.py",), "one turn more than num_turns"),
+    Mutant("magrpo.returns_not_used", MAGRPO, "per_sample = completion_returns(joint, returns, G, len(frontier))",
+           "per_sample = completion_returns(joint, rewards, G, len(frontier))", T_MAGRPO, "sample rewards ignore later turns"),
     Mutant("magrpo.cross_count_once", MAGRPO, "count[a][j] += 1", "count[a][j] = 1",
            T_MAGRPO, "cross-mode return is a sum, not a mean"),
-    Mutant("magrpo.child_without_history", MAGRPO, "history + [outputs[k]],", "history,",
-           T_MAGRPO, "a child node's prompt misses its parent's joint action"),
+    Mutant("magrpo.child_without_history", MAGRPO, "self._node(real, copies[k], copies[k].frontier,",
+           "self._node(real, copies[0], copies[0].frontier,",
+           T_MAGRPO, "a child node continues from the first joint action's history, not its parent's"),
 
     # --- algorithms/at_grpo.py ------------------------------------------------------------------
-    Mutant("at_grpo.team_reward_of_old_state", ATGRPO, "self.s.alpha * float(env.team_reward(new_state))",
-           "self.s.alpha * float(env.team_reward(state))", T_ATGRPO,
+    Mutant("at_grpo.team_reward_of_old_state", ADAPTERS, '"team_reward", environment.team_reward(new_state)',
+           '"team_reward", environment.team_reward(state)', T_ATGRPO,
            "candidate scored with the team reward of the pre-action state (issue 20 survivor)"),
     Mutant("at_grpo.tree_key_without_turn", ATGRPO, "return (sample.problem_id, sample.turn, sample.role)",
            "return (sample.problem_id, sample.role)", T_ATGRPO, "tree groups pool every turn"),
     Mutant("at_grpo.trajectory_key_with_turn", ATGRPO, "return (sample.problem_id, sample.role)\n",
            "return (sample.problem_id, sample.turn, sample.role)\n", T_ATGRPO, "trajectory groups split by turn"),
-    Mutant("at_grpo.alpha_ignored_tree", ATGRPO, "score = float(local) + self.s.alpha * float(",
-           "score = float(local) + float(", T_ATGRPO, "tree scores ignore alpha"),
-    Mutant("at_grpo.alpha_ignored_trajectory", ATGRPO, 's.reward = s.tags["local_reward"] + self.s.alpha * team',
-           's.reward = s.tags["local_reward"] + team', T_ATGRPO, "trajectory rewards ignore alpha"),
-    Mutant("at_grpo.first_branch_continues", ATGRPO, "state = branches[j]", "state = branches[0]",
+    Mutant("at_grpo.alpha_ignored_tree", ATGRPO, "s.reward = local + self.s.alpha * team",
+           "s.reward = local + team", T_ATGRPO, "tree scores ignore alpha"),
+    Mutant("at_grpo.alpha_ignored_trajectory", ATGRPO, "s.reward = local + self.s.alpha * result.team_return",
+           "s.reward = local + result.team_return", T_ATGRPO, "trajectory rewards ignore alpha"),
+    Mutant("at_grpo.first_branch_continues", ATGRPO, "branch = copies[chosen[0]]", "branch = copies[0]",
            T_ATGRPO, "the first candidate's state continues, not the chosen one's"),
     Mutant("at_grpo.greedy_picks_min", ATGRPO, "best = max(scores)", "best = min(scores)",
            T_ATGRPO, "greedy selection picks the worst candidate"),
-    Mutant("at_grpo.trajectory_parallel_sees_state", ATGRPO, "env.observe(base if env.parallel else state, role)",
-           "env.observe(state, role)", T_ATGRPO, "parallel agents see the turn's earlier actions (trajectory)"),
-    Mutant("at_grpo.max_turns_ignored", ATGRPO, "return self.s.max_turns or env.max_turns", "return env.max_turns",
+    # one line of the env workflow now serves the tree and trajectory groupings: the old tree-only mutant
+    # at_grpo.parallel_observes_state is this one
+    Mutant("at_grpo.trajectory_parallel_sees_state", ADAPTERS, "environment.observe(before if environment.parallel else state, role)",
+           "environment.observe(state, role)", T_ATGRPO_NEW, "parallel agents see the turn's earlier actions"),
+    Mutant("at_grpo.max_turns_ignored", ATGRPO, "max_turns=self.s.max_turns)", "max_turns=0)",
            T_ATGRPO, "at_grpo.max_turns ignored"),
-    Mutant("at_grpo.parallel_observes_state", ATGRPO, "group = groups[i] if env.parallel else",
-           "group = groups[i] if False else", T_ATGRPO_NEW,
-           "parallel tree agents generate in turn, each observing the state after the earlier roles' actions"),
 
     # --- algorithms/m_grpo.py -------------------------------------------------------------------
     Mutant("m_grpo.validity_from_first_turn", MGRPO, 'valid = bool(samples[-1].tags.get("format_valid", False))',
@@ -244,7 +244,7 @@ MUTANTS: list[Mutant] = [
            T_MGRPO, "rollouts without calls get d_max - 1 slots"),
     Mutant("m_grpo.duplicates_not_copied", MGRPO, "dup = key in used", "dup = False",
            T_MGRPO, "duplicates are the same Sample objects, not tagged copies"),
-    Mutant("m_grpo.validity_of_first_call", MGRPO, 'res.calls[s.tags["call"]].format_valid', "res.calls[0].format_valid",
+    Mutant("m_grpo.validity_of_first_call", MGRPO, 'calls[s.tags["call"]].format_valid if calls', "calls[0].format_valid if calls",
            T_MGRPO, "every call's validity taken from the rollout's first call"),
     Mutant("m_grpo.frozen_ignored", MGRPO, 'frozen=self.s.sub_agent == "frozen")', "frozen=False)",
            T_MGRPO, "a frozen sub-agent is trained"),
@@ -255,13 +255,13 @@ MUTANTS: list[Mutant] = [
 
     # --- algorithms/workflow_grpo.py ------------------------------------------------------------
     Mutant("workflow.role_reward_in_outcome_mode", REWARDS, '(1 or 0)."""\n    return outcome.reward',
-           '(1 or 0)."""\n    return sample.tags.get("role_reward", outcome.reward)',
+           '(1 or 0)."""\n    return own_reward(sample) if own_reward(sample) is not None else outcome.reward',
            T_WORKFLOW, "per-role reward used in outcome mode (issue 20 survivor)"),
-    Mutant("workflow.role_reward_ignored", REWARDS, "return float(sample.role_reward) if sample.role_reward is not None else outcome.reward",
+    Mutant("workflow.role_reward_ignored", REWARDS, "return own if own is not None else outcome.reward",
            "return outcome.reward", T_WORKFLOW, "per_role mode never uses the role's reward"),
-    Mutant("workflow.key_by_instance", WORKFLOW, "return (sample.problem_id, role_type(sample.role), sample.turn)",
+    Mutant("workflow.key_by_instance", GRPO, "return (sample.problem_id, role_type(sample.role), sample.turn)",
            "return (sample.problem_id, sample.role, sample.turn)", T_WORKFLOW, "generator instances not pooled"),
-    Mutant("workflow.key_without_turn", WORKFLOW, "return (sample.problem_id, role_type(sample.role), sample.turn)",
+    Mutant("workflow.key_without_turn", GRPO, "return (sample.problem_id, role_type(sample.role), sample.turn)",
            "return (sample.problem_id, role_type(sample.role))", T_WORKFLOW, "a role's steps pooled across turns"),
 
     # --- rollout/hf_engine.py (sampling) --------------------------------------------------------
@@ -310,24 +310,24 @@ MUTANTS: list[Mutant] = [
     Mutant("adv.untagged_sample_joins_a_trajectory", ADV, '("sample", i) if k is None', '("trajectory", i) if k is None',
            T_TRAJ, "a sample without a trajectory key i shares the trajectory keyed i"),
     # MAGRPO: a terminated success is credited for every remaining turn
-    Mutant("magrpo.terminated_own_turn_not_counted", MAGRPO, "left = self.s.num_turns - turn\n",
-           "left = self.s.num_turns - turn - 1\n", T_MAGRPO_TERM, "a terminated action credited one turn short"),
+    Mutant("magrpo.terminated_own_turn_not_counted", MAGRPO, "left = self.s.num_turns - depth\n",
+           "left = self.s.num_turns - depth - 1\n", T_MAGRPO_TERM, "a terminated action credited one turn short"),
     Mutant("magrpo.terminated_undiscounted", MAGRPO, "return reward * sum(gamma ** k for k in range(remaining_turns))",
            "return reward * remaining_turns", T_MAGRPO_TERM, "remaining turns of a terminated action not discounted"),
     Mutant("magrpo.terminated_discount_from_one", MAGRPO, "sum(gamma ** k for k in range(remaining_turns))",
            "sum(gamma ** k for k in range(1, remaining_turns + 1))", T_MAGRPO_TERM,
            "a terminated action's own turn discounted by gamma"),
-    Mutant("magrpo.terminated_reward_once", MAGRPO, "returns = [terminated_return(r, left, self.s.gamma) if t",
-           "returns = [r if t", T_MAGRPO_TERM, "a terminated action credited with its own reward only (the old behaviour)"),
+    Mutant("magrpo.terminated_reward_once", MAGRPO, "returns.append(terminated_return(r, left, self.s.gamma))",
+           "returns.append(r)", T_MAGRPO_TERM, "a terminated action credited with its own reward only (the old behaviour)"),
     Mutant("magrpo.repeated_problem_one_instance", MAGRPO, "ctxs = [make_ctx(inst, 0, {}) for inst in batch_instances(problems)]",
            "ctxs = [make_ctx(inst, 0, {}) for inst in problems]", T_REPEATS + T_MAGRPO,
            "a problem drawn twice in a batch shares its groups"),
     # AT-GRPO: scoring on the post-action state, unused candidates, repeated problems
-    Mutant("at_grpo.unused_candidates_of_the_stopping_role", ATGRPO, "for s in (s for g in groups[i:] for s in g):",
-           "for s in (s for g in groups[i + 1:] for s in g):", T_ATGRPO_NEW,
-           "the first role whose turn never came keeps unscored candidates"),
-    Mutant("at_grpo.unused_candidates_trained", ATGRPO, 's.tags["unused"], s.trainable = True, False',
-           's.tags["unused"], s.trainable = True, True', T_ATGRPO_NEW, "candidates that never acted are trained with reward 0"),
+    # since the episode protocol, roles whose turn never came are not sampled at all (no unused candidates to tag):
+    # the old mutants at_grpo.unused_candidates_{of_the_stopping_role,trained} become this one
+    Mutant("at_grpo.unused_candidates_trained", ADAPTERS, "            if environment.done(state):\n                break\n",
+           "            if False:\n                break\n", T_ATGRPO_NEW,
+           "roles after the action that ended the episode still act (and are trained) in that turn"),
     Mutant("at_grpo.tree_repeated_problem_one_instance", ATGRPO,
            'ctxs = [make_ctx(inst, 0, {"grouping": "tree"}) for inst in instances]',
            'ctxs = [make_ctx(inst, 0, {"grouping": "tree"}) for inst in problems]', T_ATGRPO_NEW,

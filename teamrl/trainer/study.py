@@ -113,6 +113,8 @@ def cells(study: StudyConfig) -> list[Cell]:
 def cell_config(study: StudyConfig, cell: Cell):
     """The validated training config of one cell (evaluation during training is switched on if off)."""
     cfg = load_config(study.base or None, [*study.overrides, *cell.overrides(), f"name={cell.name}"])
+    if cell.workflow == "single":  # workflow.options are the study workflows'; the single-agent baseline declares none
+        cfg.workflow.options = {}
     if not cfg.train.eval_every:
         cfg.train.eval_every = max(1, cfg.train.steps // 4)
     cfg.run.dir = str(Path(cfg.run.dir) / study.name)
