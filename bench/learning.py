@@ -18,16 +18,27 @@ spread over seeds; success/accuracy; valid replies; wall time; sampled episodes 
 tokens) and one PNG of training curves per comparison beside it. ``--quick``: the tiny random
 model, one seed, one step, two held-out problems: a smoke run of the whole grid (seconds).
 
-Usage: python bench/learning.py [--quick] [--seeds 2] [--only magrpo,at_grpo,m_grpo,study] [--out bench/LEARNING.md]
+``--jobs N`` (default 2; --quick: 1) runs N (arm, seed) runs at once, each in its own process at one
+torch thread: on 2 cores two 1-thread processes get more done than one 2-thread process (decode at
+small batch does not scale with threads) and two 2-thread processes slow each other 4-20x.
+
+Usage: python bench/learning.py [--quick] [--seeds 2] [--jobs 2] [--only magrpo,at_grpo,m_grpo,study] [--out bench/LEARNING.md]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import fcntl
+import json
+import os
 import statistics
+import shutil
+import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -51,6 +62,11 @@ class Comparison:
     common: tuple[str, ...]  # the full-scale settings shared by every arm (the sample budget)
     arms: tuple[Arm, ...]
     quick: tuple[str, ...] = ()  # --quick: the task's own smaller settings
+    config: str | None = None  # a shipped config (relative to the repository) the settings start from
+    eval_problems: int = 8  # held-out problems each arm is scored on (--eval overrides)
+    warm_roles: tuple[str, ...] = ()  # the roles whose demonstrations the warm start uses (() = all)
+    warm_problems: int = 4  # the warm start: the task's demonstrations of its first N training problems ...
+    warm_epochs: int = 2  # ... this many passes
 
 
 @dataclass
@@ -68,36 +84,45 @@ class ArmResult:
 
 
 def comparisons() -> list[Comparison]:
-    """The grid at full CPU scale (the embedded SmolLM2-135M)."""
+    """The grid at CPU scale (the embedded SmolLM2-135M, one torch thread per run).
+
+    Sized so that the whole grid, 2 seeds, runs in about an hour on 2 cores (two runs at a time):
+    measured at one thread, a MAGRPO writing step takes ~100 s, an AT-GRPO Plan-Path step (2 turns,
+    96 tokens) ~300 s and one SFT step of 8 Plan-Path demonstrations ~150 s, so every comparison
+    here takes a few steps of small groups; the tables say how far that moves each arm.
+    """
     lr = "train.lr=0.0005"
     return [
-        Comparison("magrpo", "MAGRPO, writing.tldr (the demo task): two LoRA agents, held-out papers (aclsum test split)",
-                   ("algorithm=magrpo", "task.name=writing.tldr", "task.split=train", "policy.mode=lora_per_role",
-                    "rollout.group_size=4", "rollout.batch_size=2", "rollout.max_new_tokens=64", "train.steps=12", lr),
-                   (Arm("untrained team", rl=False), Arm("MAGRPO"))),
-        Comparison("at_grpo", "AT-GRPO, Plan-Path 4x4, 2 turns (tool + planner), held-out grids of a fresh seed",
-                   ("algorithm=at_grpo", "task.name=plan_path", "task.min_size=4", "task.max_size=4", "task.max_turns=2",
+        Comparison("magrpo", "MAGRPO, writing.tldr (the demo task and settings): two LoRA agents, held-out papers (aclsum test split)",
+                   ("rollout.group_size=4", "rollout.batch_size=2", "rollout.max_new_tokens=64", "train.steps=8", lr),
+                   (Arm("untrained team", rl=False), Arm("MAGRPO")),
+                   config="configs/magrpo_writing_tldr.yaml", eval_problems=12),
+        Comparison("at_grpo", "AT-GRPO, Plan-Path 4x4, 1 turn (tool + planner, one shared policy), held-out grids of a fresh seed",
+                   ("algorithm=at_grpo", "task.name=plan_path", "task.min_size=4", "task.max_size=4", "task.max_turns=1",
                     "task.num_problems=32", "policy.mode=shared", "rollout.group_size=4", "rollout.batch_size=2",
-                    "rollout.max_new_tokens=96", "train.steps=6", lr),
+                    "rollout.max_new_tokens=48", "train.steps=3", lr),
                    (Arm("untrained team", rl=False), Arm("warm start only", warm_start=True, rl=False),
                     Arm("single-agent GRPO (planner alone), warm start", ("task.agents=planner", "at_grpo.grouping=trajectory"),
                         warm_start=True),
                     Arm("AT-GRPO, trajectory grouping, warm start", ("at_grpo.grouping=trajectory",), warm_start=True),
                     Arm("AT-GRPO, tree grouping, warm start", ("at_grpo.grouping=tree",), warm_start=True)),
-                   quick=("task.num_problems=8", "task.max_turns=1")),
+                   quick=("task.num_problems=8",),
+                   # the tool's demonstration is a ~230-token BFS program, past what the tool may write here
+                   warm_roles=("planner",), warm_problems=8),
         Comparison("m_grpo", "M-GRPO, research environment (main + tool-using sub-agent), held-out questions of a fresh seed",
                    ("algorithm=m_grpo", "task.name=research", "task.num_problems=32", "policy.mode=lora_per_role",
-                    "rollout.group_size=4", "rollout.batch_size=2", "rollout.max_new_tokens=48", "train.steps=6", lr),
+                    "rollout.group_size=4", "rollout.batch_size=2", "rollout.max_new_tokens=48", "train.steps=3", lr),
                    (Arm("untrained team", rl=False), Arm("warm start only", warm_start=True, rl=False),
                     # the task's demonstrations are of the team protocol (main + sub), so the single agent has none
                     Arm("single agent (no warm start: no single-agent demonstrations)", ("m_grpo.agents=single",)),
                     Arm("main + frozen sub-agent, warm start", ("m_grpo.sub_agent=frozen",), warm_start=True),
                     Arm("M-GRPO main + sub, warm start", (), warm_start=True)),
-                   quick=("task.num_problems=12",)),
+                   quick=("task.num_problems=12",),
+                   warm_problems=2),  # ~8 demonstrations (main and sub turns) per question
         *[Comparison(f"study_{wf}", f"Workflow study, {wf} on easy arithmetic, held-out problems (task.split=test)",
                      ("algorithm=grpo", "task.name=math.solve", "task.source=generated_easy", "task.num_problems=80",
                       "task.test_size=16", f"workflow.name={wf}", "rollout.group_size=4", "rollout.batch_size=2",
-                      "rollout.max_new_tokens=64", "train.steps=8", "train.eval_every=4", "train.eval_problems=8", lr),
+                      "rollout.max_new_tokens=64", "train.steps=4", "train.eval_every=2", "train.eval_problems=4", lr),
                      (Arm("untrained team", rl=False), Arm("SA-RL (single workflow)", ("workflow.name=single",)),
                       Arm("SP (shared policy)", ("policy.mode=shared",)), Arm("IP (LoRA per role)", ("policy.mode=lora_per_role",))),
                      quick=("task.num_problems=12", "task.test_size=3", "train.eval_every=1", "train.eval_problems=1"))
@@ -105,35 +130,86 @@ def comparisons() -> list[Comparison]:
     ]
 
 
+# The warm start (Comparison.warm_problems, warm_epochs). SmolLM2-135M at one thread: 16 Plan-Path
+# demonstrations x 2 passes (4 steps of 8) took about 10 minutes, so it is kept small and done once per
+# comparison and seed (shared_warm_start).
+WARM_PROBLEMS_QUICK = 2
+WARM_LR = 2e-3  # a LoRA adapter takes a higher rate than RL's; the few warm-start steps must teach the format
+
 # --quick: every comparison on the tiny random model, one step of the smallest budget
 QUICK = ("model=tiny-random", "threads=1", "rollout.max_new_tokens=4", "rollout.group_size=2", "rollout.batch_size=1",
          "train.steps=1", "policy.lora.r=4")
 
 
-def _overrides(comp: Comparison, arm: Arm, quick: bool) -> list[str]:
+def _overrides(comp: Comparison, arm: Arm, quick: bool, one_thread: bool = False) -> list[str]:
     extra = [*QUICK, *comp.quick] if quick else []
-    return [*comp.common, *arm.overrides, *extra, "run.progress=false", "run.tensorboard=false", "run.log_episodes=false"]
+    threads = ["threads=1"] if one_thread else []
+    return [*comp.common, *arm.overrides, *extra, *threads, "run.progress=false", "run.tensorboard=false",
+            "run.log_episodes=false"]
 
 
-def run_arm(comp: Comparison, index: int, seed: int, workdir: Path, eval_problems: int, quick: bool, result: ArmResult) -> None:
-    """Warm start (if the arm has one), RL (if it trains), then the greedy held-out score; into ``result``."""
+def merge(into: ArmResult, one: ArmResult) -> None:
+    """Add one seed's run (``one``) to the arm's result over seeds."""
+    for f in ("scores", "success", "valid", "wall", "tokens", "curves", "cliffs"):
+        getattr(into, f).extend(getattr(one, f))
+    into.episodes = into.episodes or one.episodes
+    into.watched = into.watched or one.watched
+
+
+def run_arm_in_process(comp: Comparison, index: int, seed: int, workdir: Path, eval_problems: int, quick: bool,
+                       one_thread: bool) -> ArmResult:
+    """One (arm, seed) run in a child process of its own (``--task``), at one torch thread: its result."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE"} if one_thread else None
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--task", comp.key, str(index), str(seed), "--workdir",
+           str(workdir), "--eval", str(eval_problems), *(["--quick"] if quick else []), *(["--one-thread"] if one_thread else [])]
+    done = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"bench --learning: {comp.key} arm {index} seed {seed} failed (exit {done.returncode}); "
+                           f"its traceback is above; rerun alone with: {' '.join(cmd)}")
+    return ArmResult(**json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def shared_warm_start(comp: Comparison, seed: int, workdir: Path, quick: bool, one_thread: bool) -> tuple[Path, float]:
+    """The comparison's warm start for ``seed`` (run directory, seconds it took): done once, by the first arm
+    that needs it (a file lock keeps parallel runs from doing it twice), on the comparison's common settings,
+    and shared by its warm-started arms, which start RL from a copy of its checkpoint."""
     from teamrl.core.config import load_config
     from teamrl.tasks import make_task
-    from teamrl.trainer.evaluate import evaluate, held_out_config
     from teamrl.trainer.sft import task_demonstrations, warm_start
+
+    name = f"{comp.key}-warm-seed{seed}"
+    warm_dir = workdir / name
+    with open(workdir / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (warm_dir / "seconds").is_file():
+            cfg = load_config(comp.config and REPO / comp.config, [*_overrides(comp, Arm("warm start"), quick, one_thread), f"seed={seed}",
+                                     f"run.dir={workdir}", f"name={name}"])
+            t0 = time.perf_counter()
+            task = make_task(cfg.task)
+            demos = task_demonstrations(task, task.problems()[:WARM_PROBLEMS_QUICK if quick else comp.warm_problems])
+            demos = [d for d in demos if not comp.warm_roles or d.role in comp.warm_roles]
+            warm_start(cfg, demos, epochs=1 if quick else comp.warm_epochs, batch_size=8, lr=WARM_LR, progress=False)
+            (warm_dir / "seconds").write_text(f"{time.perf_counter() - t0:.1f}")
+    return warm_dir, float((warm_dir / "seconds").read_text())
+
+
+def run_arm(comp: Comparison, index: int, seed: int, workdir: Path, eval_problems: int, quick: bool, result: ArmResult,
+            one_thread: bool = False) -> None:
+    """Warm start (if the arm has one), RL (if it trains), then the greedy held-out score; into ``result``."""
+    from teamrl.core.config import load_config
+    from teamrl.trainer.evaluate import evaluate, held_out_config
     from teamrl.trainer.trainer import Trainer
 
     arm = comp.arms[index]
     name = f"{comp.key}-arm{index}-seed{seed}"
-    cfg = load_config(None, [*_overrides(comp, arm, quick), f"seed={seed}", f"run.dir={workdir}", f"name={name}",
+    cfg = load_config(comp.config and REPO / comp.config, [*_overrides(comp, arm, quick, one_thread), f"seed={seed}", f"run.dir={workdir}", f"name={name}",
                              f"run.save_every={10**6}"])
     t0 = time.perf_counter()
+    warm_seconds = 0.0
     if arm.warm_start:
-        task = make_task(cfg.task)
-        # full scale: a first guess. 128 research demonstrations x 2 epochs of SmolLM2-135M took over 19 min on a
-        # loaded 2-core machine, so the warm start is kept to 8 problems' demonstrations, 2 passes
-        demos = task_demonstrations(task, task.problems()[:2 if quick else 8])
-        warm_start(cfg, demos, epochs=1 if quick else 2, batch_size=8, progress=False)
+        warm_dir, warm_seconds = shared_warm_start(comp, seed, workdir, quick, one_thread)
+        shutil.copytree(warm_dir / "checkpoints", workdir / name / "checkpoints")
+        (workdir / name / "metrics.jsonl").touch()
     trained_tokens = 0.0
     if arm.rl:
         metrics = Trainer(cfg, resume=arm.warm_start).train()
@@ -147,7 +223,7 @@ def run_arm(comp: Comparison, index: int, seed: int, workdir: Path, eval_problem
     method = "team" if (arm.rl or arm.warm_start) else "untrained"
     (row,) = evaluate(held, [method], checkpoint=workdir / name if method == "team" else None, limit=eval_problems,
                       progress=False)
-    result.wall.append(time.perf_counter() - t0)
+    result.wall.append(time.perf_counter() - t0 + warm_seconds)  # each warm-started arm carries the warm start's cost
     result.scores.append(row.mean)
     result.tokens.append(trained_tokens)
     if row.pass_at_1 is not None:
@@ -211,13 +287,31 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="smoke run: tiny random model, 1 seed, 1 step, 2 held-out problems")
     ap.add_argument("--seeds", type=int, default=None, help="seeds per arm (default 2; --quick: 1)")
-    ap.add_argument("--eval", type=int, default=None, help="held-out problems (default 12; --quick: 2)")
+    ap.add_argument("--eval", type=int, default=None, help="held-out problems per arm (default: the comparison's, 8 or 12; --quick: 2)")
     ap.add_argument("--only", default="", help="comma-separated comparison keys (magrpo, at_grpo, m_grpo, study_eval_opt, "
                                                "study_voting); default all")
     ap.add_argument("--out", default=str(REPO / "bench" / "LEARNING.md"), help="Markdown file to write (PNGs beside it)")
+    ap.add_argument("--jobs", type=int, default=None, help="(arm, seed) runs at once, one process and one torch thread "
+                                                           "each (default 2; --quick: 1, in this process)")
+    ap.add_argument("--task", nargs=3, metavar=("KEY", "ARM", "SEED"), help=argparse.SUPPRESS)  # one run, in a child
+    ap.add_argument("--workdir", help=argparse.SUPPRESS)
+    ap.add_argument("--one-thread", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.task:  # a child of --jobs: one (arm, seed) run; its result as the last line of stdout
+        key, index, seed = args.task[0], int(args.task[1]), int(args.task[2])
+        comp = next(c for c in comparisons() if c.key == key)
+        one = ArmResult(comp.arms[index].label)
+        run_arm(comp, index, seed, Path(args.workdir), args.eval, args.quick, one, args.one_thread)
+        print(json.dumps(dataclasses.asdict(one)), flush=True)
+        return 0
+    jobs = args.jobs if args.jobs is not None else (1 if args.quick else 2)
+    if jobs < 1:
+        print(f"bench --learning: --jobs {jobs} must be >= 1", file=sys.stderr)
+        return 2
     seeds = list(range(args.seeds or (1 if args.quick else 2)))
-    eval_problems = args.eval or (2 if args.quick else 12)
+
+    def eval_problems(comp: Comparison) -> int:
+        return args.eval or (2 if args.quick else comp.eval_problems)
     grid = comparisons()
     if args.only:
         keys = args.only.split(",")
@@ -231,15 +325,26 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     sections = []
     with tempfile.TemporaryDirectory() as d:
-        for comp in grid:
-            results = [ArmResult(a.label) for a in comp.arms]
-            for index, (arm, result) in enumerate(zip(comp.arms, results)):
-                for seed in seeds:
-                    run_arm(comp, index, seed, Path(d), eval_problems, args.quick, result)
-                print(f"[learn] {comp.key} / {arm.label}: held-out {_spread(result.scores)}, "
-                      f"{statistics.mean(result.wall):.0f} s per seed", file=sys.stderr, flush=True)
+        results = {c.key: [ArmResult(a.label) for a in c.arms] for c in grid}
+        runs = [(c, i, s) for c in grid for i in range(len(c.arms)) for s in seeds]
+
+        def one_run(run: tuple[Comparison, int, int]) -> None:
+            comp, index, seed = run
+            if jobs == 1:
+                one = ArmResult(comp.arms[index].label)
+                run_arm(comp, index, seed, Path(d), eval_problems(comp), args.quick, one)
+            else:
+                one = run_arm_in_process(comp, index, seed, Path(d), eval_problems(comp), args.quick, one_thread=True)
+            merge(results[comp.key][index], one)
+            print(f"[learn] {time.perf_counter() - t0:.0f} s: {comp.key} / {one.label} / seed {seed}: held-out "
+                  f"{one.scores[0]:.3f}, {one.wall[0]:.0f} s", file=sys.stderr, flush=True)
+
+        with ThreadPoolExecutor(jobs) as pool:
+            list(pool.map(one_run, runs))  # list(): re-raise the first failure
+        for comp in grid:  # seeds finish in any order: the table gives mean and range, the plot the mean
             png = out.with_name(f"{out.stem}_{comp.key}.png")
-            sections.append(render(comp, results, seeds, eval_problems, png.name if plot(comp, results, png) else None))
+            sections.append(render(comp, results[comp.key], seeds, eval_problems(comp),
+                                   png.name if plot(comp, results[comp.key], png) else None))
     mode = "--quick smoke run (tiny random model: the numbers say nothing about learning)" if args.quick else "full run"
     page = (f"# Learning benchmark\n\nWritten by `bench/learning.py` ({mode}); wall time {time.perf_counter() - t0:.0f} s.\n\n"
             + "\n".join(sections))

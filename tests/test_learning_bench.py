@@ -47,3 +47,16 @@ def test_bench_learning_dispatch_and_a_bad_comparison_name(capsys):
 
     assert main(["bench", "--learning", "--quick", "--only", "nope"]) == 2
     assert "--only 'nope' is not a comparison; choose from ['magrpo'" in capsys.readouterr().err
+
+
+def test_parallel_runs_in_child_processes_fill_the_same_table(tmp_path):
+    """``--jobs 2``: each (arm, seed) runs in its own process at one thread; their results come back into the table."""
+    learning = _learning()
+    out = tmp_path / "LEARNING.md"
+    assert learning.main(["--quick", "--jobs", "2", "--only", "magrpo", "--seeds", "2", "--out", str(out)]) == 0
+    page = out.read_text()
+    for arm in next(c for c in learning.comparisons() if c.key == "magrpo").arms:
+        row = next(line for line in page.splitlines() if line.startswith(f"| {arm.label} |"))
+        score = row.split("|")[2].strip()
+        assert re.fullmatch(r"\d\.\d{3} \(\d\.\d{3}\.\.\d\.\d{3}\)", score), row  # mean (min..max) over the 2 seeds
+    assert learning.main(["--quick", "--jobs", "0", "--only", "magrpo", "--out", str(out)]) == 2
