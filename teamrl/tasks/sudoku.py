@@ -356,6 +356,10 @@ class Sudoku(ToolPlannerEnvironment):
                 "already defined: `grid` (list of rows, each a list of int, 0 = empty), `n` (the side) and `box` (the "
                 "side of a box). Reply with the program in a ```python block.")
 
+    def planner_well_formed(self, state: SudokuState, text: str) -> bool:
+        """Whether ``text`` holds fills :func:`parse_fills` reads (``rRcC=V`` lines or a whole grid)."""
+        return parse_fills(text, state.n) is not None
+
     def planner_ask(self) -> str:
         return ("Answer with one line per cell you fill, like `r1c2=3` (row 1, column 2, digit 3); fill as many cells "
                 "as you are sure of.")

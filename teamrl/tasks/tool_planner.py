@@ -2,8 +2,8 @@
 
 Each turn the ``tool`` writes Python code, run in the sandbox with the state given as
 variables; its printed output is shown to the ``planner``, whose answer the environment
-executes. :class:`ToolPlannerEnvironment` holds that turn logic and the warm-start
-demonstrations; a concrete environment supplies the rendering, the tool's
+executes. :class:`ToolPlannerEnvironment` holds that turn logic, the warm-start
+demonstrations and the format check; a concrete environment supplies the rendering, the tool's
 check, the planner's move execution and a reference solution.
 """
 
@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 
 from teamrl.core.config import ConfigError
 from teamrl.sandbox import ExecutionResult, SandboxLimits, run_program
-from teamrl.tasks.code_data import extract_code
+from teamrl.tasks.code_data import extract_code, fenced_code
 from teamrl.tasks.environment import Environment
 from teamrl.tasks.task import Problem
 
@@ -181,6 +181,11 @@ class ToolPlannerEnvironment(Environment):
         """(new state, planner reward, one-line summary) for the planner's answer ``text``; the
         base class then advances the turn, clears the tool output and records the summary."""
 
+    def planner_well_formed(self, state: Any, text: str) -> bool:
+        """Whether ``text`` is in the planner's answer format, good moves or not (a ``Moves:``
+        line read by :func:`parse_moves`, unless overridden with :meth:`planner_ask`)."""
+        return parse_moves(text) is not None
+
     @abstractmethod
     def finished(self, state: Any) -> bool:
         """Solved or lost before the turns ran out."""
@@ -244,6 +249,14 @@ class ToolPlannerEnvironment(Environment):
 
     def done(self, state: Any) -> bool:
         return state.turn >= self.max_turns or self.finished(state)
+
+    def valid(self, problem: Problem, text: str) -> bool:
+        """Format validity (``teamrl eval``): ``text`` is a planner answer in the format
+        :meth:`act` reads (good moves or not) or, when ``tool`` is a role, a program in a fenced
+        block (:meth:`run_tool` also runs unfenced text; that is leniency, not the format)."""
+        if "tool" in self.roles and fenced_code(text):
+            return True
+        return self.planner_well_formed(self.reset(problem), text)
 
     def demonstrations(self, problem: Problem) -> list[tuple[str, list[dict[str, str]], str]]:
         """Warm start (``teamrl sft``): the first turn solved, with the environment's own prompts.
