@@ -13,6 +13,7 @@ from teamrl.tasks.code_data import (
     CODE_SOURCES,
     CodeProblem,
     extract_code,
+    fenced_code,
     load_code_problems,
     load_coophumaneval,
     load_humaneval,
@@ -77,6 +78,13 @@ def test_extract_code(text, expected):
 def test_extract_code_rejects_non_text():
     with pytest.raises(ValueError, match="str"):
         extract_code(None)  # type: ignore[arg-type]
+
+
+def test_fenced_code_is_extract_code_without_the_raw_text_fallback():
+    assert fenced_code("Sure!\n```python\nx = 1\n") == "x = 1" == fenced_code("```py\nx = 1\n```")
+    assert fenced_code("x = 1") is None and fenced_code("no code here") is None
+    with pytest.raises(ValueError, match="fenced_code: expected a str"):
+        fenced_code(None)  # type: ignore[arg-type]
 
 
 # ---------------------------------------------------------------------------------------

@@ -553,3 +553,33 @@ def test_options_are_validated_like_the_config():
         build_dataclass(PlanPathOptions, {"wall_density": 0.9}, "task.")
     opts = build_dataclass(PlanPathOptions, {"max_turns": 2, "max_size": 5}, "task.")
     assert PlanPath(opts).max_turns == 2
+
+
+# --- format validity (teamrl eval's valid replies) ----------------------------------------------
+
+
+@pytest.mark.parametrize("spec, planner_reply", [
+    ({"name": "plan_path", "num_problems": 1}, "Going right first.\nMoves: R R D"),
+    ({"name": "sokoban", "num_problems": 1}, "**Moves:** U U L"),  # well-formed, whether or not the moves are good
+    ({"name": "sudoku", "size": 4, "num_problems": 1}, "r1c1=4\nr5c2=1"),  # an out-of-range fill is still a fill
+    ({"name": "sudoku", "size": 4, "num_problems": 1}, "1234\n3412\n2143\n4321"),  # a whole grid
+], ids=["plan_path", "sokoban", "sudoku-fills", "sudoku-grid"])
+def test_valid_replies_of_either_role(spec, planner_reply):
+    from teamrl.tasks import make_task
+    from teamrl.tasks.task import reply_valid
+
+    env = make_task(spec)
+    p = env.problems()[0]
+    assert reply_valid(env, p, planner_reply) is True
+    assert reply_valid(env, p, fenced("print('U R')")) is True  # the tool's program
+    assert reply_valid(env, p, "I would go around the wall, then up to the goal.") is False
+    assert reply_valid(env, p, "print('U R')") is False  # a program without its ```python fence
+    assert all(env.valid(p, text) for _, _, text in env.demonstrations(p))
+
+
+def test_a_program_is_no_valid_reply_without_a_tool_agent():
+    from teamrl.tasks import make_task
+
+    env = make_task({"name": "plan_path", "num_problems": 1, "agents": "planner"})
+    p = env.problems()[0]
+    assert not env.valid(p, fenced("print('U R')")) and env.valid(p, "Moves: U R")

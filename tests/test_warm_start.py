@@ -4,6 +4,7 @@ falls, the task's own demonstrations are right, and the warm-started checkpoint 
 import io
 import json
 from contextlib import redirect_stdout
+from dataclasses import replace
 
 import pytest
 import torch
@@ -125,6 +126,40 @@ def test_math_and_plan_path_demonstrations_are_correct_answers():
         end, _ = env.apply(state, "planner", answer)
         assert env.success(end) and env.team_reward(end) == 1.0  # a shortest path: full team reward
     assert BFS_PROGRAM.count("print(") == 1
+
+
+@pytest.mark.parametrize("spec", [{"name": "sokoban", "num_problems": 3}, {"name": "sudoku", "size": 4, "num_problems": 3},
+                                  {"name": "sudoku", "size": 9, "num_problems": 2}], ids=["sokoban", "sudoku4", "sudoku9"])
+def test_sokoban_and_sudoku_demonstrations_solve_the_first_turn(spec):
+    """The tool's program, run as the environment runs it (the sandbox), prints what the planner's
+    prompt shows and scores TOOL_SOLVED; the planner's answer, executed, solves the puzzle."""
+    from teamrl.tasks import make_task
+    from teamrl.tasks.tool_planner import TOOL_SOLVED
+
+    env = make_task(spec)
+    for i, p in enumerate(env.problems()):
+        state = env.reset(p)
+        (tool, tool_msgs, program), (planner, planner_msgs, answer) = env.demonstrations(p)
+        assert (tool, planner) == ("tool", "planner") and tool_msgs == env.observe(state, "tool")
+        assert program == f"```python\n{env.reference_program}```"
+        printed = io.StringIO()
+        with redirect_stdout(printed):  # our own program (trusted), run on the prelude the sandbox would give it
+            exec(env.tool_setup(state) + env.reference_program, {})
+        assert planner_msgs == env.observe(replace(state, tool_output=printed.getvalue().strip()), "planner")
+        if i == 0:  # and once per task in the sandbox, as the environment runs it
+            after_tool, reward = env.apply(state, "tool", program)
+            assert reward == TOOL_SOLVED and planner_msgs == env.observe(after_tool, "planner")
+        end, _ = env.apply(state, "planner", answer)
+        assert end.solved and env.team_reward(end) == 1.0, (p.id, answer)
+
+
+def test_task_demonstrations_accepts_sokoban_and_sudoku():
+    from teamrl.tasks import make_task
+
+    for spec in ({"name": "sokoban", "num_problems": 2}, {"name": "sudoku", "num_problems": 2}):
+        task = make_task(spec)
+        demos = task_demonstrations(task, task.problems())
+        assert [d.role for d in demos] == ["tool", "planner"] * 2 and all(d.completion for d in demos)
 
 
 def test_research_demonstrations_are_a_correct_episode_of_the_real_workflow():

@@ -320,21 +320,27 @@ _OPEN_FENCE = re.compile(r"```[ \t]*([\w+#.-]*)[^\n]*\n(.*)\Z", re.S)
 _PYTHON_TAGS = {"python", "py", "python3", "py3"}
 
 
-def extract_code(text: str) -> str:
-    """The code in a model's answer: the longest ```python block (the last of equally long
-    ones), else the longest fenced block of any language, else the code after an unclosed
-    opening fence (a truncated answer), else the whole text; stripped."""
+def fenced_code(text: str) -> str | None:
+    """The code of a model's fenced block: the longest ```python block (the last of equally
+    long ones), else the longest fenced block of any language, else the code after an unclosed
+    opening fence (a truncated answer); stripped. None when ``text`` has no fence."""
     if not isinstance(text, str):
-        raise ValueError(f"extract_code: expected a str, got {type(text).__name__}")
+        raise ValueError(f"fenced_code: expected a str, got {type(text).__name__}")
     blocks = [(m.group(1).lower(), m.group(2)) for m in _FENCE.finditer(text)]
     for pool in ([b for tag, b in blocks if tag in _PYTHON_TAGS], [b for _, b in blocks]):
         if pool:
             longest = max(len(b.strip()) for b in pool)
             return [b for b in pool if len(b.strip()) == longest][-1].strip()
     unclosed = _OPEN_FENCE.search(text)
-    if unclosed:
-        return unclosed.group(2).strip()
-    return text.strip()
+    return unclosed.group(2).strip() if unclosed else None
+
+
+def extract_code(text: str) -> str:
+    """The code in a model's answer: :func:`fenced_code`, else the whole text; stripped."""
+    if not isinstance(text, str):
+        raise ValueError(f"extract_code: expected a str, got {type(text).__name__}")
+    code = fenced_code(text)
+    return text.strip() if code is None else code
 
 
 def prompt_imports(prompt: str) -> str:

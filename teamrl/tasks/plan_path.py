@@ -194,6 +194,7 @@ class PlanPath(ToolPlannerEnvironment):
 
     name: ClassVar[str] = "plan_path"
     Options = PlanPathOptions
+    reference_program: ClassVar[str] = BFS_PROGRAM
 
     def __init__(self, opts: PlanPathOptions | None = None) -> None:
         self.opts = opts or PlanPathOptions()
@@ -287,15 +288,10 @@ class PlanPath(ToolPlannerEnvironment):
         """The goal was reached (by any path; the team reward also prices optimality)."""
         return state.reached
 
-    def demonstrations(self, problem: Problem) -> list[tuple[str, list[dict[str, str]], str]]:
-        """Warm start (``teamrl sft``): the first turn solved. The tool writes a BFS program (what
-        it prints, the shortest path, is shown to the planner) and the planner answers
-        ``Moves: ...`` with a shortest path."""
-        state = self.reset(problem)
-        moves = " ".join(shortest_path(state.grid, state.pos, state.goal) or "")
-        out = []
-        if "tool" in self.roles:
-            out.append(("tool", self.observe(state, "tool"), f"```python\n{BFS_PROGRAM}```"))
-            state = replace(state, tool_output=moves)
-        out.append(("planner", self.observe(state, "planner"), f"Moves: {moves}"))
-        return out
+    def reference(self, state: PlanPathState) -> tuple[str, str] | None:
+        """Warm start: the BFS program prints a shortest path; the planner answers ``Moves:`` with it."""
+        moves = shortest_path(state.grid, state.pos, state.goal)
+        if not moves:
+            return None
+        shown = " ".join(moves)
+        return shown, f"Moves: {shown}"

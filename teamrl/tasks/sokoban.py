@@ -41,6 +41,12 @@ tool
 team
     1.0 when solved, else the fraction of boxes on goals (generated levels start with none on a
     goal, so this measures progress; it is not reset by a deadlock).
+
+Warm start (``teamrl sft``): the tool writes :data:`BFS_PROGRAM` (the same search as
+:func:`solve`, so it prints the same fewest-moves solution) and the planner answers
+``Moves: ...`` with that solution. A level :func:`solve` cannot solve within ``solver_budget``
+states (a hard Boxoban level) has no demonstrations; the program has no budget but the
+sandbox's ``wall_seconds``.
 """
 
 from __future__ import annotations
@@ -331,6 +337,49 @@ def load_boxoban(path: str | Path, limit: int | None = None) -> list[tuple[str, 
     return levels
 
 
+# The tool's demonstration (warm start): :func:`solve` written from the prelude's variables (same
+# move order and deadlock pruning, so it prints the same solution).
+BFS_PROGRAM = """from collections import deque
+steps = {"U": (-1, 0), "D": (1, 0), "L": (0, -1), "R": (0, 1)}
+targets = set(map(tuple, goals))
+
+def wall(r, c):
+    return not (0 <= r < len(grid) and 0 <= c < len(grid[r])) or grid[r][c] == "#"
+
+def cornered(r, c):  # a box off goal in a corner can never move again
+    return (r, c) not in targets and (wall(r - 1, c) or wall(r + 1, c)) and (wall(r, c - 1) or wall(r, c + 1))
+
+start = (tuple(player), frozenset(map(tuple, boxes)))
+prev = {start: None}
+queue = deque([start])
+end = None
+while queue and end is None:
+    node = queue.popleft()
+    (r, c), held = node
+    for move, (dr, dc) in steps.items():
+        cell, now = (r + dr, c + dc), held
+        if wall(*cell):
+            continue
+        if cell in held:
+            push = (cell[0] + dr, cell[1] + dc)
+            if wall(*push) or push in held or cornered(*push):
+                continue
+            now = (held - {cell}) | {push}
+        child = (cell, now)
+        if child not in prev:
+            prev[child] = (node, move)
+            if now <= targets:
+                end = child
+                break
+            queue.append(child)
+path = []
+while end is not None and prev[end] is not None:
+    end, move = prev[end]
+    path.append(move)
+print(" ".join(reversed(path)))
+"""
+
+
 @dataclass(frozen=True)
 class SokobanState(TurnState):
     """The level, the player, the boxes, moves executed so far, and whether a deadlock ended it."""
@@ -355,6 +404,7 @@ class Sokoban(ToolPlannerEnvironment):
 
     name: ClassVar[str] = "sokoban"
     Options = SokobanOptions
+    reference_program: ClassVar[str] = BFS_PROGRAM
 
     def __init__(self, opts: SokobanOptions | None = None) -> None:
         self.opts = o = opts or SokobanOptions()
@@ -460,3 +510,12 @@ class Sokoban(ToolPlannerEnvironment):
 
     def team_reward(self, state: SokobanState) -> float:
         return 1.0 if state.solved else state.on_goals / len(state.boxes)
+
+    def reference(self, state: SokobanState) -> tuple[str, str] | None:
+        """Warm start: :data:`BFS_PROGRAM` prints :func:`solve`'s solution; the planner answers
+        ``Moves:`` with it. None when :func:`solve` finds none within ``solver_budget`` states."""
+        moves = solve(state.level, state.player, state.boxes, self.opts.solver_budget)
+        if not moves:
+            return None
+        shown = " ".join(moves)
+        return shown, f"Moves: {shown}"

@@ -36,6 +36,11 @@ tool
     ``TOOL_FAILED`` 0.0 error, timeout, no program, or nothing printed
 team
     1.0 when solved, else the fraction of holes filled with the solution's value.
+
+Warm start (``teamrl sft``): the tool writes :data:`SOLVER_PROGRAM` (backtracking; prints one
+``rRcC=V`` line per empty cell) and the planner answers with the puzzle's solution in the same
+lines. With ``unique: false`` the program may print another solution than the one shown to the
+planner; both solve the puzzle.
 """
 
 from __future__ import annotations
@@ -160,6 +165,32 @@ def generate_puzzle(rng: random.Random, n: int, empty_fraction: float, unique: b
     return "".join(str(v) if v else "." for v in puzzle), "".join(map(str, solution))
 
 
+# The tool's demonstration (warm start): backtracking over the empty cells in reading order.
+SOLVER_PROGRAM = """holes = [(r, c) for r in range(n) for c in range(n) if grid[r][c] == 0]
+
+def fits(r, c, v):
+    if v in grid[r] or any(grid[k][c] == v for k in range(n)):
+        return False
+    r0, c0 = r - r % box, c - c % box
+    return all(grid[r0 + i][c0 + j] != v for i in range(box) for j in range(box))
+
+def fill(k):
+    if k == len(holes):
+        return True
+    r, c = holes[k]
+    for v in range(1, n + 1):
+        if fits(r, c, v):
+            grid[r][c] = v
+            if fill(k + 1):
+                return True
+    grid[r][c] = 0
+    return False
+
+fill(0)
+for r, c in holes:
+    print(f"r{r + 1}c{c + 1}={grid[r][c]}")
+"""
+
 _FILL = re.compile(r"(?i)\br\s*(\d+)\s*c\s*(\d+)\s*[=:]\s*(\d+)")
 _GRID_NOISE = re.compile(r"[\s|,+\-\[\]()]")
 
@@ -236,6 +267,7 @@ class Sudoku(ToolPlannerEnvironment):
 
     name: ClassVar[str] = "sudoku"
     Options = SudokuOptions
+    reference_program: ClassVar[str] = SOLVER_PROGRAM
 
     def __init__(self, opts: SudokuOptions | None = None) -> None:
         self.opts = o = opts or SudokuOptions()
@@ -324,6 +356,10 @@ class Sudoku(ToolPlannerEnvironment):
                 "already defined: `grid` (list of rows, each a list of int, 0 = empty), `n` (the side) and `box` (the "
                 "side of a box). Reply with the program in a ```python block.")
 
+    def planner_well_formed(self, state: SudokuState, text: str) -> bool:
+        """Whether ``text`` holds fills :func:`parse_fills` reads (``rRcC=V`` lines or a whole grid)."""
+        return parse_fills(text, state.n) is not None
+
     def planner_ask(self) -> str:
         return ("Answer with one line per cell you fill, like `r1c2=3` (row 1, column 2, digit 3); fill as many cells "
                 "as you are sure of.")
@@ -364,3 +400,11 @@ class Sudoku(ToolPlannerEnvironment):
 
     def team_reward(self, state: SudokuState) -> float:
         return 1.0 if state.solved else state.correct() / max(1, state.holes)
+
+    def reference(self, state: SudokuState) -> tuple[str, str] | None:
+        """Warm start: one ``rRcC=V`` line per empty cell with the solution's digit, as
+        :data:`SOLVER_PROGRAM` prints it, and the planner's answer, the same lines."""
+        n = state.n
+        fills = "\n".join(f"r{i // n + 1}c{i % n + 1}={digit}"
+                          for i, (cell, digit) in enumerate(zip(state.cells, state.solution)) if cell == ".")
+        return (fills, fills) if fills else None

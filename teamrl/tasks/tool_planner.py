@@ -2,8 +2,9 @@
 
 Each turn the ``tool`` writes Python code, run in the sandbox with the state given as
 variables; its printed output is shown to the ``planner``, whose answer the environment
-executes. :class:`ToolPlannerEnvironment` holds that turn logic; a concrete environment
-supplies the rendering, the tool's check and the planner's move execution.
+executes. :class:`ToolPlannerEnvironment` holds that turn logic, the warm-start
+demonstrations and the format check; a concrete environment supplies the rendering, the tool's
+check, the planner's move execution and a reference solution.
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ from typing import Any, ClassVar
 
 from teamrl.core.config import ConfigError
 from teamrl.sandbox import ExecutionResult, SandboxLimits, run_program
-from teamrl.tasks.code_data import extract_code
+from teamrl.tasks.code_data import extract_code, fenced_code
 from teamrl.tasks.environment import Environment
+from teamrl.tasks.task import Problem
 
 
 Pos = tuple[int, int]
@@ -132,12 +134,15 @@ class ToolPlannerEnvironment(Environment):
 
     Subclasses supply the task text (:meth:`rules`, :meth:`render`, :meth:`tool_ask`,
     :meth:`planner_ask`), the tool program's prelude (:meth:`tool_setup`), the tool's reward
-    for a program's output (:meth:`score_tool_output`), the planner's action (:meth:`act`) and
-    :meth:`finished`. The tool's program runs only in the sandbox.
+    for a program's output (:meth:`score_tool_output`), the planner's action (:meth:`act`),
+    :meth:`finished`, and for the warm start a short program that solves a state
+    (:attr:`reference_program`) with what it prints and the planner's answer (:meth:`reference`).
+    The tool's program runs only in the sandbox.
     """
 
     roles: ClassVar[tuple[str, ...]] = ("tool", "planner")
     parallel: ClassVar[bool] = False
+    reference_program: ClassVar[str]  # the tool's demonstration, run after tool_setup(state)
 
     def __init__(self, max_turns: int, wall_seconds: float) -> None:
         if isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1:
@@ -176,9 +181,19 @@ class ToolPlannerEnvironment(Environment):
         """(new state, planner reward, one-line summary) for the planner's answer ``text``; the
         base class then advances the turn, clears the tool output and records the summary."""
 
+    def planner_well_formed(self, state: Any, text: str) -> bool:
+        """Whether ``text`` is in the planner's answer format, good moves or not (a ``Moves:``
+        line read by :func:`parse_moves`, unless overridden with :meth:`planner_ask`)."""
+        return parse_moves(text) is not None
+
     @abstractmethod
     def finished(self, state: Any) -> bool:
         """Solved or lost before the turns ran out."""
+
+    @abstractmethod
+    def reference(self, state: Any) -> tuple[str, str] | None:
+        """(what :attr:`reference_program` prints for ``state``, a planner answer that solves
+        ``state``), or None when no solution is known."""
 
     # -- Environment ------------------------------------------------------------------------
 
@@ -234,6 +249,31 @@ class ToolPlannerEnvironment(Environment):
 
     def done(self, state: Any) -> bool:
         return state.turn >= self.max_turns or self.finished(state)
+
+    def valid(self, problem: Problem, text: str) -> bool:
+        """Format validity (``teamrl eval``): ``text`` is a planner answer in the format
+        :meth:`act` reads (good moves or not) or, when ``tool`` is a role, a program in a fenced
+        block (:meth:`run_tool` also runs unfenced text; that is leniency, not the format)."""
+        if "tool" in self.roles and fenced_code(text):
+            return True
+        return self.planner_well_formed(self.reset(problem), text)
+
+    def demonstrations(self, problem: Problem) -> list[tuple[str, list[dict[str, str]], str]]:
+        """Warm start (``teamrl sft``): the first turn solved, with the environment's own prompts.
+        When ``tool`` is a role it writes :attr:`reference_program` and the planner is shown what
+        that prints; the planner answers with :meth:`reference`'s solution. None for a problem
+        without a known solution."""
+        state = self.reset(problem)
+        ref = self.reference(state)
+        if ref is None:
+            return []
+        printed, answer = ref
+        out = []
+        if "tool" in self.roles:
+            out.append(("tool", self.observe(state, "tool"), f"```python\n{self.reference_program}```"))
+            state = replace(state, tool_output=truncate(printed))  # as run_tool shows a clean run
+        out.append(("planner", self.observe(state, "planner"), answer))
+        return out
 
     def clone(self, state: Any) -> Any:
         # Every field is immutable, so a shallow copy is fully independent.
