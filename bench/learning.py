@@ -18,11 +18,13 @@ spread over seeds; success/accuracy; valid replies; wall time; sampled episodes 
 tokens) and one PNG of training curves per comparison beside it. ``--quick``: the tiny random
 model, one seed, one step, two held-out problems: a smoke run of the whole grid (seconds).
 
-``--jobs N`` (default 2; --quick: 1) runs N (arm, seed) runs at once, each in its own process at one
-torch thread: on 2 cores two 1-thread processes get more done than one 2-thread process (decode at
-small batch does not scale with threads) and two 2-thread processes slow each other 4-20x.
+``--jobs N`` (default 1) runs N (arm, seed) runs at once, each in its own process at one torch
+thread. On this project's 2-core machines that is slower in all: measured here, a MAGRPO writing
+step took ~105 s in each of two 1-thread processes side by side (rollout ~43 s, update ~60 s)
+against ~27 s alone at 2 threads, so one run at a time finishes the grid about 1.9x sooner.
+``--jobs`` is for machines with cores to spare.
 
-Usage: python bench/learning.py [--quick] [--seeds 2] [--jobs 2] [--only magrpo,at_grpo,m_grpo,study] [--out bench/LEARNING.md]
+Usage: python bench/learning.py [--quick] [--seeds 2] [--jobs 1] [--only magrpo,at_grpo,m_grpo,study] [--out bench/LEARNING.md]
 """
 
 from __future__ import annotations
@@ -84,11 +86,11 @@ class ArmResult:
 
 
 def comparisons() -> list[Comparison]:
-    """The grid at CPU scale (the embedded SmolLM2-135M, one torch thread per run).
+    """The grid at CPU scale (the embedded SmolLM2-135M).
 
-    Sized so that the whole grid, 2 seeds, runs in about an hour on 2 cores (two runs at a time):
-    measured at one thread, a MAGRPO writing step takes ~100 s, an AT-GRPO Plan-Path step (2 turns,
-    96 tokens) ~300 s and one SFT step of 8 Plan-Path demonstrations ~150 s, so every comparison
+    Sized so that the whole grid, 2 seeds, runs in under an hour on 2 cores: a MAGRPO writing step
+    takes ~27 s at 2 threads; at one thread beside another run, an AT-GRPO Plan-Path step (2 turns,
+    96 tokens) took ~300 s and one SFT step of 8 Plan-Path demonstrations ~150 s, so every comparison
     here takes a few steps of small groups; the tables say how far that moves each arm.
     """
     lr = "train.lr=0.0005"
@@ -292,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
                                                "study_voting); default all")
     ap.add_argument("--out", default=str(REPO / "bench" / "LEARNING.md"), help="Markdown file to write (PNGs beside it)")
     ap.add_argument("--jobs", type=int, default=None, help="(arm, seed) runs at once, one process and one torch thread "
-                                                           "each (default 2; --quick: 1, in this process)")
+                                                           "each (default 1: in this process, all threads)")
     ap.add_argument("--task", nargs=3, metavar=("KEY", "ARM", "SEED"), help=argparse.SUPPRESS)  # one run, in a child
     ap.add_argument("--workdir", help=argparse.SUPPRESS)
     ap.add_argument("--one-thread", action="store_true", help=argparse.SUPPRESS)
@@ -304,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
         run_arm(comp, index, seed, Path(args.workdir), args.eval, args.quick, one, args.one_thread)
         print(json.dumps(dataclasses.asdict(one)), flush=True)
         return 0
-    jobs = args.jobs if args.jobs is not None else (1 if args.quick else 2)
+    jobs = args.jobs if args.jobs is not None else 1
     if jobs < 1:
         print(f"bench --learning: --jobs {jobs} must be >= 1", file=sys.stderr)
         return 2
