@@ -18,13 +18,12 @@ spread over seeds; success/accuracy; valid replies; wall time; sampled episodes 
 tokens) and one PNG of training curves per comparison beside it. ``--quick``: the tiny random
 model, one seed, one step, two held-out problems: a smoke run of the whole grid (seconds).
 
-``--jobs N`` (default 1) runs N (arm, seed) runs at once, each in its own process at one torch
-thread. On this project's 2-core machines that is slower in all: measured here, a MAGRPO writing
-step took ~105 s in each of two 1-thread processes side by side (rollout ~43 s, update ~60 s)
-against ~27 s alone at 2 threads, so one run at a time finishes the grid about 1.9x sooner.
-``--jobs`` is for machines with cores to spare.
+``--jobs N`` (default 2) runs N (arm, seed) runs at once, each in its own process at one torch
+thread. Measured here (2 cores, MAGRPO writing): a step took ~105 s in each of two 1-thread
+processes side by side and ~75 s in one 2-thread process alone, so two at a time get ~1.4x more
+done; a held-out evaluation gains nothing either way (~110 s each side by side, ~55-65 s alone).
 
-Usage: python bench/learning.py [--quick] [--seeds 2] [--jobs 1] [--only magrpo,at_grpo,m_grpo,study] [--out bench/LEARNING.md]
+Usage: python bench/learning.py [--quick] [--seeds 2] [--jobs 2] [--only magrpo,at_grpo,m_grpo,study] [--out bench/LEARNING.md]
 """
 
 from __future__ import annotations
@@ -65,7 +64,7 @@ class Comparison:
     arms: tuple[Arm, ...]
     quick: tuple[str, ...] = ()  # --quick: the task's own smaller settings
     config: str | None = None  # a shipped config (relative to the repository) the settings start from
-    eval_problems: int = 8  # held-out problems each arm is scored on (--eval overrides)
+    eval_problems: int = 6  # held-out problems each arm is scored on (--eval overrides)
     warm_roles: tuple[str, ...] = ()  # the roles whose demonstrations the warm start uses (() = all)
     warm_problems: int = 4  # the warm start: the task's demonstrations of its first N training problems ...
     warm_epochs: int = 2  # ... this many passes
@@ -88,21 +87,22 @@ class ArmResult:
 def comparisons() -> list[Comparison]:
     """The grid at CPU scale (the embedded SmolLM2-135M).
 
-    Sized so that the whole grid, 2 seeds, runs in under an hour on 2 cores: a MAGRPO writing step
-    takes ~27 s at 2 threads; at one thread beside another run, an AT-GRPO Plan-Path step (2 turns,
-    96 tokens) took ~300 s and one SFT step of 8 Plan-Path demonstrations ~150 s, so every comparison
-    here takes a few steps of small groups; the tables say how far that moves each arm.
+    Sized so that the whole grid, 2 seeds, runs in about an hour on 2 cores (two runs at a time). At
+    one thread beside another run, a MAGRPO writing step took ~105 s, an AT-GRPO Plan-Path step
+    (2 turns, 96 tokens, K=4) ~300 s, one SFT step of 8 Plan-Path demonstrations ~150 s and a
+    held-out evaluation of 12 papers ~110 s, so each comparison gets only a few steps of small
+    groups: the tables say how far that moves each arm, not what more steps would do.
     """
     lr = "train.lr=0.0005"
     return [
         Comparison("magrpo", "MAGRPO, writing.tldr (the demo task and settings): two LoRA agents, held-out papers (aclsum test split)",
-                   ("rollout.group_size=4", "rollout.batch_size=2", "rollout.max_new_tokens=64", "train.steps=8", lr),
+                   ("rollout.group_size=4", "rollout.batch_size=2", "rollout.max_new_tokens=64", "train.steps=5", lr),
                    (Arm("untrained team", rl=False), Arm("MAGRPO")),
                    config="configs/magrpo_writing_tldr.yaml", eval_problems=12),
         Comparison("at_grpo", "AT-GRPO, Plan-Path 4x4, 1 turn (tool + planner, one shared policy), held-out grids of a fresh seed",
                    ("algorithm=at_grpo", "task.name=plan_path", "task.min_size=4", "task.max_size=4", "task.max_turns=1",
-                    "task.num_problems=32", "policy.mode=shared", "rollout.group_size=4", "rollout.batch_size=2",
-                    "rollout.max_new_tokens=48", "train.steps=3", lr),
+                    "task.num_problems=32", "policy.mode=shared", "rollout.group_size=2", "rollout.batch_size=2",
+                    "rollout.max_new_tokens=48", "train.steps=2", lr),
                    (Arm("untrained team", rl=False), Arm("warm start only", warm_start=True, rl=False),
                     Arm("single-agent GRPO (planner alone), warm start", ("task.agents=planner", "at_grpo.grouping=trajectory"),
                         warm_start=True),
@@ -113,18 +113,18 @@ def comparisons() -> list[Comparison]:
                    warm_roles=("planner",), warm_problems=8),
         Comparison("m_grpo", "M-GRPO, research environment (main + tool-using sub-agent), held-out questions of a fresh seed",
                    ("algorithm=m_grpo", "task.name=research", "task.num_problems=32", "policy.mode=lora_per_role",
-                    "rollout.group_size=4", "rollout.batch_size=2", "rollout.max_new_tokens=48", "train.steps=3", lr),
+                    "rollout.group_size=2", "rollout.batch_size=2", "rollout.max_new_tokens=48", "train.steps=2", lr),
                    (Arm("untrained team", rl=False), Arm("warm start only", warm_start=True, rl=False),
                     # the task's demonstrations are of the team protocol (main + sub), so the single agent has none
                     Arm("single agent (no warm start: no single-agent demonstrations)", ("m_grpo.agents=single",)),
                     Arm("main + frozen sub-agent, warm start", ("m_grpo.sub_agent=frozen",), warm_start=True),
                     Arm("M-GRPO main + sub, warm start", (), warm_start=True)),
                    quick=("task.num_problems=12",),
-                   warm_problems=2),  # ~8 demonstrations (main and sub turns) per question
+                   warm_problems=2, warm_epochs=1),  # ~8 demonstrations (main and sub turns) per question
         *[Comparison(f"study_{wf}", f"Workflow study, {wf} on easy arithmetic, held-out problems (task.split=test)",
                      ("algorithm=grpo", "task.name=math.solve", "task.source=generated_easy", "task.num_problems=80",
                       "task.test_size=16", f"workflow.name={wf}", "rollout.group_size=4", "rollout.batch_size=2",
-                      "rollout.max_new_tokens=64", "train.steps=4", "train.eval_every=2", "train.eval_problems=4", lr),
+                      "rollout.max_new_tokens=64", "train.steps=2", "train.eval_every=2", "train.eval_problems=4", lr),
                      (Arm("untrained team", rl=False), Arm("SA-RL (single workflow)", ("workflow.name=single",)),
                       Arm("SP (shared policy)", ("policy.mode=shared",)), Arm("IP (LoRA per role)", ("policy.mode=lora_per_role",))),
                      quick=("task.num_problems=12", "task.test_size=3", "train.eval_every=1", "train.eval_problems=1"))
@@ -294,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
                                                "study_voting); default all")
     ap.add_argument("--out", default=str(REPO / "bench" / "LEARNING.md"), help="Markdown file to write (PNGs beside it)")
     ap.add_argument("--jobs", type=int, default=None, help="(arm, seed) runs at once, one process and one torch thread "
-                                                           "each (default 1: in this process, all threads)")
+                                                           "each (default 2; --quick: 1, in this process)")
     ap.add_argument("--task", nargs=3, metavar=("KEY", "ARM", "SEED"), help=argparse.SUPPRESS)  # one run, in a child
     ap.add_argument("--workdir", help=argparse.SUPPRESS)
     ap.add_argument("--one-thread", action="store_true", help=argparse.SUPPRESS)
@@ -306,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
         run_arm(comp, index, seed, Path(args.workdir), args.eval, args.quick, one, args.one_thread)
         print(json.dumps(dataclasses.asdict(one)), flush=True)
         return 0
-    jobs = args.jobs if args.jobs is not None else 1
+    jobs = args.jobs if args.jobs is not None else (1 if args.quick else 2)
     if jobs < 1:
         print(f"bench --learning: --jobs {jobs} must be >= 1", file=sys.stderr)
         return 2
