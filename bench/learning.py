@@ -124,7 +124,7 @@ def comparisons() -> list[Comparison]:
         *[Comparison(f"study_{wf}", f"Workflow study, {wf} on easy arithmetic, held-out problems (task.split=test)",
                      ("algorithm=grpo", "task.name=math.solve", "task.source=generated_easy", "task.num_problems=80",
                       "task.test_size=16", f"workflow.name={wf}", "rollout.group_size=4", "rollout.batch_size=2",
-                      "rollout.max_new_tokens=64", "train.steps=2", "train.eval_every=2", "train.eval_problems=4", lr),
+                      *STUDY_SIZES[wf], lr),
                      (Arm("untrained team", rl=False), Arm("SA-RL (single workflow)", ("workflow.name=single",)),
                       Arm("SP (shared policy)", ("policy.mode=shared",)), Arm("IP (LoRA per role)", ("policy.mode=lora_per_role",))),
                      quick=("task.num_problems=12", "task.test_size=3", "train.eval_every=1", "train.eval_problems=1"))
@@ -137,6 +137,14 @@ def comparisons() -> list[Comparison]:
 # comparison and seed (shared_warm_start).
 WARM_PROBLEMS_QUICK = 2
 WARM_LR = 2e-3  # a LoRA adapter takes a higher rate than RL's; the few warm-start steps must teach the format
+
+# The study's sizes per workflow. Measured at one thread beside another run, an Eval-Opt SP step took
+# ~6.5 min (rollout ~155 s, update ~205-235 s), so Voting (several voters and an aggregator) gets one
+# step of 32 tokens without evaluations during training, to keep the grid near its hour.
+STUDY_SIZES = {
+    "eval_opt": ("rollout.max_new_tokens=64", "train.steps=2", "train.eval_every=2", "train.eval_problems=4"),
+    "voting": ("rollout.max_new_tokens=32", "train.steps=1", "train.eval_every=0"),
+}
 
 # --quick: every comparison on the tiny random model, one step of the smallest budget
 QUICK = ("model=tiny-random", "threads=1", "rollout.max_new_tokens=4", "rollout.group_size=2", "rollout.batch_size=1",
