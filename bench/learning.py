@@ -38,6 +38,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -258,6 +259,9 @@ def render(comp: Comparison, results: list[ArmResult], seeds: list[int], eval_pr
              "| arm | held-out normalised return | success / accuracy | valid replies | wall s (mean) | episodes sampled (steps x problems x G) | "
              "trained tokens (mean) |", "|---|---|---|---|---|---|---|"]
     for r in results:
+        if not r.scores:  # not run yet (a partial page)
+            lines.append(f"| {r.label} | not run yet | | | | | |")
+            continue
         lines.append(f"| {r.label} | {_spread(r.scores)} | {_spread(r.success)} | {_spread(r.valid)} | "
                      f"{statistics.mean(r.wall):.0f} | {r.episodes or '-'} | {statistics.mean(r.tokens):.0f} |")
     watched = [r for r in results if r.watched]
@@ -333,10 +337,28 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    sections = []
+    mode = "--quick smoke run (tiny random model: the numbers say nothing about learning)" if args.quick else "full run"
+    lock = threading.Lock()
+    done: list[int] = []
     with tempfile.TemporaryDirectory() as d:
         results = {c.key: [ArmResult(a.label) for a in c.arms] for c in grid}
         runs = [(c, i, s) for c in grid for i in range(len(c.arms)) for s in seeds]
+
+        def publish() -> str:
+            """Write the page from the runs finished so far (after every run: a run that is stopped
+            still leaves what it measured); returns it."""
+            sections = []
+            for comp in grid:  # seeds finish in any order: the table gives mean and range, the plot the mean
+                if not any(r.scores for r in results[comp.key]):
+                    continue
+                png = out.with_name(f"{out.stem}_{comp.key}.png")
+                sections.append(render(comp, results[comp.key], seeds, eval_problems(comp),
+                                       png.name if plot(comp, results[comp.key], png) else None))
+            state = "" if len(done) == len(runs) else f"; partial: {len(done)} of {len(runs)} runs finished so far"
+            page = (f"# Learning benchmark\n\nWritten by `bench/learning.py` ({mode}); wall time "
+                    f"{time.perf_counter() - t0:.0f} s{state}.\n\n" + "\n".join(sections))
+            out.write_text(page)
+            return page
 
         def one_run(run: tuple[Comparison, int, int]) -> None:
             comp, index, seed = run
@@ -345,21 +367,16 @@ def main(argv: list[str] | None = None) -> int:
                 run_arm(comp, index, seed, Path(d), eval_problems(comp), args.quick, one)
             else:
                 one = run_arm_in_process(comp, index, seed, Path(d), eval_problems(comp), args.quick, one_thread=True)
-            merge(results[comp.key][index], one)
+            with lock:
+                merge(results[comp.key][index], one)
+                done.append(1)
+                publish()
             print(f"[learn] {time.perf_counter() - t0:.0f} s: {comp.key} / {one.label} / seed {seed}: held-out "
                   f"{one.scores[0]:.3f}, {one.wall[0]:.0f} s", file=sys.stderr, flush=True)
 
         with ThreadPoolExecutor(jobs) as pool:
             list(pool.map(one_run, runs))  # list(): re-raise the first failure
-        for comp in grid:  # seeds finish in any order: the table gives mean and range, the plot the mean
-            png = out.with_name(f"{out.stem}_{comp.key}.png")
-            sections.append(render(comp, results[comp.key], seeds, eval_problems(comp),
-                                   png.name if plot(comp, results[comp.key], png) else None))
-    mode = "--quick smoke run (tiny random model: the numbers say nothing about learning)" if args.quick else "full run"
-    page = (f"# Learning benchmark\n\nWritten by `bench/learning.py` ({mode}); wall time {time.perf_counter() - t0:.0f} s.\n\n"
-            + "\n".join(sections))
-    out.write_text(page)
-    print(page)
+    print(publish())
     return 0
 
 

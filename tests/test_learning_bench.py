@@ -60,3 +60,25 @@ def test_parallel_runs_in_child_processes_fill_the_same_table(tmp_path):
         score = row.split("|")[2].strip()
         assert re.fullmatch(r"\d\.\d{3} \(\d\.\d{3}\.\.\d\.\d{3}\)", score), row  # mean (min..max) over the 2 seeds
     assert learning.main(["--quick", "--jobs", "0", "--only", "magrpo", "--out", str(out)]) == 2
+
+
+def test_a_stopped_run_leaves_the_runs_it_finished(tmp_path, monkeypatch):
+    """The page is written after every run, so a grid stopped part-way keeps what it measured."""
+    import pytest
+
+    learning = _learning()
+    real, calls = learning.run_arm, []
+
+    def stops_at_the_second_run(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("stopped")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(learning, "run_arm", stops_at_the_second_run)
+    out = tmp_path / "LEARNING.md"
+    with pytest.raises(RuntimeError, match="stopped"):
+        learning.main(["--quick", "--only", "magrpo", "--out", str(out)])
+    page = out.read_text()
+    assert "partial: 1 of 2 runs finished so far" in page
+    assert re.search(r"^\| untrained team \| \d\.\d{3} \|", page, re.M) and "| MAGRPO | not run yet |" in page
