@@ -159,6 +159,15 @@ def _overrides(comp: Comparison, arm: Arm, quick: bool, one_thread: bool = False
             "run.log_episodes=false"]
 
 
+def _config(comp: Comparison, arm: Arm, quick: bool, one_thread: bool, seed: int, workdir: Path, name: str,
+            *extra: str):
+    """The run's config: the comparison's shipped config (if any) with its, the arm's and the run's settings."""
+    from teamrl.core.config import load_config
+
+    return load_config(comp.config and REPO / comp.config, [*_overrides(comp, arm, quick, one_thread), f"seed={seed}",
+                                                            f"run.dir={workdir}", f"name={name}", *extra])
+
+
 def merge(into: ArmResult, one: ArmResult) -> None:
     """Add one seed's run (``one``) to the arm's result over seeds."""
     for f in ("scores", "success", "valid", "wall", "tokens", "curves", "cliffs"):
@@ -184,7 +193,6 @@ def shared_warm_start(comp: Comparison, seed: int, workdir: Path, quick: bool, o
     """The comparison's warm start for ``seed`` (run directory, seconds it took): done once, by the first arm
     that needs it (a file lock keeps parallel runs from doing it twice), on the comparison's common settings,
     and shared by its warm-started arms, which start RL from a copy of its checkpoint."""
-    from teamrl.core.config import load_config
     from teamrl.tasks import make_task
     from teamrl.trainer.sft import task_demonstrations, warm_start
 
@@ -193,8 +201,7 @@ def shared_warm_start(comp: Comparison, seed: int, workdir: Path, quick: bool, o
     with open(workdir / f"{name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (warm_dir / "seconds").is_file():
-            cfg = load_config(comp.config and REPO / comp.config, [*_overrides(comp, Arm("warm start"), quick, one_thread), f"seed={seed}",
-                                     f"run.dir={workdir}", f"name={name}"])
+            cfg = _config(comp, Arm("warm start"), quick, one_thread, seed, workdir, name)
             t0 = time.perf_counter()
             task = make_task(cfg.task)
             demos = task_demonstrations(task, task.problems()[:WARM_PROBLEMS_QUICK if quick else comp.warm_problems])
@@ -207,14 +214,12 @@ def shared_warm_start(comp: Comparison, seed: int, workdir: Path, quick: bool, o
 def run_arm(comp: Comparison, index: int, seed: int, workdir: Path, eval_problems: int, quick: bool, result: ArmResult,
             one_thread: bool = False) -> None:
     """Warm start (if the arm has one), RL (if it trains), then the greedy held-out score; into ``result``."""
-    from teamrl.core.config import load_config
     from teamrl.trainer.evaluate import evaluate, held_out_config
     from teamrl.trainer.trainer import Trainer
 
     arm = comp.arms[index]
     name = f"{comp.key}-arm{index}-seed{seed}"
-    cfg = load_config(comp.config and REPO / comp.config, [*_overrides(comp, arm, quick, one_thread), f"seed={seed}", f"run.dir={workdir}", f"name={name}",
-                             f"run.save_every={10**6}"])
+    cfg = _config(comp, arm, quick, one_thread, seed, workdir, name, f"run.save_every={10**6}")
     t0 = time.perf_counter()
     warm_seconds = 0.0
     if arm.warm_start:
@@ -301,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="smoke run: tiny random model, 1 seed, 1 step, 2 held-out problems")
     ap.add_argument("--seeds", type=int, default=None, help="seeds per arm (default 2; --quick: 1)")
-    ap.add_argument("--eval", type=int, default=None, help="held-out problems per arm (default: the comparison's, 8 or 12; --quick: 2)")
+    ap.add_argument("--eval", type=int, default=None, help="held-out problems per arm (default: the comparison's, 6 or 12; --quick: 2)")
     ap.add_argument("--only", default="", help="comma-separated comparison keys (magrpo, at_grpo, m_grpo, study_eval_opt, "
                                                "study_voting); default all")
     ap.add_argument("--out", default=str(REPO / "bench" / "LEARNING.md"), help="Markdown file to write (PNGs beside it)")
@@ -339,7 +344,6 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     mode = "--quick smoke run (tiny random model: the numbers say nothing about learning)" if args.quick else "full run"
     lock = threading.Lock()
-    done: list[int] = []
     with tempfile.TemporaryDirectory() as d:
         results = {c.key: [ArmResult(a.label) for a in c.arms] for c in grid}
         runs = [(c, i, s) for c in grid for i in range(len(c.arms)) for s in seeds]
@@ -354,7 +358,8 @@ def main(argv: list[str] | None = None) -> int:
                 png = out.with_name(f"{out.stem}_{comp.key}.png")
                 sections.append(render(comp, results[comp.key], seeds, eval_problems(comp),
                                        png.name if plot(comp, results[comp.key], png) else None))
-            state = "" if len(done) == len(runs) else f"; partial: {len(done)} of {len(runs)} runs finished so far"
+            finished = sum(len(r.scores) for arms in results.values() for r in arms)
+            state = "" if finished == len(runs) else f"; partial: {finished} of {len(runs)} runs finished so far"
             page = (f"# Learning benchmark\n\nWritten by `bench/learning.py` ({mode}); wall time "
                     f"{time.perf_counter() - t0:.0f} s{state}.\n\n" + "\n".join(sections))
             out.write_text(page)
@@ -369,7 +374,6 @@ def main(argv: list[str] | None = None) -> int:
                 one = run_arm_in_process(comp, index, seed, Path(d), eval_problems(comp), args.quick, one_thread=True)
             with lock:
                 merge(results[comp.key][index], one)
-                done.append(1)
                 publish()
             print(f"[learn] {time.perf_counter() - t0:.0f} s: {comp.key} / {one.label} / seed {seed}: held-out "
                   f"{one.scores[0]:.3f}, {one.wall[0]:.0f} s", file=sys.stderr, flush=True)

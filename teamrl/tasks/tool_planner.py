@@ -183,7 +183,8 @@ class ToolPlannerEnvironment(Environment):
 
     def planner_well_formed(self, state: Any, text: str) -> bool:
         """Whether ``text`` is in the planner's answer format, good moves or not (a ``Moves:``
-        line read by :func:`parse_moves`, unless overridden with :meth:`planner_ask`)."""
+        line read by :func:`parse_moves`; an environment whose :meth:`planner_ask` asks for
+        another format overrides this)."""
         return parse_moves(text) is not None
 
     @abstractmethod
@@ -261,7 +262,7 @@ class ToolPlannerEnvironment(Environment):
     def demonstrations(self, problem: Problem) -> list[tuple[str, list[dict[str, str]], str]]:
         """Warm start (``teamrl sft``): the first turn solved, with the environment's own prompts.
         When ``tool`` is a role it writes :attr:`reference_program` and the planner is shown what
-        that prints; the planner answers with :meth:`reference`'s solution. None for a problem
+        that prints; the planner answers with :meth:`reference`'s solution. Empty for a problem
         without a known solution."""
         state = self.reset(problem)
         ref = self.reference(state)
