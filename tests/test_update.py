@@ -11,12 +11,13 @@ from teamrl.policies.policy import Policy
 from teamrl.trainer.update import UpdateSettings, update_policy
 
 
-def _grads(model, prompts, completions, adv, pad, eos, agg="token_mean"):
+def _grads(model, prompts, completions, adv, pad, eos, agg="token_mean", max_completion_length=None):
     model.zero_grad()
     b = build_token_batch(prompts, completions, pad)
     lp, _ = completion_logprobs(model, b)
     m = completion_mask(b.completion_ids, eos, b.completion_pad_mask)
-    loss, _ = policy_loss(lp, lp.detach(), torch.tensor(adv), m, LossConfig(aggregation=agg))
+    loss, _ = policy_loss(lp, lp.detach(), torch.tensor(adv), m,
+                          LossConfig(aggregation=agg, max_completion_length=max_completion_length))
     loss.backward()
     return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
@@ -141,3 +142,62 @@ def test_update_split_for_padding_equals_one_padded_micro_batch(tiny, monkeypatc
         steps.append(torch.cat([(b - p.detach()).flatten() for b, p in zip(before, pol.parameters())]))
     assert steps[0].abs().sum() > 0
     assert torch.allclose(steps[0], steps[1], atol=1e-6, rtol=1e-4)
+
+
+def _counting_logprobs(monkeypatch):
+    """Wrap the update's log-prob pass; the returned list grows by each micro-batch's sample count."""
+    import teamrl.trainer.update as upd
+
+    rows: list[int] = []
+    real = upd._logprobs
+
+    def counted(model, batch, *a, **k):
+        rows.append(batch.completion_ids.shape[0])
+        return real(model, batch, *a, **k)
+
+    monkeypatch.setattr(upd, "_logprobs", counted)
+    return rows
+
+
+def test_zero_advantage_samples_are_not_computed_and_the_step_is_unchanged(tiny, monkeypatch):
+    """A sample with advantage 0 adds nothing to the loss or its gradient (no KL term), so the update
+    skips its forward and backward passes but keeps it in the normalisation: the step equals the
+    full batch's for every aggregation."""
+    model, tok = tiny
+    advs = [1.0, 0.0, -0.5, 0.0, 0.0, 2.0, 0.0]
+    samples = [_sample(i, tok, a) for i, a in enumerate(advs)]
+    rows = _counting_logprobs(monkeypatch)
+    for agg in ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "dr_grpo"):
+        full = _grads(model, [s.prompt_ids for s in samples], [s.completion_ids for s in samples], advs,
+                      tok.pad_token_id, [tok.eos_token_id], agg, max_completion_length=8)
+        pol = Policy("p", copy.deepcopy(model), None, lr=1.0, weight_decay=0.0)
+        pol.optimizer = torch.optim.SGD(pol.parameters(), lr=1.0)  # the step equals minus the gradient
+        before = {n: p.detach().clone() for n, p in pol.model.named_parameters()}
+        rows.clear()
+        update_policy(pol, samples, UpdateSettings(loss=LossConfig(aggregation=agg, max_completion_length=8),
+                                                   max_grad_norm=1e9),
+                      tok.pad_token_id, [tok.eos_token_id])
+        assert sum(rows) == 3, (agg, rows)  # only the three samples with a non-zero advantage ran
+        for n, p in pol.model.named_parameters():
+            assert torch.allclose(before[n] - p.detach(), full[n], atol=1e-6, rtol=1e-4), (agg, n)
+
+
+def test_an_all_zero_advantage_update_runs_no_pass_but_still_steps_the_optimizer(tiny, monkeypatch):
+    """No forward pass at all, yet AdamW's momentum and weight decay move the weights exactly as a
+    step on the (zero) full-batch gradient would."""
+    model, tok = tiny
+    settings = UpdateSettings(loss=LossConfig())
+    moved = Policy("p", copy.deepcopy(model), None, lr=1e-2, weight_decay=0.1)
+    update_policy(moved, [_sample(i, tok, a) for i, a in enumerate([1.0, -1.0, 0.5])], settings,
+                  tok.pad_token_id, [tok.eos_token_id])  # builds up momentum
+    reference = copy.deepcopy(moved)
+    rows = _counting_logprobs(monkeypatch)
+    stats = update_policy(moved, [_sample(i, tok, 0.0) for i in range(4)], settings, tok.pad_token_id, [tok.eos_token_id])
+    assert rows == []
+    for p in reference.parameters():
+        p.grad = torch.zeros_like(p)
+    reference.step()
+    assert moved.version == reference.version == 2
+    assert stats["grad_norm"] == 0.0 and stats["loss"] == 0.0
+    for a, b in zip(moved.parameters(), reference.parameters()):
+        assert torch.equal(a.detach(), b.detach())

@@ -97,6 +97,26 @@ def _plan_micro_batches(prompts: list[tuple[int, ...]], completion_lens: list[in
     return parts
 
 
+def _loss_mask(completions: Sequence[Sequence[int]], eos_ids: Sequence[int], pad_id: int) -> torch.Tensor:
+    """The completion tokens that carry loss (up to and including the first EOS), ``[B, T]``."""
+    rows = [torch.tensor(c, dtype=torch.long) for c in completions]
+    ids = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True, padding_value=pad_id)
+    real = torch.nn.utils.rnn.pad_sequence([torch.ones(len(c), dtype=torch.bool) for c in completions], batch_first=True)
+    return completion_mask(ids, list(eos_ids), real)
+
+
+def _zero_gradient_step(policy: Policy, total_tokens: int, epochs: int) -> dict[str, float]:
+    """The optimizer steps (one per PPO epoch) on an all-zero gradient, without computing it: AdamW's
+    momentum and weight decay still move the weights, exactly as after full forward and backward passes."""
+    for _ in range(epochs):
+        for p in policy.parameters():
+            p.grad = torch.zeros_like(p)
+        policy.step()
+    policy.optimizer.zero_grad(set_to_none=True)
+    return {"loss": 0.0, "kl": 0.0, "clip_frac": 0.0, "grad_norm": 0.0, "tokens": float(total_tokens),
+            "skipped_steps": 0.0}
+
+
 def _flat_grad(params: list[torch.nn.Parameter]) -> torch.Tensor:
     return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
 
@@ -145,6 +165,15 @@ def policy_logprobs(policy: Policy, samples: Sequence[Sample], settings: UpdateS
     return out
 
 
+def _old_logprobs(policy: Policy, samples: Sequence[Sample], settings: UpdateSettings, pad_id: int) -> list[torch.Tensor]:
+    """:func:`policy_logprobs` for the samples :func:`update_policy` will compute; zeros (unread) for
+    those it skips (advantage 0 without a KL term)."""
+    needed = [s for s in samples if settings.loss.kl_coef > 0 or s.advantage != 0]
+    computed = iter(policy_logprobs(policy, needed, settings, pad_id))
+    return [next(computed) if settings.loss.kl_coef > 0 or s.advantage != 0 else torch.zeros(len(s.completion_ids))
+            for s in samples]
+
+
 def update_policy_steps(policy: Policy, parts: Sequence[Sequence[Sample]], settings: UpdateSettings, pad_id: int,
                         eos_ids: Sequence[int]) -> list[dict[str, float]]:
     """One :func:`update_policy` step per non-empty part, in order; returns each step's statistics.
@@ -156,7 +185,7 @@ def update_policy_steps(policy: Policy, parts: Sequence[Sequence[Sample]], setti
     parts = [list(p) for p in parts if any(s.completion_ids for s in p)]
     if len(parts) < 2:
         return [update_policy(policy, p, settings, pad_id, eos_ids) for p in parts]
-    old = [policy_logprobs(policy, p, settings, pad_id) for p in parts]
+    old = [_old_logprobs(policy, p, settings, pad_id) for p in parts]
     return [update_policy(policy, p, settings, pad_id, eos_ids, old_logprobs=o) for p, o in zip(parts, old)]
 
 
@@ -176,6 +205,11 @@ def update_policy(policy: Policy, samples: Sequence[Sample], settings: UpdateSet
     sum to it exactly) gives ``grad_norm@<role>``; ``loss@<role>`` is its weighted share of the
     loss (the shares sum to ``loss``), ``entropy@<role>`` and ``tokens@<role>`` its own. No
     extra forward or backward pass is needed, only a copy of the gradient per role type.
+
+    Without a KL term, samples with advantage 0 add exactly nothing to the loss or its gradient:
+    their passes are skipped (the normalisation still counts them, so the step is the full
+    batch's), and ``entropy`` is measured on the samples computed. When every advantage is 0 no
+    pass runs at all, but the optimizer still steps on the zero gradient.
     """
     foreign = {s.policy for s in samples} - {policy.name}
     if foreign:
@@ -191,6 +225,18 @@ def update_policy(policy: Policy, samples: Sequence[Sample], settings: UpdateSet
     samples = [s for s in samples if s.completion_ids]
     if not samples:
         return {}
+    cfg = settings.loss
+    # The loss is normalised over every sample, those with advantage 0 included ...
+    total_tokens = max(1, int(_loss_mask([s.completion_ids for s in samples], eos_ids, pad_id).sum()))
+    total_samples = len(samples)
+    if cfg.aggregation == "dr_grpo" and cfg.max_completion_length is None:
+        cfg = LossConfig(**{**cfg.__dict__, "max_completion_length": max(len(s.completion_ids) for s in samples)})
+    if cfg.kl_coef == 0:
+        # ... but without a KL term a sample with advantage 0 adds exactly 0 to the loss and its
+        # gradient (GRPO groups whose samples all scored alike): its passes are skipped.
+        samples = [s for s in samples if s.advantage != 0]
+        if not samples:
+            return _zero_gradient_step(policy, total_tokens, settings.ppo_epochs)
     # Keep completions of one prompt together so that micro-batches can share the prompt's pass,
     # prompts of similar length next to each other so that micro-batches pad little, and (for
     # role statistics) each role type's samples together.
@@ -202,7 +248,6 @@ def update_policy(policy: Policy, samples: Sequence[Sample], settings: UpdateSet
         first.setdefault(tuple(s.prompt_ids), (len(s.prompt_ids), len(first)))
     samples = sorted(samples, key=lambda s: (roles.setdefault(role_of(s), len(roles)), first[tuple(s.prompt_ids)]))
     temperature = samples[0].temperature or 1.0
-    cfg = settings.loss
     adv = torch.tensor([s.advantage for s in samples], dtype=torch.float32)
     names = [role_of(s) for s in samples]
     parts = []
@@ -216,9 +261,7 @@ def update_policy(policy: Policy, samples: Sequence[Sample], settings: UpdateSet
     dev = next(iter(policy.parameters())).device
     if dev.type != "cpu":  # batches are packed on the CPU; move them to the model's device once
         batches, masks, adv = [_to_device(b, dev) for b in batches], [m.to(dev) for m in masks], adv.to(dev)
-    total_tokens = max(1, int(sum(int(m.sum()) for m in masks)))
-    if cfg.aggregation == "dr_grpo" and cfg.max_completion_length is None:
-        cfg = LossConfig(**{**cfg.__dict__, "max_completion_length": max(b.completion_len for b in batches)})
+    computed_tokens = max(1, int(sum(int(m.sum()) for m in masks)))
 
     stats: dict[str, float] = {"loss": 0.0, "kl": 0.0, "clip_frac": 0.0, "entropy": 0.0}
     with policy.active() as model:
@@ -250,7 +293,7 @@ def update_policy(policy: Policy, samples: Sequence[Sample], settings: UpdateSet
                 old_lp = logp.detach() if old[i] is None else old[i]
                 loss, st = policy_loss(logp, old_lp, adv[sl], m, cfg, ref_logprobs=ref[i])
                 losses_finite = losses_finite and math.isfinite(st["loss"])
-                weight = (int(m.sum()) / total_tokens) if cfg.aggregation == "token_mean" else (len(range(*sl.indices(len(samples)))) / len(samples))
+                weight = (int(m.sum()) / total_tokens) if cfg.aggregation == "token_mean" else (len(range(*sl.indices(len(samples)))) / total_samples)
                 (loss * weight).backward()
                 if last:
                     for k in ("loss", "kl", "clip_frac"):
@@ -259,7 +302,7 @@ def update_policy(policy: Policy, samples: Sequence[Sample], settings: UpdateSet
                         stats[f"loss@{role}"] = stats.get(f"loss@{role}", 0.0) + st["loss"] * weight
                         stats[f"tokens@{role}"] = stats.get(f"tokens@{role}", 0.0) + float(m.sum())
                 if ent is not None:
-                    stats["entropy"] += float((ent * m).sum()) / total_tokens
+                    stats["entropy"] += float((ent * m).sum()) / computed_tokens
                     if settings.role_stats:
                         stats[f"entropy@{role}"] = stats.get(f"entropy@{role}", 0.0) + float((ent * m).sum())
                 if last and settings.role_stats and (i + 1 == len(parts) or names[parts[i + 1].start] != role):
