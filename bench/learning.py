@@ -69,11 +69,13 @@ class Comparison:
     warm_roles: tuple[str, ...] = ()  # the roles whose demonstrations the warm start uses (() = all)
     warm_problems: int = 4  # the warm start: the task's demonstrations of its first N training problems ...
     warm_epochs: int = 2  # ... this many passes
+    flag_cliffs: bool = False  # the page flags arms whose held-out accuracy fell under the untrained team's
 
 
 @dataclass
 class ArmResult:
     label: str
+    seeds: list[int] = field(default_factory=list)  # the seeds run, in the order of the lists below
     scores: list[float] = field(default_factory=list)  # held-out normalised return, one per seed
     success: list[float] = field(default_factory=list)
     valid: list[float] = field(default_factory=list)
@@ -81,8 +83,6 @@ class ArmResult:
     episodes: int = 0
     tokens: list[float] = field(default_factory=list)
     curves: list[list[float]] = field(default_factory=list)  # training reward per step, one list per seed
-    cliffs: list[str] = field(default_factory=list)  # "seed S, step N" of each accuracy cliff flagged during training
-    watched: bool = False  # whether held-out accuracy was evaluated during training (cliffs could be flagged)
 
 
 def comparisons() -> list[Comparison]:
@@ -126,9 +126,9 @@ def comparisons() -> list[Comparison]:
                      ("algorithm=grpo", "task.name=math.solve", "task.source=generated_easy", "task.num_problems=80",
                       "task.test_size=16", f"workflow.name={wf}", "rollout.group_size=4", "rollout.batch_size=2",
                       *STUDY_SIZES[wf], lr),
-                     (Arm("untrained team", rl=False), Arm("SA-RL (single workflow)", ("workflow.name=single",)),
+                     (Arm("untrained team", rl=False), Arm("SA-RL (single workflow)", ("workflow.name=single", "workflow.options={}")),
                       Arm("SP (shared policy)", ("policy.mode=shared",)), Arm("IP (LoRA per role)", ("policy.mode=lora_per_role",))),
-                     quick=("task.num_problems=12", "task.test_size=3", "train.eval_every=1", "train.eval_problems=1"))
+                     quick=("task.num_problems=12", "task.test_size=3"), flag_cliffs=True)
           for wf in ("eval_opt", "voting")],
     ]
 
@@ -139,13 +139,16 @@ def comparisons() -> list[Comparison]:
 WARM_PROBLEMS_QUICK = 2
 WARM_LR = 2e-3  # a LoRA adapter takes a higher rate than RL's; the few warm-start steps must teach the format
 
-# The study's sizes per workflow. Measured at one thread beside another run, an Eval-Opt SP step took
-# ~6.5 min (rollout ~155 s, update ~205-235 s), so Voting (several voters and an aggregator) gets one
-# step of 32 tokens without evaluations during training, to keep the grid near its hour.
+# The study's sizes per workflow. Measured at one thread beside another run, an Eval-Opt SP step of 3
+# attempts took ~6.5 min (rollout ~155 s, update ~205-235 s) and a whole SP run ~19 min, so each study
+# arm gets one step, Eval-Opt 2 attempts. One step leaves no room for an evaluation during training to
+# find a fall from a peak, so the page compares each arm's held-out accuracy with the untrained team's
+# (CLIFF_POINTS, the trainer's default train.cliff_points).
 STUDY_SIZES = {
-    "eval_opt": ("rollout.max_new_tokens=64", "train.steps=2", "train.eval_every=2", "train.eval_problems=4"),
+    "eval_opt": ("rollout.max_new_tokens=64", "train.steps=1", "train.eval_every=0", "workflow.options.max_iterations=2"),
     "voting": ("rollout.max_new_tokens=32", "train.steps=1", "train.eval_every=0"),
 }
+CLIFF_POINTS = 10.0
 
 # --quick: every comparison on the tiny random model, one step of the smallest budget
 QUICK = ("model=tiny-random", "threads=1", "rollout.max_new_tokens=4", "rollout.group_size=2", "rollout.batch_size=1",
@@ -170,10 +173,9 @@ def _config(comp: Comparison, arm: Arm, quick: bool, one_thread: bool, seed: int
 
 def merge(into: ArmResult, one: ArmResult) -> None:
     """Add one seed's run (``one``) to the arm's result over seeds."""
-    for f in ("scores", "success", "valid", "wall", "tokens", "curves", "cliffs"):
+    for f in ("seeds", "scores", "success", "valid", "wall", "tokens", "curves"):
         getattr(into, f).extend(getattr(one, f))
     into.episodes = into.episodes or one.episodes
-    into.watched = into.watched or one.watched
 
 
 def run_arm_in_process(comp: Comparison, index: int, seed: int, workdir: Path, eval_problems: int, quick: bool,
@@ -233,12 +235,11 @@ def run_arm(comp: Comparison, index: int, seed: int, workdir: Path, eval_problem
         result.curves.append([m.get("normalised_return", m["reward_mean"]) for m in steps])
         trained_tokens = sum(v for m in steps for k, v in m.items() if k.startswith("tokens/"))
         result.episodes = cfg.train.steps * cfg.rollout.batch_size * cfg.rollout.group_size
-        result.watched = result.watched or bool(cfg.train.eval_every)
-        result.cliffs += [f"seed {seed}, step {m['step']}" for m in metrics if m.get("eval/cliff")]
     held, _ = held_out_config(cfg)
     method = "team" if (arm.rl or arm.warm_start) else "untrained"
     (row,) = evaluate(held, [method], checkpoint=workdir / name if method == "team" else None, limit=eval_problems,
                       progress=False)
+    result.seeds.append(seed)
     result.wall.append(time.perf_counter() - t0 + warm_seconds)  # each warm-started arm carries the warm start's cost
     result.scores.append(row.mean)
     result.tokens.append(trained_tokens)
@@ -269,13 +270,21 @@ def render(comp: Comparison, results: list[ArmResult], seeds: list[int], eval_pr
             continue
         lines.append(f"| {r.label} | {_spread(r.scores)} | {_spread(r.success)} | {_spread(r.valid)} | "
                      f"{statistics.mean(r.wall):.0f} | {r.episodes or '-'} | {statistics.mean(r.tokens):.0f} |")
-    watched = [r for r in results if r.watched]
-    if watched:
-        cliffs = [f"{r.label} ({'; '.join(r.cliffs)})" for r in watched if r.cliffs]
-        lines += ["", "Accuracy cliffs flagged during training: " + (", ".join(cliffs) if cliffs else "none") + "."]
+    if comp.flag_cliffs:
+        lines += ["", held_out_cliffs(results)]
     if png:
         lines += ["", f"![{comp.key} training curves]({png})"]
     return "\n".join(lines) + "\n"
+
+
+def held_out_cliffs(results: list[ArmResult], points: float = CLIFF_POINTS) -> str:
+    """The trained arms whose held-out accuracy fell more than ``points`` percentage points under the
+    untrained team's (results[0]) on the same seed: an accuracy cliff (one line of Markdown)."""
+    base = dict(zip(results[0].seeds, results[0].success))
+    found = [f"{r.label} (seed {seed}: {100 * acc:.0f}% vs {100 * base[seed]:.0f}%)" for r in results[1:]
+             for seed, acc in zip(r.seeds, r.success) if seed in base and 100 * (base[seed] - acc) > points]
+    return (f"Accuracy cliffs (held-out accuracy more than {points:g} points under the untrained team's, same seed): "
+            + ("; ".join(found) if found else "none") + ".")
 
 
 def plot(comp: Comparison, results: list[ArmResult], path: Path) -> bool:

@@ -33,8 +33,8 @@ def test_quick_learning_run_writes_every_table_and_curve(tmp_path):
             assert (cells[5] != "-") == arm.rl, row  # RL arms sampled episodes; the others none
         png = tmp_path / f"LEARNING_{comp.key}.png"
         assert png.read_bytes()[:4] == b"\x89PNG" and f"]({png.name})" in page
-    for section in page.split("### ")[1:]:  # the study watches held-out accuracy during training for cliffs
-        assert ("Accuracy cliffs flagged during training:" in section) == section.startswith("Workflow study"), section
+    for section in page.split("### ")[1:]:  # the study flags arms whose held-out accuracy fell under the untrained team's
+        assert ("Accuracy cliffs (held-out accuracy" in section) == section.startswith("Workflow study"), section
     # equal budgets: every RL arm of a comparison sampled the same number of episodes
     for section in page.split("### ")[1:]:
         episodes = {line.split("|")[6].strip() for line in section.splitlines() if line.startswith("| ") and "---" not in line
@@ -82,3 +82,13 @@ def test_a_stopped_run_leaves_the_runs_it_finished(tmp_path, monkeypatch):
     page = out.read_text()
     assert "partial: 1 of 2 runs finished so far" in page
     assert re.search(r"^\| untrained team \| \d\.\d{3} \|", page, re.M) and "| MAGRPO | not run yet |" in page
+
+
+def test_held_out_cliffs_pair_each_arm_with_the_untrained_team_of_its_seed():
+    learning = _learning()
+    untrained = learning.ArmResult("untrained team", seeds=[1, 0], success=[0.5, 0.2])
+    steady = learning.ArmResult("SP", seeds=[0, 1], success=[0.2, 0.45])  # 5 points under on seed 1: no cliff
+    fell = learning.ArmResult("IP", seeds=[0, 1], success=[0.3, 0.25])  # seed 1: 25 points under
+    line = learning.held_out_cliffs([untrained, steady, fell])
+    assert line.endswith("IP (seed 1: 25% vs 50%).") and "SP" not in line
+    assert learning.held_out_cliffs([untrained, steady]).endswith(": none.")

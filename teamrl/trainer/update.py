@@ -231,18 +231,20 @@ def update_policy(policy: Policy, samples: Sequence[Sample], settings: UpdateSet
     total_samples = len(samples)
     if cfg.aggregation == "dr_grpo" and cfg.max_completion_length is None:
         cfg = LossConfig(**{**cfg.__dict__, "max_completion_length": max(len(s.completion_ids) for s in samples)})
+    role_of = ((lambda s: declared_role(s.role, settings.roles) if settings.roles else role_type(s.role))
+               if settings.role_stats else (lambda s: ""))
+    # a role whose samples all have advantage 0 has no gradient: its norm and loss share are 0
+    zero_roles = {f"{k}@{role_of(s)}": 0.0 for s in samples for k in ("grad_norm", "loss")} if settings.role_stats else {}
     if cfg.kl_coef == 0:
         # ... but without a KL term a sample with advantage 0 adds exactly 0 to the loss and its
         # gradient (GRPO groups whose samples all scored alike): its passes are skipped.
         samples = [s for s in samples if s.advantage != 0]
         if not samples:
-            return _zero_gradient_step(policy, total_tokens, settings.ppo_epochs)
+            return {**_zero_gradient_step(policy, total_tokens, settings.ppo_epochs), **zero_roles}
     # Keep completions of one prompt together so that micro-batches can share the prompt's pass,
     # prompts of similar length next to each other so that micro-batches pad little, and (for
     # role statistics) each role type's samples together.
     roles: dict[str, int] = {}
-    role_of = ((lambda s: declared_role(s.role, settings.roles) if settings.roles else role_type(s.role))
-               if settings.role_stats else (lambda s: ""))
     first: dict[tuple[int, ...], tuple[int, int]] = {}
     for s in samples:
         first.setdefault(tuple(s.prompt_ids), (len(s.prompt_ids), len(first)))
@@ -325,7 +327,7 @@ def update_policy(policy: Policy, samples: Sequence[Sample], settings: UpdateSet
         return {"skipped_steps": 1.0, "tokens": float(total_tokens)}
     for key in [k for k in stats if k.startswith("entropy@")]:
         stats[key] /= max(1.0, stats["tokens@" + key.split("@", 1)[1]])
-    stats["grad_norm"] = grad_norms[-1]
+    stats = {**zero_roles, **stats, "grad_norm": grad_norms[-1]}
     stats["tokens"] = float(total_tokens)
     stats["skipped_steps"] = 0.0
     return stats
