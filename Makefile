@@ -41,7 +41,7 @@ $(STAMP): pyproject.toml constraints.txt
 demo: setup
 	$(VENV)/bin/teamrl train configs/magrpo_writing_tldr.yaml name=$(RUN_NAME) $(ARGS)
 	$(VENV)/bin/teamrl report runs/$(RUN_NAME)
-	$(VENV)/bin/teamrl eval --checkpoint runs/$(RUN_NAME) task.split=test --limit 12
+	$(VENV)/bin/teamrl eval --checkpoint runs/$(RUN_NAME) task.split=test --limit 12 --method team,untrained
 
 test: setup
 	$(PY) -m pytest $(ARGS)
