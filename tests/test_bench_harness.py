@@ -58,3 +58,17 @@ def test_cli_dispatches_bench_to_the_script(capsys):
         main(["bench", "--help"])
     assert e.value.code == 0
     assert "CoMLRL" in capsys.readouterr().out
+
+
+def test_render_reads_the_two_agent_result_as_multi_adapter_bench_writes_it():
+    """(e)'s row comes from ``bench/multi_adapter_bench.py --json`` as it is (a full bench run once crashed here)."""
+    import argparse
+
+    anchors = _module("anchors")
+    two_agent = {"rows": 32, "tokens": 64, "threads": 2, "times": {"separate": [51.2, 60.0, 64.4], "joint": [51.2, 54.2, 56.2]},
+                 "median": {"separate": 60.0, "joint": 54.2},
+                 "separate/joint": {"median_ratio": 60.0 / 54.2, "pair_ratios": [1.0, 1.107, 1.145]}}
+    args = argparse.Namespace(threads=2, steps=1, rounds=3, magrpo_tokens=[32], grpo_tokens=[64], only="e")
+    table = anchors.render({"anchors": [], "two_agent": two_agent}, args)
+    row = next(line for line in table.splitlines() if line.startswith("| (e)"))
+    assert "54.2 s" in row and "60.0 s" in row and "1.11x (1.00-1.15x)" in row and "NOT met (target 1.8)" in row
