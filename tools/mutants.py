@@ -135,8 +135,8 @@ MUTANTS: list[Mutant] = [
            "is_eos = torch.isin(completion_ids, eos_tensor)", T_LOSS, "an EOS id at a padding position truncates"),
 
     # --- trainer/update.py ----------------------------------------------------------------------
-    Mutant("update.ignores_temperature", UPDATE, "temperature = samples[0].temperature or 1.0\n    cfg = settings.loss",
-           "temperature = 1.0\n    cfg = settings.loss",
+    Mutant("update.ignores_temperature", UPDATE, "temperature = samples[0].temperature or 1.0\n    adv = torch.tensor",
+           "temperature = 1.0\n    adv = torch.tensor",
            T_UPDATE, "training log-probs ignore the sampling temperature (issue 20 survivor)"),
     Mutant("update.token_weight_per_micro_batch", UPDATE, "weight = (int(m.sum()) / total_tokens) if",
            "weight = (1 / len(parts)) if", T_UPDATE, "micro-batches weighted equally, not by tokens"),
@@ -146,8 +146,9 @@ MUTANTS: list[Mutant] = [
            "clip_grad_norm_(policy.parameters(), float('inf'))", T_UPDATE, "gradient norm not clipped"),
     Mutant("update.post_eos_tokens_trained", UPDATE, "completion_mask(b.completion_ids, list(eos_ids), b.completion_pad_mask)",
            "completion_mask(b.completion_ids, [], b.completion_pad_mask)", T_UPDATE, "tokens after EOS carry loss"),
-    Mutant("update.total_tokens_padded", UPDATE, "total_tokens = max(1, int(sum(int(m.sum()) for m in masks)))",
-           "total_tokens = max(1, int(sum(m.numel() for m in masks)))", T_UPDATE, "token weights count padding"),
+    Mutant("update.total_tokens_padded", UPDATE, "total_tokens = max(1, int(_loss_mask([s.completion_ids for s in samples], eos_ids, pad_id).sum()))",
+           "total_tokens = max(1, sum(len(s.completion_ids) for s in samples))", T_UPDATE,
+           "token weights count the tokens after EOS"),
     Mutant("update.kl_to_itself", UPDATE, "ref[i] = _logprobs(ref_model, b, temperature)[0]",
            "ref[i] = _logprobs(model, b, temperature)[0]", T_UPDATE, "KL measured against the policy itself"),
     Mutant("update.grads_accumulate_over_epochs", UPDATE,
