@@ -165,13 +165,17 @@ def policy_logprobs(policy: Policy, samples: Sequence[Sample], settings: UpdateS
     return out
 
 
+def _contributes(sample: Sample, loss: LossConfig) -> bool:
+    """Whether ``sample`` adds to the loss or its gradient: without a KL term, one with advantage 0
+    adds exactly nothing (its forward and backward passes can be skipped)."""
+    return loss.kl_coef > 0 or sample.advantage != 0
+
+
 def _old_logprobs(policy: Policy, samples: Sequence[Sample], settings: UpdateSettings, pad_id: int) -> list[torch.Tensor]:
     """:func:`policy_logprobs` for the samples :func:`update_policy` will compute; zeros (unread) for
-    those it skips (advantage 0 without a KL term)."""
-    needed = [s for s in samples if settings.loss.kl_coef > 0 or s.advantage != 0]
-    computed = iter(policy_logprobs(policy, needed, settings, pad_id))
-    return [next(computed) if settings.loss.kl_coef > 0 or s.advantage != 0 else torch.zeros(len(s.completion_ids))
-            for s in samples]
+    those it skips."""
+    computed = iter(policy_logprobs(policy, [s for s in samples if _contributes(s, settings.loss)], settings, pad_id))
+    return [next(computed) if _contributes(s, settings.loss) else torch.zeros(len(s.completion_ids)) for s in samples]
 
 
 def update_policy_steps(policy: Policy, parts: Sequence[Sequence[Sample]], settings: UpdateSettings, pad_id: int,
@@ -229,18 +233,14 @@ def update_policy(policy: Policy, samples: Sequence[Sample], settings: UpdateSet
     # The loss is normalised over every sample, those with advantage 0 included ...
     total_tokens = max(1, int(_loss_mask([s.completion_ids for s in samples], eos_ids, pad_id).sum()))
     total_samples = len(samples)
-    if cfg.aggregation == "dr_grpo" and cfg.max_completion_length is None:
-        cfg = LossConfig(**{**cfg.__dict__, "max_completion_length": max(len(s.completion_ids) for s in samples)})
     role_of = ((lambda s: declared_role(s.role, settings.roles) if settings.roles else role_type(s.role))
                if settings.role_stats else (lambda s: ""))
     # a role whose samples all have advantage 0 has no gradient: its norm and loss share are 0
     zero_roles = {f"{k}@{role_of(s)}": 0.0 for s in samples for k in ("grad_norm", "loss")} if settings.role_stats else {}
-    if cfg.kl_coef == 0:
-        # ... but without a KL term a sample with advantage 0 adds exactly 0 to the loss and its
-        # gradient (GRPO groups whose samples all scored alike): its passes are skipped.
-        samples = [s for s in samples if s.advantage != 0]
-        if not samples:
-            return {**_zero_gradient_step(policy, total_tokens, settings.ppo_epochs), **zero_roles}
+    # ... but only those that add to it are computed (GRPO groups whose samples all scored alike do not)
+    samples = [s for s in samples if _contributes(s, cfg)]
+    if not samples:
+        return {**_zero_gradient_step(policy, total_tokens, settings.ppo_epochs), **zero_roles}
     # Keep completions of one prompt together so that micro-batches can share the prompt's pass,
     # prompts of similar length next to each other so that micro-batches pad little, and (for
     # role statistics) each role type's samples together.
