@@ -1,7 +1,7 @@
 # make demo  - set up .venv if missing, then train a two-agent MAGRPO team (writing.tldr) on the embedded
 #              SmolLM2-135M, write the report, then evaluate it against the untrained team and the prompt baselines on
 #              12 held-out papers, ending with the paired trained-vs-untrained difference (<= 15 min on 2 CPU cores)
-# make test  - set up .venv if missing, then run the test suite
+# make test  - set up .venv if missing, then run the test suite (one worker per core; ~7 min on 2 cores)
 # make bench - side by side, as ratios: MAGRPO iteration vs CoMLRL, GRPO step vs TRL, rollout vs model.generate,
 #              train-step FLOP/s vs the measured matmul peak, two-agent rollout in one batch vs two decodes
 #              -> bench/RESULTS.md (= teamrl bench; about an hour on 2 idle cores, most of it in CoMLRL: 2 token lengths
@@ -43,8 +43,11 @@ demo: setup
 	$(VENV)/bin/teamrl report runs/$(RUN_NAME)
 	$(VENV)/bin/teamrl eval --checkpoint runs/$(RUN_NAME) task.split=test --limit 12 --method team,untrained
 
+# The suite runs single-threaded tests (tests/conftest.py), one worker process per core (pytest-xdist).
+TEST_WORKERS ?= auto
+
 test: setup
-	$(PY) -m pytest $(ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal $(ARGS)
 
 learn: setup
 	$(VENV)/bin/teamrl bench --learning --out bench/LEARNING.md $(ARGS)

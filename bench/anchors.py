@@ -2,17 +2,23 @@
 
 Measures, each as a ratio within one run, on the embedded SmolLM2-135M-Instruct in fp32:
 
-(a) one MAGRPO iteration vs CoMLRL 1.4.3's ``MAGRPOTrainer``: task writing.tldr (2 agents),
-    G=4, 2 problems per iteration, the same prompts, teamrl's reward, 32 and 64 new tokens;
-(b) one single-agent GRPO step vs TRL's ``GRPOTrainer``: task word_count, G=4, 2 prompts per
-    step, the same prompts and reward, 64 new tokens;
+(a) one MAGRPO iteration vs CoMLRL 1.4.3's ``MAGRPOTrainer``: task writing.tldr (2 agents) with
+    the demo's settings, G=4, 2 problems per iteration, the same prompts, teamrl's reward, 32 and
+    64 new tokens;
+(b) one single-agent GRPO step vs TRL's ``GRPOTrainer``: task word_count with targets of 30-60
+    words (what 64 tokens hold, so rewards vary), G=4, 2 prompts per step, the same prompts and
+    reward, 64 new tokens;
 (c) rollout tokens/s vs plain ``model.generate`` at batch 32 x 64 tokens (``bench/core_bench.py``);
 (d) FLOP/s of a LoRA train step vs this machine's fp32 matmul peak, measured in the same run;
 (e) a two-agent rollout (2 x 16 rows x 64 tokens) with both LoRA adapters in one batch through the
     shared base vs two separate decodes from merged copies (``bench/multi_adapter_bench.py``).
 
-Every generation is forced to its full length on both sides (teamrl ``ignore_eos``, the others
-``min_new_tokens``), so both sides generate exactly the same number of tokens. Both sides use
+Every generation is forced to its full length the same way on both sides: EOS cannot be drawn
+before the last token (teamrl ``min_new_tokens``, the anchors HF's ``min_new_tokens``), so every
+text is T real tokens, scored by the reward and trained on in full by both sides. The tasks'
+settings give rewards that vary within a group at that length: with equal rewards teamrl's update
+skips its passes (zero advantages) while an anchor runs its own, and the ratio would not compare
+the same work; the sanity check fails a side whose rewards are all equal. Both sides use
 LoRA r=16, alpha=32 on every linear layer, temperature 1, no top-k/top-p, the same threads.
 
 CoMLRL and TRL run in their own virtual environments (created on first use under
@@ -52,8 +58,11 @@ LORA = {"r": 16, "alpha": 32.0, "dropout": 0.0,
         "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]}
 LR = 1e-5
 SEED = 0
-MAGRPO_TASK = {"name": "writing.tldr"}
-GRPO_TASK = {"name": "word_count"}
+# The demo's task settings (configs/magrpo_writing_tldr.yaml): at 32 and 64 forced tokens both agents' texts
+# pass the word gates, so rewards vary within a group (the defaults gave 0 for every text at 32 tokens).
+MAGRPO_TASK = {"name": "writing.tldr", "max_source_words": 120, "tldr_min_words": 5, "tldr_max_words": 60,
+               "summary_min_words": 20, "summary_max_words": 150, "ratio_min": 1.5, "ratio_max": 10.0}
+GRPO_TASK = {"name": "word_count", "min_words": 30, "max_words": 60}  # 64 tokens hold ~45 words
 G = 4
 PROBLEMS_PER_ITERATION = 2
 
@@ -167,12 +176,13 @@ def teamrl_iterations(spec_path: str, out_path: str, kind: str) -> None:
             "model=smollm2-135m", f"algorithm={algo}", f"task.name={spec['task']['name']}", f"policy.mode={mode}",
             f"policy.lora.r={LORA['r']}", f"policy.lora.alpha={LORA['alpha']}", f"rollout.group_size={spec['group_size']}",
             f"rollout.batch_size={PROBLEMS_PER_ITERATION}", f"rollout.max_new_tokens={T}", "rollout.temperature=1.0",
+            *[f"task.{k}={v}" for k, v in spec["task"].items() if k != "name"],
             "run.progress=false", "run.log_episodes=false", "run.tensorboard=false", f"run.dir={d}", "name=bench",
             "train.steps=1000", "run.save_every=1000", f"train.lr={spec['lr']}", "train.micro_batch_size=16",
             f"seed={spec['seed']}", f"threads={spec['threads']}"])
         trainer = Trainer(cfg)
-        # Fixed-length generations, as the anchors' min_new_tokens.
-        trainer.params = dataclasses.replace(trainer.params, ignore_eos=spec["fixed_length"])
+        # Fixed-length generations, forced as the anchors force them (EOS blocked until the last token).
+        trainer.params = dataclasses.replace(trainer.params, min_new_tokens=T if spec["fixed_length"] else 0)
         by_id = {p.id: p for p in trainer.problems}
         if kind == "magrpo":
             batches = [[by_id[b["problem_id"]] for b in it] for it in spec["iterations"]]
@@ -249,6 +259,8 @@ def sanity_verdict(s: dict, T: int) -> str:
     if abs(s["mean_tokens"] - T) > 0.1 * T:
         bad.append(f"mean completion {s['mean_tokens']:.1f} tokens, not {T}")
     rewards = s["rewards"]  # computed on exactly the completions checked here (the texts the reward function saw)
+    if len(set(rewards)) < 2:
+        bad.append("rewards all equal (no learning signal: the sides' updates would not do the same work)")
     if not s["completion_only_loss"]:
         bad.append("loss not over completion tokens only" + (f" ({s['prompts_with_pad']} prompts hold the pad token)"
                                                              if s.get("prompts_with_pad") else ""))

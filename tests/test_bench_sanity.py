@@ -52,3 +52,11 @@ def test_table_shows_medians_spread_worst_ratio_and_sanity():
     assert "20.0 s (19.0-25.0 s, n=3)" in row and "5.00x (3.60-5.79x)" in row
     assert "met (>= 5); worst NOT met (target 5)" in row
     assert row.endswith("| ok / FAILED |")
+
+
+def test_equal_rewards_fail_the_side():
+    # with every reward equal, teamrl's update skips its passes (zero advantages) while an anchor runs its own:
+    # the ratio would not compare the same work, so such a side does not pass
+    a = _anchors()
+    verdict = a.sanity_verdict(_sanity(rewards=[0.0] * 16), 32)
+    assert verdict.startswith("FAILED") and "rewards all equal" in verdict, verdict

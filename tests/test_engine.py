@@ -170,3 +170,25 @@ def test_prefill_groups_cover_every_prompt_once_with_little_padding():
         width = max(lengths[i] for i in g)
         assert 1 - sum(lengths[i] for i in g) / (width * len(g)) <= MAX_PREFILL_PADDING
     assert _prefill_groups([45, 47, 46, 48]) == [[3, 1, 2, 0]]  # similar lengths: one batch
+
+
+def test_min_new_tokens_blocks_eos_until_then():
+    import contextlib
+    import math
+
+    from teamrl.rollout.hf_engine import HFEngine
+    from tests.fakes import FakeTokenizer, FixedLogitsModel
+
+    # EOS (token 0) holds 2/3 of the mass: without a minimum, sampled completions mostly end at once
+    engine = HFEngine(lambda policy: contextlib.nullcontext(FixedLogitsModel([math.log(2.0), 0.0])), FakeTokenizer(eos_token_id=0))
+    free = engine.generate("p", [GenerationRequest([1], SamplingParams(max_new_tokens=6), n=40)], seed=0)[0]
+    assert sum(len(c.token_ids) == 1 for c in free) > 10
+    held = engine.generate("p", [GenerationRequest([1], SamplingParams(max_new_tokens=6, min_new_tokens=4), n=40)], seed=0)[0]
+    for c in held:
+        assert len(c.token_ids) >= 4 and 0 not in c.token_ids[:4]
+        # while EOS is blocked the other token is certain (log-prob 0); after that, the model's own distribution
+        assert c.logprobs[:4] == pytest.approx([0.0] * 4, abs=1e-6)
+        assert all(lp == pytest.approx(math.log(2 / 3 if t == 0 else 1 / 3), abs=1e-5) for t, lp in zip(c.token_ids[4:], c.logprobs[4:]))
+    assert {c.finish_reason for c in held} == {"eos", "length"}
+    with pytest.raises(ValueError, match="min_new_tokens=7"):
+        SamplingParams(max_new_tokens=6, min_new_tokens=7)

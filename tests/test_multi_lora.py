@@ -150,3 +150,35 @@ def test_bad_row_selection_is_named():
         rm.select(torch.tensor([0, 2]))
     with pytest.raises(KeyError, match="nope"):
         RowAdapterModel(router.policies["planner"].model, ["nope"])
+
+
+def test_adapters_of_different_ranks_and_targets_in_one_batch_equal_peft():
+    # the fused per-row forward puts the adapters' ranks side by side: ranks that differ, and an
+    # adapter that leaves a layer out, must still give each row exactly its own adapter's output
+    from peft import LoraConfig as PeftLoraConfig
+    from peft import get_peft_model
+
+    from teamrl.policies.models import load_model
+
+    base, _ = load_model("tiny-random", seed=0)
+    model = get_peft_model(base, PeftLoraConfig(r=2, lora_alpha=4, target_modules=["q_proj", "up_proj"]), adapter_name="first")
+    model.add_adapter("second", PeftLoraConfig(r=5, lora_alpha=3, target_modules=["q_proj", "down_proj"]))
+    gen = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_" in name:
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
+    model.eval()
+    ids = torch.tensor([[256, 70, 71, 72], [256, 80, 81, 82], [256, 90, 91, 92]])
+    want = []
+    with torch.no_grad():
+        for row, adapter in zip(ids, ["second", "first", "second"]):
+            model.set_adapter(adapter)
+            want.append(model(input_ids=row[None]).logits[0])
+        model.set_adapter("first")
+        row0_with_a = model(input_ids=ids[:1]).logits[0]
+        with RowAdapterModel(model, ["first", "second"]) as rm:
+            rm.select(torch.tensor([1, 0, 1]))
+            got = rm.model(input_ids=ids).logits
+    assert torch.allclose(got, torch.stack(want), atol=1e-5)
+    assert not torch.allclose(want[0], row0_with_a, atol=1e-3)  # the adapters do differ

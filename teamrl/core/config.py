@@ -103,6 +103,7 @@ class RolloutConfig:
     top_k: int = option(0, ge=0, doc="keep the k most likely tokens; 0 keeps all")
     stop: list[str] = option(factory=list, doc="stop strings (the completion is cut after the first one)")
     ignore_eos: bool = option(False, doc="generate exactly max_new_tokens, ignoring EOS (benchmarks)")
+    min_new_tokens: int = option(0, ge=0, doc="EOS cannot be drawn before this many tokens (HF min_new_tokens, vLLM min_tokens)")
     engine: str = option("hf", choices=("hf", "http"),
                          doc="hf: generate in this process; http: send rollouts to an OpenAI-compatible server (teamrl serve, vLLM, SGLang)")
     server_url: str = option("http://127.0.0.1:8000", doc="base URL of the server used by engine http")

@@ -44,23 +44,39 @@ def _lora_layers(peft_model: nn.Module) -> list[nn.Module]:
 
 
 def _row_forward(layer: nn.Module, owner: "RowAdapterModel", x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
-    """A LoRA layer's forward with row-dependent adapters: ``base(x)`` once, then each adapter's delta on its rows.
+    """A LoRA layer's forward with row-dependent adapters: ``base(x)`` once, then each row's adapter delta.
 
-    The delta is PEFT's ``lora_B(lora_A(dropout(x))) * scaling``, written with ``F.linear`` on the
-    adapter weights (no module calls: at decode batch sizes the per-call overhead of ~200 LoRA
-    layers x adapters is a measurable share of a step).
+    A row's delta is PEFT's ``lora_B(lora_A(dropout(x))) * scaling`` for its adapter. All adapters
+    are computed in three calls: ``x`` times every adapter's ``lora_A`` side by side (rank-sized
+    columns: cheap), the columns of other adapters zeroed per row, then times the adapters'
+    scaled ``lora_B`` side by side, added onto ``base(x)``. At decode batch sizes the per-call
+    overhead of ~200 LoRA layers x adapters was a measurable share of a step, so the call count
+    matters more than the wasted rank-sized columns. Active dropout (a module in training mode)
+    is random per adapter: those calls take one adapter at a time.
     """
     if layer.merged:
         raise RuntimeError("a LoRA layer is merged into its base; per-row adapters need unmerged weights")
     result = layer.base_layer(x, *args, **kwargs)
+    if not owner.plan:
+        return result
+    fused = owner.fused(layer)
+    if fused is None:
+        return _row_forward_per_adapter(layer, owner, x, result)
+    a_cat, b_cat, mask = fused
+    part = x if x.dtype == a_cat.dtype else x.to(a_cat.dtype)
+    hidden = F.linear(part, a_cat) * mask.view(mask.shape[0], *([1] * (part.dim() - 2)), mask.shape[-1])
+    delta = F.linear(hidden, b_cat)
+    return result + (delta if delta.dtype == result.dtype else delta.to(result.dtype))
+
+
+def _row_forward_per_adapter(layer: nn.Module, owner: "RowAdapterModel", x: torch.Tensor, result: torch.Tensor) -> torch.Tensor:
+    """:func:`_row_forward`'s deltas one adapter at a time (for dropout in training mode)."""
     for name, rows in owner.plan:
         if name not in layer.lora_A:  # this adapter does not target this layer
             continue
         a_weight, b_weight = layer.lora_A[name].weight, layer.lora_B[name].weight
         part = x if rows is None else x[rows]
-        dropout = layer.lora_dropout[name]
-        if not isinstance(dropout, nn.Identity):
-            part = dropout(part)
+        part = layer.lora_dropout[name](part)
         if part.dtype != a_weight.dtype:
             part = part.to(a_weight.dtype)
         delta = F.linear(F.linear(part, a_weight), b_weight) * layer.scaling[name]
@@ -91,12 +107,16 @@ class RowAdapterModel:
         self.model = peft_model.get_base_model()
         self.adapters = list(adapters)
         self.plan: list[tuple[str, slice | torch.Tensor | None]] = []
+        self._row_adapter = torch.zeros(0, dtype=torch.long)
         self._layers = _lora_layers(peft_model)
         self._entered = False
+        self._weights: dict[int, tuple[list[int], torch.Tensor, torch.Tensor]] = {}  # id(layer) -> fused weights
+        self._masks: dict[tuple[int, ...], torch.Tensor] = {}  # adapter index per rank column -> [rows, columns] mask
 
     def select(self, row_adapter: torch.Tensor) -> None:
         """Row ``i`` of the next forward calls uses ``adapters[row_adapter[i]]`` (indices into ``adapters``)."""
         ids = row_adapter.tolist()
+        self._masks = {}
         if not ids:
             self.plan = []
             return
@@ -113,12 +133,45 @@ class RowAdapterModel:
             self.plan = plan
         else:
             self.plan = [(self.adapters[a], torch.nonzero(row_adapter == a).flatten()) for a in sorted(set(ids))]
+        self._row_adapter = row_adapter
+
+    def fused(self, layer: nn.Module) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """``layer``'s adapters side by side: ``lora_A`` weights [columns, in], scaled ``lora_B`` [out, columns], row mask [rows, columns].
+
+        ``None`` where an adapter's dropout is active (training mode) or the adapters' dtypes differ.
+        Without gradient recording the weights are read once per ``with`` block (they are the
+        sampling weights, fixed during it); with it, at every call, so that gradients reach them.
+        """
+        if layer.training and any(not isinstance(layer.lora_dropout[a], nn.Identity) for a in self.adapters if a in layer.lora_A):
+            return None
+        key = id(layer)
+        weights = None if torch.is_grad_enabled() else self._weights.get(key)
+        if weights is None:
+            names = [(i, a) for i, a in enumerate(self.adapters) if a in layer.lora_A]
+            if not names:
+                return None
+            a_weights = [layer.lora_A[a].weight for _, a in names]
+            if len({w.dtype for w in a_weights} | {layer.lora_B[a].weight.dtype for _, a in names}) > 1:
+                return None
+            owners = [i for (i, _), w in zip(names, a_weights) for _ in range(w.shape[0])]
+            weights = (owners, torch.cat(a_weights),
+                       torch.cat([layer.lora_B[a].weight * layer.scaling[a] for _, a in names], dim=1))
+            if not torch.is_grad_enabled():
+                self._weights[key] = weights
+        owners, a_cat, b_cat = weights
+        mask = self._masks.get(tuple(owners))
+        if mask is None:
+            owner_t = torch.tensor(owners, device=self._row_adapter.device)
+            mask = (self._row_adapter.unsqueeze(1) == owner_t.unsqueeze(0)).to(device=a_cat.device, dtype=a_cat.dtype)
+            self._masks[tuple(owners)] = mask
+        return a_cat, b_cat, mask
 
     def __enter__(self) -> "RowAdapterModel":
         if self._entered:
             raise RuntimeError("RowAdapterModel is already in use")
         for layer in self._layers:
             layer.forward = functools.partial(_row_forward, layer, self)  # instance attribute: shadows the class forward
+        self._weights, self._masks = {}, {}
         self._entered = True
         return self
 
@@ -128,6 +181,7 @@ class RowAdapterModel:
                 del layer.forward
         self._entered = False
         self.plan = []
+        self._weights, self._masks = {}, {}
 
 
 class SharedBaseAdapters:

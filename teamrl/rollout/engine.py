@@ -21,7 +21,12 @@ class SamplingParams:
 
     ``temperature=0`` is greedy. ``top_k=0`` and ``top_p=1`` disable those filters. Stop
     strings end a completion after the token that completes them; the text keeps the stop
-    string. With ``ignore_eos`` generation runs to ``max_new_tokens`` (benchmarks).
+    string. With ``ignore_eos`` generation runs to ``max_new_tokens`` (EOS may still be drawn and
+    generation goes on past it); with ``min_new_tokens`` EOS cannot be drawn before that many
+    tokens (its probability is 0 until then, as HF's ``min_new_tokens`` and vLLM's ``min_tokens``):
+    ``min_new_tokens = max_new_tokens`` gives texts of exactly that length with no EOS in them
+    (benchmarks against frameworks that force length that way). Log-probs are those of the
+    distribution sampled from, with EOS removed while it is blocked.
     """
 
     max_new_tokens: int = 64
@@ -30,10 +35,13 @@ class SamplingParams:
     top_k: int = 0
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
+    min_new_tokens: int = 0
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens={self.max_new_tokens}: must be >= 1")
+        if not 0 <= self.min_new_tokens <= self.max_new_tokens:
+            raise ValueError(f"min_new_tokens={self.min_new_tokens}: must be in [0, max_new_tokens={self.max_new_tokens}]")
         if self.temperature < 0:
             raise ValueError(f"temperature={self.temperature}: must be >= 0 (0 is greedy)")
         if not 0 < self.top_p <= 1:

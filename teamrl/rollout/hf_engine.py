@@ -19,6 +19,7 @@ from transformers.cache_utils import DynamicLayer
 
 from teamrl.rollout.engine import Completion, Engine, GenerationRequest
 from teamrl.rollout.prefix_attention import SharedPrompts, shared_prompt_decoding, supports_shared_prompts
+from teamrl.rollout.small_batch_linear import small_batch_linears
 
 # policy name -> context manager that yields the model computing with that policy's weights
 ModelProvider = Callable[[str], contextlib.AbstractContextManager]
@@ -153,7 +154,7 @@ class HFEngine(Engine):
         was_training = model.training
         model.eval()
         try:
-            with torch.inference_mode():
+            with torch.inference_mode(), small_batch_linears(model):
                 return self._decode(model, requests, seeds, request_policy, select)
         finally:
             model.train(was_training)
@@ -235,6 +236,8 @@ class HFEngine(Engine):
         top_p = torch.tensor([p.top_p for p in row_params], dtype=torch.float32, device=dev)
         max_new = torch.tensor([p.max_new_tokens for p in row_params], dtype=torch.long, device=dev)
         ignore_eos = torch.tensor([p.ignore_eos for p in row_params], dtype=torch.bool, device=dev)
+        min_new = torch.tensor([p.min_new_tokens for p in row_params], dtype=torch.long, device=dev)
+        eos_blocked_until = int(min_new.max())
         stops = [p.stop for p in row_params]
         stop_window = [max((len(s.encode()) for s in st), default=0) for st in stops]
 
@@ -244,6 +247,8 @@ class HFEngine(Engine):
         live = torch.arange(R, device=dev)  # output row of each batch row
         steps = int(max_new.max())
         for t in range(steps):
+            if t < eos_blocked_until:
+                logits = _block_tokens(logits, min_new.index_select(0, live) > t, self.eos_ids)
             nxt, lp = self._sample_per_policy(logits, temp.index_select(0, live), top_k.index_select(0, live),
                                               top_p.index_select(0, live), gens, row_owner_t, live)
             nxt_l, lp_l, live_l = nxt.tolist(), lp.tolist(), live.tolist()
@@ -365,6 +370,15 @@ def _split(rows: list[Completion], requests: Sequence[GenerationRequest]) -> lis
 
 # A prefill batch in which padding would be more than this share of the positions is split by length.
 MAX_PREFILL_PADDING = 0.05
+
+
+def _block_tokens(logits: torch.Tensor, rows: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
+    """``logits`` with ``token_ids`` at -inf in the rows where ``rows`` is True (those tokens cannot be drawn)."""
+    where = torch.nonzero(rows).flatten()
+    if not len(where) or not len(token_ids):
+        return logits
+    return logits.index_put((where.unsqueeze(1), token_ids.to(logits.device).unsqueeze(0)),
+                            torch.tensor(float("-inf"), dtype=logits.dtype, device=logits.device))
 
 
 def _prefill_groups(lengths: list[int]) -> list[list[int]]:

@@ -245,6 +245,8 @@ class HTTPEngine(Engine):
             "n": n, "max_tokens": params.max_new_tokens, "temperature": params.temperature, "top_p": params.top_p,
             "top_k": params.top_k if params.top_k > 0 else -1, "stop": list(params.stop), "ignore_eos": params.ignore_eos,
             "logprobs": 0, "return_tokens_as_token_ids": True, "include_stop_str_in_output": True}
+        if params.min_new_tokens:
+            body["min_tokens"] = params.min_new_tokens  # vLLM's and SGLang's name
         if spec.explicit_fields:
             body.update(NEUTRAL_FIELDS)
         if seed is not None:

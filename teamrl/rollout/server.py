@@ -50,7 +50,7 @@ from teamrl.rollout.strict_server import GENERATION_DEFAULT_FIELDS, RowSettings,
 
 # Fields of POST /v1/completions that teamrl serve understands (vLLM's names); anything else is a 400.
 COMPLETION_FIELDS = ("model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "n", "stop", "seed",
-                     "logprobs", "return_tokens_as_token_ids", "return_token_ids", "ignore_eos",
+                     "logprobs", "return_tokens_as_token_ids", "return_token_ids", "ignore_eos", "min_tokens",
                      "include_stop_str_in_output", "skip_special_tokens", "stream", "echo", "user")
 MAX_BODY_BYTES = 64 * 2**20
 
@@ -183,10 +183,12 @@ class ModelServer:
         try:
             params = SamplingParams(max_new_tokens=_int(body, "max_tokens", 16, lo=1), temperature=_num(body, "temperature", 1.0),
                                     top_p=_num(body, "top_p", 1.0), top_k=max(top_k, 0),  # vLLM's -1 = disabled = teamrl's 0
-                                    stop=stop, ignore_eos=_bool(body, "ignore_eos", False))
+                                    stop=stop, ignore_eos=_bool(body, "ignore_eos", False),
+                                    min_new_tokens=_int(body, "min_tokens", 0, lo=0))
         except ValueError as e:  # SamplingParams names the setting; map it back to the request field
-            field = {"max_new_tokens": "max_tokens"}.get(str(e).split("=")[0], str(e).split("=")[0])
-            raise RequestError(400, str(e).replace("max_new_tokens", "max_tokens"), field) from e
+            names = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens"}
+            field = names.get(str(e).split("=")[0], str(e).split("=")[0])
+            raise RequestError(400, str(e).replace("max_new_tokens", "max_tokens").replace("min_new_tokens", "min_tokens"), field) from e
         as_ids = _bool(body, "return_tokens_as_token_ids", False)
         keep_stop = _bool(body, "include_stop_str_in_output", False)
         with self._lock:
