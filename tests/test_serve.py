@@ -73,7 +73,8 @@ def test_http_engine_matches_in_process_engine(server, tiny, tiny_engine):
     prompts = _prompts(tok)
     for params, n, seed in ((SamplingParams(max_new_tokens=10, temperature=0, ignore_eos=True), 1, 0),
                             (SamplingParams(max_new_tokens=10, temperature=0.7, top_k=20, ignore_eos=True), 3, 11),
-                            (SamplingParams(max_new_tokens=8, temperature=1.0, top_p=0.9), 2, 5)):
+                            (SamplingParams(max_new_tokens=8, temperature=1.0, top_p=0.9), 2, 5),
+                            (SamplingParams(max_new_tokens=6, min_new_tokens=4), 2, 3)):  # sent as vLLM's min_tokens
         reqs = [GenerationRequest(p, params, n=n) for p in prompts]
         remote = http.generate("tiny-random", reqs, seed=seed)
         local = tiny_engine.generate("tiny-random", reqs, seed=seed)
@@ -179,6 +180,7 @@ def test_bad_requests_get_clear_json_errors(server, tmp_path):
         ({"model": "tiny-random", "prompt": [1], "logprobs": 5}, 400, "logprobs", "not supported"),
         ({"model": "tiny-random", "prompt": [1], "stream": True}, 400, "stream", "only false"),
         ({"prompt": [1]}, 400, "model", "required"),
+        ({"model": "tiny-random", "prompt": [1], "max_tokens": 2, "min_tokens": 3}, 400, "min_tokens", "min_tokens=3"),
     ]
     for body, status, param, words in cases:
         got, err = _post(url + "/v1/completions", body)
