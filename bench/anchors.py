@@ -316,7 +316,9 @@ def render(results: dict, args) -> str:
              f"(bench/anchors.py), {_cpu_name()}, {os.cpu_count()} cores, {args.threads} torch threads, fp32",
              "", "Versions: " + ", ".join(f"{k} {v}" for k, v in sorted(vers.items())) + ".",
              f"Model: embedded SmolLM2-135M-Instruct; LoRA r={LORA['r']}, alpha={LORA['alpha']:g} on all linear layers; "
-             f"temperature 1, no top-k/top-p; every generation forced to its full length on both sides. "
+             f"temperature 1, no top-k/top-p; every generation forced to its full length the same way on both sides "
+             f"(EOS blocked until the last token: teamrl min_new_tokens, the anchors HF min_new_tokens); task settings "
+             f"under which rewards vary at that length (writing.tldr: the demo's; word_count: 30-60-word targets). "
              f"(a), (b): {args.rounds} alternating process rounds (teamrl, anchor, teamrl, ...), each process warming up "
              f"once and timing {args.steps} iteration(s) on the same problems; figures are medians, spread min-max; the "
              f"ratio's range is worst (slowest teamrl vs fastest anchor) to best. CoMLRL's tokenizer pad token is "
