@@ -110,7 +110,7 @@ class RowAdapterModel:
         self._row_adapter = torch.zeros(0, dtype=torch.long)
         self._layers = _lora_layers(peft_model)
         self._entered = False
-        self._weights: dict[int, tuple[list[int], torch.Tensor, torch.Tensor]] = {}  # id(layer) -> fused weights
+        self._weights: dict[int, tuple[tuple[int, ...], torch.Tensor, torch.Tensor]] = {}  # id(layer) -> fused weights
         self._masks: dict[tuple[int, ...], torch.Tensor] = {}  # adapter index per rank column -> [rows, columns] mask
 
     def select(self, row_adapter: torch.Tensor) -> None:
@@ -153,17 +153,17 @@ class RowAdapterModel:
             a_weights = [layer.lora_A[a].weight for _, a in names]
             if len({w.dtype for w in a_weights} | {layer.lora_B[a].weight.dtype for _, a in names}) > 1:
                 return None
-            owners = [i for (i, _), w in zip(names, a_weights) for _ in range(w.shape[0])]
+            owners = tuple(i for (i, _), w in zip(names, a_weights) for _ in range(w.shape[0]))
             weights = (owners, torch.cat(a_weights),
                        torch.cat([layer.lora_B[a].weight * layer.scaling[a] for _, a in names], dim=1))
             if not torch.is_grad_enabled():
                 self._weights[key] = weights
         owners, a_cat, b_cat = weights
-        mask = self._masks.get(tuple(owners))
+        mask = self._masks.get(owners)
         if mask is None:
             owner_t = torch.tensor(owners, device=self._row_adapter.device)
             mask = (self._row_adapter.unsqueeze(1) == owner_t.unsqueeze(0)).to(device=a_cat.device, dtype=a_cat.dtype)
-            self._masks[tuple(owners)] = mask
+            self._masks[owners] = mask
         return a_cat, b_cat, mask
 
     def __enter__(self) -> "RowAdapterModel":
