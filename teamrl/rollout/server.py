@@ -53,6 +53,8 @@ COMPLETION_FIELDS = ("model", "prompt", "max_tokens", "temperature", "top_p", "t
                      "logprobs", "return_tokens_as_token_ids", "return_token_ids", "ignore_eos", "min_tokens",
                      "include_stop_str_in_output", "skip_special_tokens", "stream", "echo", "user")
 MAX_BODY_BYTES = 64 * 2**20
+# SamplingParams settings whose request field has another name (errors name the field the client sent)
+REQUEST_FIELD_OF_SETTING = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens"}
 
 
 @dataclass
@@ -186,9 +188,10 @@ class ModelServer:
                                     stop=stop, ignore_eos=_bool(body, "ignore_eos", False),
                                     min_new_tokens=_int(body, "min_tokens", 0, lo=0))
         except ValueError as e:  # SamplingParams names the setting; map it back to the request field
-            names = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens"}
-            field = names.get(str(e).split("=")[0], str(e).split("=")[0])
-            raise RequestError(400, str(e).replace("max_new_tokens", "max_tokens").replace("min_new_tokens", "min_tokens"), field) from e
+            message, setting = str(e), str(e).split("=")[0]
+            for ours, field in REQUEST_FIELD_OF_SETTING.items():
+                message = message.replace(ours, field)
+            raise RequestError(400, message, REQUEST_FIELD_OF_SETTING.get(setting, setting)) from e
         as_ids = _bool(body, "return_tokens_as_token_ids", False)
         keep_stop = _bool(body, "include_stop_str_in_output", False)
         with self._lock:
