@@ -99,14 +99,50 @@ def test_update_with_repeated_prompts_matches_distinct_micro_batches(tiny):
                       completion_ids=[70 + i] * (1 + i % 3) + [eos], sampling_logprobs=[], advantage=float(i % 3 - 1))
                for i in range(6)]
     steps = []
-    for mb in (6, 1):  # 6: two shared-prompt groups in one micro-batch; 1: every sequence alone (plain path)
+    # 6: two shared-prompt groups in one micro-batch; 2 and 1: one group per micro-batch, its prompt run once and
+    # its three completions in passes of 2 + 1 and 1 + 1 + 1 (shared_prefix_backward)
+    for mb in (6, 2, 1):
         pol = Policy("p", copy.deepcopy(model), None, lr=1.0, weight_decay=0.0)
         pol.optimizer = torch.optim.SGD(pol.parameters(), lr=1.0)
         before = [p.clone() for p in pol.parameters()]
         update_policy(pol, samples, UpdateSettings(loss=LossConfig(), micro_batch_size=mb, max_grad_norm=1e9), tok.pad_token_id, [eos])
         steps.append(torch.cat([(b - p.detach()).flatten() for b, p in zip(before, pol.parameters())]))
     assert steps[0].abs().sum() > 0
-    assert torch.allclose(steps[0], steps[1], atol=1e-6, rtol=1e-4)
+    for step in steps[1:]:
+        assert torch.allclose(steps[0], step, atol=1e-6, rtol=1e-4)
+
+
+def test_shared_prefix_backward_in_passes_equals_one_backward(tiny):
+    from teamrl.policies.logprobs import build_shared_prefix_batch, shared_prefix_backward, shared_prefix_logprobs
+
+    model, tok = tiny
+    eos = tok.eos_token_id
+    prompts = [[256, 5, 6, 7, 8]] * 3 + [[256, 9, 10]] * 2
+    comps = [[11, 12, 13, eos], [14, 15], [16, 17, 18, 19, 20, 21], [22], [23, 24, eos]]
+    batch = build_shared_prefix_batch(prompts, comps, tok.pad_token_id)
+    w = torch.randn(5, 6, generator=torch.Generator().manual_seed(1)) * batch.completion_pad_mask
+    model.zero_grad()
+    lp, _ = shared_prefix_logprobs(model, batch, 0.8)
+    (lp * w).sum().backward()
+    want = [p.grad.clone() for p in model.parameters()]
+    for rows_per_pass in (1, 2, 5):
+        model.zero_grad()
+        seen = []
+        def loss_of(rows, logp, ent):
+            seen.append((rows.start, rows.stop))
+            assert ent is not None and torch.allclose(logp, lp[rows], atol=1e-5)
+            return (logp * w[rows]).sum()
+        shared_prefix_backward(model, batch, rows_per_pass, loss_of, 0.8, with_entropy=True)
+        assert seen == [(s, min(5, s + rows_per_pass)) for s in range(0, 5, rows_per_pass)]
+        for a, p in zip(want, model.parameters()):
+            assert torch.allclose(a, p.grad, atol=1e-5), rows_per_pass
+
+
+def test_rows_per_pass_are_as_even_as_possible():
+    from teamrl.trainer.update import _rows_per_pass
+
+    assert [_rows_per_pass(n, 4) for n in (1, 4, 5, 8, 9, 16)] == [1, 4, 3, 4, 3, 4]
+    assert _rows_per_pass(4, 2) == 2 and _rows_per_pass(3, 2) == 2 and _rows_per_pass(7, 1) == 1
 
 
 def test_micro_batch_plan_splits_prompts_whose_padding_would_cost_much():
@@ -117,7 +153,10 @@ def test_micro_batch_plan_splits_prompts_whose_padding_would_cost_much():
     parts = _plan_micro_batches(prompts, [32] * 12, size=16)
     # 480 vs 570: 90 of 1140 padded prompt positions, ~7% of all positions -> split; 570 vs 575 stay together
     assert parts == [slice(0, 4), slice(4, 12)]
-    assert _plan_micro_batches(prompts, [32] * 12, size=3) == [slice(0, 3), slice(3, 4), slice(4, 7), slice(7, 10), slice(10, 12)]
+    # a prompt's samples are never split (its prompt runs once; update_policy runs its completions in passes)
+    assert _plan_micro_batches(prompts, [32] * 12, size=3) == [slice(0, 4), slice(4, 8), slice(8, 12)]
+    assert _plan_micro_batches(prompts, [32] * 12, size=8) == [slice(0, 4), slice(4, 12)]
+    assert _plan_micro_batches(prompts, [32] * 12, size=7) == [slice(0, 4), slice(4, 8), slice(8, 12)]
     # short prompts with long completions: the padding is cheap, so one micro-batch
     assert _plan_micro_batches([(1,) * 40] * 4 + [(2,) * 45] * 4, [160] * 8, size=16) == [slice(0, 8)]
 

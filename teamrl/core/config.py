@@ -138,7 +138,8 @@ class TrainConfig:
     weight_decay: float = option(0.0, ge=0, doc="AdamW weight decay")
     max_grad_norm: float = option(1.0, gt=0, doc="gradient clipping norm per policy")
     ppo_epochs: int = option(1, ge=1, doc="passes over each batch; with 1, old log-probs are the detached current ones")
-    micro_batch_size: int = option(16, ge=1, doc="sequences per forward/backward (gradient accumulation)")
+    micro_batch_size: int = option(16, ge=1, doc="completions per forward/backward pass (gradient accumulation, "
+                                   "the same gradient); a prompt with more completions runs once, its completions in passes")
     advantage: str = option("group", choices=("group", "mean", "batch", "none", "rloo", "max"), doc="group normalisation mode")
     advantage_eps: float = option(1e-4, gt=0, doc="epsilon added to the std")
     nonfinite_reward: str = option("error", choices=("error", "drop_group"),

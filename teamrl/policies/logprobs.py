@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 from torch import nn
@@ -115,26 +115,70 @@ def build_shared_prefix_batch(prompts: Sequence[Sequence[int]], completions: Seq
     return SharedPrefixBatch(pids, pmask, torch.tensor(index), cids, cmask)
 
 
-def shared_prefix_logprobs(model: nn.Module, batch: SharedPrefixBatch, temperature: float = 1.0,
-                           with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Same result as :func:`completion_logprobs` on the unshared batch, with one prompt pass per distinct prompt."""
+def _prompt_pass(model: nn.Module, batch: SharedPrefixBatch):
+    """Each distinct prompt once: its keys/values (a ``DynamicCache``) and the logits at its last position [U, 1, V]."""
     from transformers import DynamicCache
 
     ppos = (batch.prompt_mask.cumsum(-1) - 1).clamp(min=0)
     cache = DynamicCache()
     out = model(input_ids=batch.prompt_ids, attention_mask=batch.prompt_mask, position_ids=ppos,
                 past_key_values=cache, use_cache=True, logits_to_keep=1)
-    idx = batch.prompt_index
-    cache.reorder_cache(idx)  # index_select: differentiable, gradients of the G rows add up on the prompt
-    first_logits = out.logits[:, -1:, :].index_select(0, idx)
+    return cache, out.logits[:, -1:, :]
+
+
+def _completion_logits(model: nn.Module, batch: SharedPrefixBatch, rows: torch.Tensor, cache, first_logits: torch.Tensor) -> torch.Tensor:
+    """Logits [len(rows), T, V] predicting completion ``rows``' tokens, continuing ``cache`` (already one row per
+    completion in ``rows``); ``first_logits``: the prompts' last-position logits, one row per distinct prompt."""
+    idx = batch.prompt_index.index_select(0, rows)
+    first = first_logits.index_select(0, idx)
     plen = batch.prompt_mask.sum(-1).index_select(0, idx)
     T = batch.completion_len
+    if T == 1:
+        return first
+    cids = batch.completion_ids.index_select(0, rows)
     cpos = plen.unsqueeze(1) + torch.arange(T, device=plen.device).unsqueeze(0)
-    attn = torch.cat([batch.prompt_mask.index_select(0, idx), batch.completion_pad_mask.long()], dim=1)
-    if T > 1:
-        rest = model(input_ids=batch.completion_ids[:, :-1], attention_mask=attn[:, :-1], position_ids=cpos[:, :-1],
-                     past_key_values=cache, use_cache=True).logits
-        logits = torch.cat([first_logits, rest], dim=1)
-    else:
-        logits = first_logits
-    return token_logprobs(logits, batch.completion_ids, temperature, with_entropy)
+    attn = torch.cat([batch.prompt_mask.index_select(0, idx), batch.completion_pad_mask.index_select(0, rows).long()], dim=1)
+    rest = model(input_ids=cids[:, :-1], attention_mask=attn[:, :-1], position_ids=cpos[:, :-1],
+                 past_key_values=cache, use_cache=True).logits
+    return torch.cat([first, rest], dim=1)
+
+
+def shared_prefix_logprobs(model: nn.Module, batch: SharedPrefixBatch, temperature: float = 1.0,
+                           with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Same result as :func:`completion_logprobs` on the unshared batch, with one prompt pass per distinct prompt."""
+    cache, last = _prompt_pass(model, batch)
+    cache.reorder_cache(batch.prompt_index)  # index_select: differentiable, gradients of the G rows add up on the prompt
+    rows = torch.arange(batch.completion_ids.shape[0], device=batch.prompt_index.device)
+    return token_logprobs(_completion_logits(model, batch, rows, cache, last), batch.completion_ids, temperature, with_entropy)
+
+
+def shared_prefix_backward(model: nn.Module, batch: SharedPrefixBatch, rows_per_pass: int,
+                           loss_of: Callable[[slice, torch.Tensor, torch.Tensor | None], torch.Tensor],
+                           temperature: float = 1.0, with_entropy: bool = False) -> None:
+    """Backpropagate the sum of ``loss_of(rows, logprobs, entropy)`` over passes of at most ``rows_per_pass``
+    completions (``rows``: a slice of the batch's completions), running each distinct prompt once.
+
+    The gradient is that of one backward through :func:`shared_prefix_logprobs` of the whole batch,
+    but only one pass's completion activations are alive at a time: the prompts' keys/values and
+    last-position logits are cut from the graph as leaves, every pass adds its gradient to them,
+    and one backward through the prompt pass at the end carries the sum into the weights.
+    """
+    from transformers import DynamicCache
+
+    cache, last = _prompt_pass(model, batch)
+    kv = [t for layer in cache.layers for t in (layer.keys, layer.values)]
+    kv_leaves = [t.detach().requires_grad_() for t in kv]
+    last_leaf = last.detach().requires_grad_()
+    B = batch.completion_ids.shape[0]
+    dev = batch.prompt_index.device
+    for start in range(0, B, rows_per_pass):
+        rows = slice(start, min(B, start + rows_per_pass))
+        index = torch.arange(rows.start, rows.stop, device=dev)
+        idx = batch.prompt_index.index_select(0, index)
+        pass_cache = DynamicCache([(k.index_select(0, idx), v.index_select(0, idx)) for k, v in zip(kv_leaves[::2], kv_leaves[1::2])])
+        logits = _completion_logits(model, batch, index, pass_cache, last_leaf)
+        logp, ent = token_logprobs(logits, batch.completion_ids[rows], temperature, with_entropy)
+        loss_of(rows, logp, ent).backward()
+    outputs = [(t, leaf.grad) for t, leaf in zip(kv + [last], kv_leaves + [last_leaf]) if leaf.grad is not None]
+    if outputs:
+        torch.autograd.backward([t for t, _ in outputs], [g for _, g in outputs])

@@ -12,8 +12,8 @@ import torch
 from teamrl.core.config import Config
 from teamrl.core.sample import Sample
 from teamrl.losses import LossConfig, completion_mask, policy_loss
-from teamrl.policies.logprobs import (build_shared_prefix_batch, build_token_batch, completion_logprobs,
-                                     shared_prefix_logprobs)
+from teamrl.policies.logprobs import (SharedPrefixBatch, build_shared_prefix_batch, build_token_batch, completion_logprobs,
+                                     shared_prefix_backward, shared_prefix_logprobs)
 from teamrl.policies.policy import Policy
 from teamrl.policies.router import declared_role, role_type
 
@@ -67,34 +67,48 @@ MAX_PADDING_SHARE = 0.05
 
 
 def _plan_micro_batches(prompts: list[tuple[int, ...]], completion_lens: list[int], size: int) -> list[slice]:
-    """Micro-batches of at most ``size`` consecutive samples that waste little compute on prompt padding.
+    """Micro-batches of whole prompt groups, at most ``size`` samples unless one group alone is larger,
+    that waste little compute on prompt padding.
 
     ``prompts`` is per sample, the samples of one prompt consecutive. Each distinct prompt runs once
-    (shared prefix), left-padded to the micro-batch's longest; when adding a prompt would make its
-    padding more than ``MAX_PADDING_SHARE`` of the micro-batch's token positions (padded prompts
-    plus completions), a new micro-batch starts. Long prompts of different lengths (e.g. 480 and
-    570 tokens, with 32-token completions) then run separately instead of paying ~8% extra forward
-    and backward for padding; the weighting in :func:`update_policy` keeps the result equal to
-    the full batch's whatever the split.
+    (shared prefix), left-padded to the micro-batch's longest, so a prompt's samples are never split
+    over micro-batches (a group larger than ``size`` runs its completions in passes of at most
+    ``size``, :func:`_rows_per_pass`). When adding a prompt would make its padding more than
+    ``MAX_PADDING_SHARE`` of the micro-batch's token positions (padded prompts plus completions), a
+    new micro-batch starts. Long prompts of different lengths (e.g. 480 and 570 tokens, with
+    32-token completions) then run separately instead of paying ~8% extra forward and backward for
+    padding; the weighting in :func:`update_policy` keeps the result equal to the full batch's
+    whatever the split.
     """
     parts: list[slice] = []
     start, lens = 0, []  # lens: the distinct prompts' lengths in the current micro-batch
     for i, p in enumerate(prompts):
         new_prompt = i == 0 or p != prompts[i - 1]
-        full = i - start >= size
-        if not full and new_prompt and lens:
+        if not new_prompt:
+            continue
+        group_end = i + 1
+        while group_end < len(prompts) and prompts[group_end] == p:
+            group_end += 1
+        full = bool(lens) and group_end - start > size
+        if not full and lens:
             grown = lens + [len(p)]
             padded = max(grown) * len(grown)
-            positions = padded + (i + 1 - start) * max(completion_lens[start:i + 1])
+            positions = padded + (group_end - start) * max(completion_lens[start:group_end])
             full = (padded - sum(grown)) / positions > MAX_PADDING_SHARE
         if full:
             parts.append(slice(start, i))
             start, lens = i, []
-        if new_prompt or not lens:
-            lens.append(len(p))
+        lens.append(len(p))
     if start < len(prompts):
         parts.append(slice(start, len(prompts)))
     return parts
+
+
+def _rows_per_pass(rows: int, size: int) -> int:
+    """Completions per forward/backward pass when a micro-batch of ``rows`` completions must run in passes of at
+    most ``size``: as even as possible (5 with size 4: 3 + 2, not 4 + 1)."""
+    passes = -(-rows // size)
+    return -(-rows // passes)
 
 
 def _loss_mask(completions: Sequence[Sequence[int]], eos_ids: Sequence[int], pad_id: int) -> torch.Tensor:
@@ -291,22 +305,35 @@ def update_policy(policy: Policy, samples: Sequence[Sample], settings: UpdateSet
             losses_finite = True
             for i, (sl, b, m) in enumerate(zip(parts, batches, masks)):
                 role = names[sl.start]
-                logp, ent = _logprobs(model, b, temperature, with_entropy=epoch == 0)
-                old_lp = logp.detach() if old[i] is None else old[i]
-                loss, st = policy_loss(logp, old_lp, adv[sl], m, cfg, ref_logprobs=ref[i])
-                losses_finite = losses_finite and math.isfinite(st["loss"])
-                weight = (int(m.sum()) / total_tokens) if cfg.aggregation == "token_mean" else (len(range(*sl.indices(len(samples)))) / total_samples)
-                (loss * weight).backward()
-                if last:
-                    for k in ("loss", "kl", "clip_frac"):
-                        stats[k] += st[k] * weight
-                    if settings.role_stats:
-                        stats[f"loss@{role}"] = stats.get(f"loss@{role}", 0.0) + st["loss"] * weight
-                        stats[f"tokens@{role}"] = stats.get(f"tokens@{role}", 0.0) + float(m.sum())
-                if ent is not None:
-                    stats["entropy"] += float((ent * m).sum()) / computed_tokens
-                    if settings.role_stats:
-                        stats[f"entropy@{role}"] = stats.get(f"entropy@{role}", 0.0) + float((ent * m).sum())
+
+                def weighted_loss(rows: slice, logp: torch.Tensor, ent: torch.Tensor | None) -> torch.Tensor:
+                    """The loss of micro-batch ``i``'s completions ``rows``, weighted by their share of the batch."""
+                    nonlocal losses_finite
+                    mr = m[rows]
+                    old_lp = logp.detach() if old[i] is None else old[i][rows]
+                    loss, st = policy_loss(logp, old_lp, adv[sl][rows], mr, cfg, ref_logprobs=None if ref[i] is None else ref[i][rows])
+                    losses_finite = losses_finite and math.isfinite(st["loss"])
+                    weight = (int(mr.sum()) / total_tokens) if cfg.aggregation == "token_mean" else (mr.shape[0] / total_samples)
+                    if last:
+                        for k in ("loss", "kl", "clip_frac"):
+                            stats[k] += st[k] * weight
+                        if settings.role_stats:
+                            stats[f"loss@{role}"] = stats.get(f"loss@{role}", 0.0) + st["loss"] * weight
+                            stats[f"tokens@{role}"] = stats.get(f"tokens@{role}", 0.0) + float(mr.sum())
+                    if ent is not None:
+                        stats["entropy"] += float((ent * mr).sum()) / computed_tokens
+                        if settings.role_stats:
+                            stats[f"entropy@{role}"] = stats.get(f"entropy@{role}", 0.0) + float((ent * mr).sum())
+                    return loss * weight
+
+                rows = m.shape[0]
+                if isinstance(b, SharedPrefixBatch) and rows > settings.micro_batch_size:
+                    # one prompt group larger than a micro-batch: its prompt runs once, its completions in passes
+                    shared_prefix_backward(model, b, _rows_per_pass(rows, settings.micro_batch_size), weighted_loss,
+                                           temperature, with_entropy=epoch == 0)
+                else:
+                    logp, ent = _logprobs(model, b, temperature, with_entropy=epoch == 0)
+                    weighted_loss(slice(0, rows), logp, ent).backward()
                 if last and settings.role_stats and (i + 1 == len(parts) or names[parts[i + 1].start] != role):
                     now = _flat_grad(params)
                     stats[f"grad_norm@{role}"] = float((now - before).norm() if before is not None else now.norm())

@@ -29,6 +29,7 @@ from typing import Any, Sequence
 import torch
 
 from teamrl.core.config import Config, ConfigError
+from teamrl.core.memory import trim_freed_memory
 from teamrl.core.sample import Sample
 from teamrl.policies.router import PolicyRouter
 from teamrl.trainer.update import UpdateSettings, update_policy_steps
@@ -80,6 +81,7 @@ class PolicyWorker:
         """
         policy = self._policy(name)
         steps = update_policy_steps(policy, parts, settings, pad_id, eos_ids)
+        trim_freed_memory()  # the update's freed activations would stay resident under the next rollout
         return {"steps": steps, "version": policy.version}
 
     def version(self, name: str) -> int:
