@@ -172,6 +172,18 @@ def test_prefill_groups_cover_every_prompt_once_with_little_padding():
     assert _prefill_groups([45, 47, 46, 48]) == [[3, 1, 2, 0]]  # similar lengths: one batch
 
 
+def test_prefill_groups_hold_at_most_max_prefill_positions():
+    """The demo's evaluation prefilled 24 prompts of ~290 tokens in groups of ~2600 positions and peaked above 3 GB."""
+    from teamrl.rollout.hf_engine import MAX_PREFILL_POSITIONS, _prefill_groups
+
+    lengths = [290] * 24
+    groups = _prefill_groups(lengths)
+    assert sorted(i for g in groups for i in g) == list(range(24))
+    assert all(len(g) * 290 <= MAX_PREFILL_POSITIONS for g in groups)
+    assert len(groups) == -(-24 // (MAX_PREFILL_POSITIONS // 290))
+    assert _prefill_groups([MAX_PREFILL_POSITIONS + 10, 20]) == [[0], [1]]  # a longer prompt runs alone
+
+
 def test_min_new_tokens_blocks_eos_until_then():
     import contextlib
     import math

@@ -370,6 +370,10 @@ def _split(rows: list[Completion], requests: Sequence[GenerationRequest]) -> lis
 
 # A prefill batch in which padding would be more than this share of the positions is split by length.
 MAX_PREFILL_PADDING = 0.05
+# At most this many (padded) positions per prefill forward: its transient activations grow with them (the demo's
+# 12-problem evaluation prefilled 24 prompts, ~2600 positions per group, and peaked above 3 GB), while from ~256 rows on
+# the matrix products run at full speed.
+MAX_PREFILL_POSITIONS = 1024
 
 
 def _block_tokens(logits: torch.Tensor, rows: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
@@ -382,7 +386,8 @@ def _block_tokens(logits: torch.Tensor, rows: torch.Tensor, token_ids: torch.Ten
 
 
 def _prefill_groups(lengths: list[int]) -> list[list[int]]:
-    """Indices of prompts grouped so that no group's left padding exceeds ``MAX_PREFILL_PADDING`` of its positions.
+    """Indices of prompts grouped so that no group's left padding exceeds ``MAX_PREFILL_PADDING`` of its positions
+    and no group of several prompts holds more than ``MAX_PREFILL_POSITIONS`` positions.
 
     Greedy over the prompts sorted by length, longest first; one group when padding is cheap.
     """
@@ -393,7 +398,7 @@ def _prefill_groups(lengths: list[int]) -> list[list[int]]:
             g = groups[-1]
             width = lengths[g[0]]  # the longest of the group: sorted descending
             total = sum(lengths[j] for j in g) + lengths[i]
-            if 1 - total / (width * (len(g) + 1)) <= MAX_PREFILL_PADDING:
+            if 1 - total / (width * (len(g) + 1)) <= MAX_PREFILL_PADDING and width * (len(g) + 1) <= MAX_PREFILL_POSITIONS:
                 g.append(i)
                 continue
         groups.append([i])
