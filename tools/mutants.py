@@ -297,7 +297,7 @@ MUTANTS: list[Mutant] = [
            T_ENGINE, "prompt position ids start at 1"),
     Mutant("engine.greedy_samples", ENGINE, "tok = torch.where(greedy, scaled.argmax(-1), tok)", "tok = tok",
            T_ENGINE, "temperature 0 samples instead of taking the argmax"),
-    Mutant("engine.prefill_group_boundary", ENGINE, "<= MAX_PREFILL_PADDING:", "< MAX_PREFILL_PADDING:",
+    Mutant("engine.prefill_group_boundary", ENGINE, "<= MAX_PREFILL_PADDING and", "< MAX_PREFILL_PADDING and",
            T_ENGINE, "prefill groups split at exactly 5% padding",
            equivalent="prefill grouping only changes how the prompts' forward is split; the cache and logits are the "
                       "same (test_prefill_grouped_by_length_equals_one_padded_prefill)"),
