@@ -69,13 +69,18 @@ def test_ppo_epochs_use_fixed_old_logprobs_and_clip(tiny):
     assert stats["clip_frac"] > 0
 
 
+def _two_shared_prompts(eos):
+    """Five completions of two prompts (three and two), of different lengths, some ending on EOS."""
+    prompts = [[256, 5, 6, 7, 8]] * 3 + [[256, 9, 10]] * 2
+    comps = [[11, 12, 13, eos], [14, 15], [16, 17, 18, 19, 20, 21], [22], [23, 24, eos]]
+    return prompts, comps
+
+
 def test_shared_prompt_pass_gives_the_same_logprobs_and_gradients(tiny):
     from teamrl.policies.logprobs import build_shared_prefix_batch, shared_prefix_logprobs
 
     model, tok = tiny
-    eos = tok.eos_token_id
-    prompts = [[256, 5, 6, 7, 8]] * 3 + [[256, 9, 10]] * 2
-    comps = [[11, 12, 13, eos], [14, 15], [16, 17, 18, 19, 20, 21], [22], [23, 24, eos]]
+    prompts, comps = _two_shared_prompts(tok.eos_token_id)
     plain = build_token_batch(prompts, comps, tok.pad_token_id)
     shared = build_shared_prefix_batch(prompts, comps, tok.pad_token_id)
     assert shared.prompt_ids.shape[0] == 2  # each distinct prompt once
@@ -116,9 +121,7 @@ def test_shared_prefix_backward_in_passes_equals_one_backward(tiny):
     from teamrl.policies.logprobs import build_shared_prefix_batch, shared_prefix_backward, shared_prefix_logprobs
 
     model, tok = tiny
-    eos = tok.eos_token_id
-    prompts = [[256, 5, 6, 7, 8]] * 3 + [[256, 9, 10]] * 2
-    comps = [[11, 12, 13, eos], [14, 15], [16, 17, 18, 19, 20, 21], [22], [23, 24, eos]]
+    prompts, comps = _two_shared_prompts(tok.eos_token_id)
     batch = build_shared_prefix_batch(prompts, comps, tok.pad_token_id)
     w = torch.randn(5, 6, generator=torch.Generator().manual_seed(1)) * batch.completion_pad_mask
     model.zero_grad()
