@@ -10,6 +10,7 @@ from typing import Hashable, Sequence
 import torch
 
 from teamrl.core.config import Config
+from teamrl.core.memory import trim_freed_memory
 from teamrl.core.sample import Sample
 from teamrl.losses import LossConfig, completion_mask, policy_loss
 from teamrl.policies.logprobs import (SharedPrefixBatch, build_shared_prefix_batch, build_token_batch, completion_logprobs,
@@ -327,6 +328,7 @@ def update_policy(policy: Policy, samples: Sequence[Sample], settings: UpdateSet
                     return loss * weight
 
                 rows = m.shape[0]
+                trim_freed_memory()  # the last micro-batch's freed activations, off the resident set before this one's
                 if isinstance(b, SharedPrefixBatch) and rows > settings.micro_batch_size:
                     # one prompt group larger than a micro-batch: its prompt runs once, its completions in passes
                     shared_prefix_backward(model, b, _rows_per_pass(rows, settings.micro_batch_size), weighted_loss,
