@@ -41,10 +41,11 @@ def return_freed_memory_to_os(threshold: int = MMAP_THRESHOLD_BYTES) -> bool:
 def trim_freed_memory() -> bool:
     """Give the free pages inside the heap back to the operating system (glibc's ``malloc_trim``).
 
-    Called after each policy update: the activations it freed would otherwise stay resident under
-    the next rollout and update, and add to their peak. On the demo (3 steps, measured) the peak
-    RSS went from 2471 to 2358 MiB for ~0.6 s of page faults per step. Returns False where this is
-    not glibc.
+    Called after each policy update and before each of its micro-batches and passes: the activations
+    a pass freed would otherwise stay resident under the next pass, rollout and update, and add to
+    their peak. On the demo the trim after each update took the peak RSS of 3 steps from 2471 to
+    2358 MiB, the trims between passes that of one update from 2356 to 2050 MiB, for ~3 s of page
+    faults (kernel time) per step. Returns False where this is not glibc.
     """
     malloc_trim = _glibc_function("malloc_trim")
     return malloc_trim is not None and bool(malloc_trim(0) or True)
