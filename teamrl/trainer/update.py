@@ -327,15 +327,15 @@ def update_policy(policy: Policy, samples: Sequence[Sample], settings: UpdateSet
                             stats[f"entropy@{role}"] = stats.get(f"entropy@{role}", 0.0) + float((ent * mr).sum())
                     return loss * weight
 
-                rows = m.shape[0]
+                completions = m.shape[0]
                 trim_freed_memory()  # the last micro-batch's freed activations, off the resident set before this one's
-                if isinstance(b, SharedPrefixBatch) and rows > settings.micro_batch_size:
+                if isinstance(b, SharedPrefixBatch) and completions > settings.micro_batch_size:
                     # one prompt group larger than a micro-batch: its prompt runs once, its completions in passes
-                    shared_prefix_backward(model, b, _rows_per_pass(rows, settings.micro_batch_size), weighted_loss,
+                    shared_prefix_backward(model, b, _rows_per_pass(completions, settings.micro_batch_size), weighted_loss,
                                            temperature, with_entropy=epoch == 0)
                 else:
                     logp, ent = _logprobs(model, b, temperature, with_entropy=epoch == 0)
-                    weighted_loss(slice(0, rows), logp, ent).backward()
+                    weighted_loss(slice(0, completions), logp, ent).backward()
                 if last and settings.role_stats and (i + 1 == len(parts) or names[parts[i + 1].start] != role):
                     now = _flat_grad(params)
                     stats[f"grad_norm@{role}"] = float((now - before).norm() if before is not None else now.norm())
