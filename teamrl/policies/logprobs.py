@@ -164,9 +164,9 @@ def shared_prefix_backward(model: nn.Module, batch: SharedPrefixBatch, rows_per_
     but only one pass's completion activations are alive at a time: the prompts' keys/values and
     last-position logits are cut from the graph as leaves, every pass adds its gradient to them,
     and one backward through the prompt pass at the end carries the sum into the weights.
-    Before each pass the memory the previous one freed goes back to the operating system
-    (:func:`~teamrl.core.memory.trim_freed_memory`): held in the heap, it added ~300 MB to the
-    demo's peak RSS.
+    Between passes the memory the previous one freed goes back to the operating system
+    (:func:`~teamrl.core.memory.trim_freed_memory`; the caller trims before the first): held in
+    the heap, it added ~300 MB to the demo's peak RSS.
     """
     from transformers import DynamicCache
 
@@ -177,7 +177,8 @@ def shared_prefix_backward(model: nn.Module, batch: SharedPrefixBatch, rows_per_
     B = batch.completion_ids.shape[0]
     dev = batch.prompt_index.device
     for start in range(0, B, rows_per_pass):
-        trim_freed_memory()
+        if start:
+            trim_freed_memory()
         rows = slice(start, min(B, start + rows_per_pass))
         index = torch.arange(rows.start, rows.stop, device=dev)
         idx = batch.prompt_index.index_select(0, index)
