@@ -204,10 +204,36 @@ def teamrl_iterations(spec_path: str, out_path: str, kind: str) -> None:
               # the update's loss mask counts completion tokens only (tokens/<policy>); compare with those generated
               "loss_tokens": sum(v for r in records[1:] for k, v in r.items() if k.startswith("tokens/")),
               "generated_tokens": sum(len(s.completion_ids) for s in samples), "completion_only_loss": True}
-    out = {"times": times[1:], "warmup_s": times[0], "sanity": sanity,
+    core = _core_bench()
+    model = next(iter(trainer.router.policies.values())).model
+    flops = [core.rollout_update_flops(model, LORA["r"], prompt_groups(step)) for step in seen[1:]]
+    peak = core.matmul_peak(trials=3) / 1e9  # in this process, right after its iterations
+    out = {"times": times[1:], "warmup_s": times[0], "sanity": sanity, "flops": flops, "peak_gflops": peak,
            "phases": [{k: r[k] for k in ("rollout_s", "update_s")} for r in records[1:]], "threads": torch.get_num_threads(),
            "versions": {"torch": torch.__version__, "transformers": transformers.__version__, "peft": peft.__version__}}
     Path(out_path).write_text(json.dumps(out))
+
+
+def _core_bench():
+    """``bench/core_bench.py`` as a module (its FLOP counts and matmul peak)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("core_bench", REPO / "bench" / "core_bench.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def prompt_groups(samples) -> list[tuple[int, list[int], list[bool]]]:
+    """The distinct prompts of one iteration's samples, per policy, as :func:`core_bench.rollout_update_flops`
+    takes them: (prompt length, completion lengths, whether the update trains on each: trainable with
+    a non-zero advantage; without a KL term the update skips the others)."""
+    groups: dict[tuple, tuple[int, list[int], list[bool]]] = {}
+    for s in samples:
+        g = groups.setdefault((s.policy, tuple(s.prompt_ids)), (len(s.prompt_ids), [], []))
+        g[1].append(len(s.completion_ids))
+        g[2].append(bool(s.trainable and s.advantage))
+    return list(groups.values())
 
 
 # ---- the comparisons -------------------------------------------------------------------------
@@ -218,13 +244,15 @@ def compare(kind: str, T: int, steps: int, rounds: int, threads: int) -> dict:
     py = ensure_venv(anchor)
     driver = DRIVERS / ("comlrl_magrpo.py" if kind == "magrpo" else "trl_grpo.py")
     spec = (magrpo_spec if kind == "magrpo" else grpo_spec)(T, steps, threads)
-    ours, theirs, our_sanity, their_sanity, phases = [], [], [], [], []
+    ours, theirs, our_sanity, their_sanity, phases, flops, peaks = [], [], [], [], [], [], []
     with tempfile.TemporaryDirectory() as d:
         path = _write_spec(d, spec)
         for _ in range(rounds):
             r = _run([sys.executable, str(Path(__file__)), "--_teamrl", kind, path], threads)
             ours += r["times"]
             phases += r["phases"]
+            flops += r["flops"]
+            peaks.append(r["peak_gflops"])
             our_sanity.append(r["sanity"])
             print(f"[bench] {kind} T={T} teamrl: {['%.1f' % t for t in r['times']]} s; sanity: {sanity_verdict(r['sanity'], T)}", flush=True)
             a = _run([str(py), str(driver), path], threads)
@@ -234,6 +262,7 @@ def compare(kind: str, T: int, steps: int, rounds: int, threads: int) -> dict:
     tokens = len(spec["iterations"][0]) * G * T * (2 if kind == "magrpo" else 1)
     return {"kind": kind, "anchor": anchor, "T": T, "teamrl_s": statistics.median(ours), "anchor_s": statistics.median(theirs),
             "teamrl_all": ours, "anchor_all": theirs, "tokens": tokens, "teamrl_phases": phases,
+            "teamrl_flops": flops, "teamrl_peak_gflops": peaks,
             "teamrl_sanity": merge_sanity(our_sanity), "anchor_sanity": merge_sanity(their_sanity),
             "teamrl_versions": r["versions"], "anchor_versions": a["versions"], "prompt_tokens": a.get("prompt_tokens")}
 
@@ -358,6 +387,11 @@ def render(results: dict, args) -> str:
                      f"({spread(e['times']['joint'])}) | {e['median']['separate']:.1f} s ({spread(e['times']['separate'])}) | "
                      f"{ratio['median_ratio']:.2f}x ({min(ratio['pair_ratios']):.2f}-{max(ratio['pair_ratios']):.2f}x) | "
                      f"{met(ratio['median_ratio'], TARGETS['two_agent'])} | |")
+    work = [work_line(r, TARGETS["magrpo" if r["kind"] == "magrpo" else "grpo"]) for r in results.get("anchors", []) if r.get("teamrl_flops")]
+    if work:
+        lines += ["", "Work per iteration (matmul FLOPs as `bench/core_bench.py` counts them, from the prompt and completion "
+                  "lengths of each timed iteration; the fp32 matmul peak measured in each teamrl process right after its "
+                  "iterations, median):", ""] + work
     if c:
         lines += ["", f"(d) counts {t['formula']}."]
     detail = []
@@ -372,6 +406,29 @@ def render(results: dict, args) -> str:
     if detail:
         lines += ["", "Every timed iteration:", ""] + detail
     return "\n".join(lines) + "\n"
+
+
+def work_line(r: dict, target: float) -> str:
+    """What teamrl's iteration computes, the share of the matmul peak it runs at, and the share that
+    ``target`` times the anchor's speed would take: with its own work, and with the update's work only."""
+    total = statistics.median(f["total"] for f in r["teamrl_flops"])
+    rollout = statistics.median(f["rollout"] for f in r["teamrl_flops"])
+    update = statistics.median(f["update"] for f in r["teamrl_flops"])
+    peak = statistics.median(r["teamrl_peak_gflops"])
+    achieved = total / r["teamrl_s"] / 1e9
+    budget = r["anchor_s"] / target  # the iteration time that would meet the target
+    need, need_floor = total / budget / 1e9, update / budget / 1e9
+    phases = ""
+    if r.get("teamrl_phases"):
+        t_roll = statistics.median(p["rollout_s"] for p in r["teamrl_phases"])
+        t_upd = statistics.median(p["update_s"] for p in r["teamrl_phases"])
+        phases = (f" (the rollout {rollout / t_roll / 1e9:.0f} GFLOP/s in {t_roll:.1f} s, {rollout / t_roll / 1e9 / peak:.0%}; "
+                  f"the update {update / t_upd / 1e9:.0f} GFLOP/s in {t_upd:.1f} s, {update / t_upd / 1e9 / peak:.0%})")
+    return (f"- {r['kind']} T={r['T']}: teamrl's iteration computes {total / 1e12:.2f} TFLOP (rollout {rollout / 1e12:.2f}, "
+            f"update {update / 1e12:.2f}): {achieved:.0f} GFLOP/s at its median {r['teamrl_s']:.1f} s, {achieved / peak:.0%} of "
+            f"the peak ({peak:.0f} GFLOP/s){phases}. {target:g}x the {r['anchor']} median ({budget:.1f} s per iteration) would take "
+            f"{need:.0f} GFLOP/s, {need / peak:.0%} of the peak; doing only the update's work (an exact implementation "
+            f"whose sampling forward came free) {need_floor:.0f} GFLOP/s, {need_floor / peak:.0%}.")
 
 
 def write_results(section: str, out: Path, stamp: str) -> None:

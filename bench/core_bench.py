@@ -23,6 +23,7 @@ import platform
 import statistics
 import sys
 import time
+from typing import Sequence
 
 import torch
 
@@ -73,22 +74,57 @@ def matmul_peak(size: int = 2048, trials: int = 5, per_trial: int = 4) -> float:
     return best
 
 
-def train_step_flops(model: torch.nn.Module, lora_r: int, sequences: int, seq_len: int, logit_positions: int) -> tuple[float, str]:
-    """Matmul FLOPs of one LoRA train step (forward + input-gradient backward; frozen base weights get no weight gradient)."""
+def _linear_params(model: torch.nn.Module, lora_r: int) -> tuple[int, int]:
+    """Weights of the base's linear layers (not the output head) and of rank-``lora_r`` adapters on all of them."""
+    lin = [m for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and "lora_" not in n and not n.endswith("lm_head")]
+    return sum(m.in_features * m.out_features for m in lin), sum(lora_r * (m.in_features + m.out_features) for m in lin)
+
+
+def matmul_flops(model: torch.nn.Module, lora_r: int, tokens: float, context: float, logit_rows: float, train: bool) -> float:
+    """Matmul FLOPs of running ``tokens`` tokens through ``model`` with rank-``lora_r`` adapters on every linear,
+    each attending to ``context`` positions on average, with logits at ``logit_rows`` positions.
+
+    A forward is 2 FLOPs per weight per token (base, adapters, output head) and 4 x layers x hidden
+    per attended position (QK^T and AV); ``train`` adds the backward of a frozen base: its input
+    gradient (2 per weight again, twice the attention) and the adapters' weight gradient (2 more).
+    """
     cfg = model.config
     L, d, V = cfg.num_hidden_layers, cfg.hidden_size, cfg.vocab_size
-    lin = [m for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and "lora_" not in n and not n.endswith("lm_head")]
-    n_lin = sum(m.in_features * m.out_features for m in lin)
-    n_lora = sum(lora_r * (m.in_features + m.out_features) for m in lin)
-    tokens = sequences * seq_len
-    base = 4 * n_lin * tokens                          # forward 2N + dX 2N per token
-    head = 4 * V * d * sequences * logit_positions     # lm_head only where logits are kept
-    lora = 6 * n_lora * tokens                         # forward, dX and dW of A and B
-    attn = 3 * 4 * L * d * (seq_len / 2) * tokens      # QK^T and AV, causal mean context, fwd + 2x bwd
+    n_lin, n_lora = _linear_params(model, lora_r)
+    if train:
+        return 4 * n_lin * tokens + 4 * V * d * logit_rows + 6 * n_lora * tokens + 12 * L * d * context * tokens
+    return 2 * n_lin * tokens + 2 * V * d * logit_rows + 2 * n_lora * tokens + 4 * L * d * context * tokens
+
+
+def train_step_flops(model: torch.nn.Module, lora_r: int, sequences: int, seq_len: int, logit_positions: int) -> tuple[float, str]:
+    """Matmul FLOPs of one LoRA train step (forward + input-gradient backward; frozen base weights get no weight gradient)."""
+    flops = matmul_flops(model, lora_r, sequences * seq_len, seq_len / 2, sequences * logit_positions, train=True)
     formula = ("matmul FLOPs = 4 x (base linear params) x tokens + 4 x vocab x hidden x (logit positions) "
                "+ 6 x (LoRA params) x tokens + 12 x layers x hidden x (mean causal context) x tokens "
                "(forward 2 FLOPs per weight per token, input-gradient backward 2; the frozen base has no weight gradient)")
-    return float(base + head + lora + attn), formula
+    return float(flops), formula
+
+
+def rollout_update_flops(model: torch.nn.Module, lora_r: int,
+                         groups: Sequence[tuple[int, Sequence[int], Sequence[bool]]]) -> dict[str, float]:
+    """Matmul FLOPs of one GRPO-family iteration as teamrl runs it, per phase.
+
+    ``groups``: one entry per distinct prompt of one policy: (prompt length, the lengths of the
+    completions sampled from it, whether the update trains on each). The rollout prefills the
+    prompt once (logits at its last position) and feeds each completion's tokens but the last;
+    the update runs the prompt once and the trained completions over it, forward and backward
+    (:func:`matmul_flops`). ``floor`` is the update's work alone: what an exact implementation
+    that got its sampling forward for free would still do (every token once forward and once back).
+    """
+    rollout = update = 0.0
+    for p, lens, trained in groups:
+        rollout += matmul_flops(model, lora_r, p, p / 2, 1, train=False)
+        rollout += sum(matmul_flops(model, lora_r, c - 1, p + c / 2, c - 1, train=False) for c in lens if c > 1)
+        kept = [c for c, t in zip(lens, trained) if t]
+        if kept:
+            update += matmul_flops(model, lora_r, p, p / 2, 1, train=True)
+            update += sum(matmul_flops(model, lora_r, c - 1, p + c / 2, c - 1, train=True) for c in kept if c > 1)
+    return {"rollout": rollout, "update": update, "total": rollout + update, "floor": update}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -72,3 +72,43 @@ def test_render_reads_the_two_agent_result_as_multi_adapter_bench_writes_it():
     table = anchors.render({"anchors": [], "two_agent": two_agent}, args)
     row = next(line for line in table.splitlines() if line.startswith("| (e)"))
     assert "54.2 s" in row and "60.0 s" in row and "1.11x (1.00-1.15x)" in row and "NOT met (target 1.8)" in row
+
+
+def test_rollout_update_flops_counts_each_prompt_once_and_trains_only_kept_completions():
+    core = _module("core_bench")
+    model, _ = load_model("tiny-random")
+    fwd = lambda n, ctx, logits: core.matmul_flops(model, 4, n, ctx, logits, train=False)
+    train = lambda n, ctx, logits: core.matmul_flops(model, 4, n, ctx, logits, train=True)
+    f = core.rollout_update_flops(model, 4, [(10, [5, 5], [True, False]), (6, [3], [False])])
+    assert f["rollout"] == pytest.approx(fwd(10, 5, 1) + 2 * fwd(4, 12.5, 4) + fwd(6, 3, 1) + fwd(2, 7.5, 2))
+    # the second group trains nothing (no prompt pass); the first trains its prompt once and one completion
+    assert f["update"] == pytest.approx(train(10, 5, 1) + train(4, 12.5, 4))
+    assert f["floor"] == f["update"] and f["total"] == pytest.approx(f["rollout"] + f["update"])
+    # a train step's base and head matmuls are twice a forward's (the frozen base: input gradient only)
+    n_lin, n_lora = core._linear_params(model, 4)
+    assert n_lin > 0 and n_lora > 0
+    assert train(7, 0, 3) - 6 * n_lora * 7 == pytest.approx(2 * (fwd(7, 0, 3) - 2 * n_lora * 7))
+
+
+def test_prompt_groups_are_per_policy_and_prompt_and_mark_what_the_update_trains():
+    from teamrl.core.sample import Sample
+
+    anchors = _module("anchors")
+    mk = lambda policy, prompt, n, adv, trainable=True: Sample(role=policy, policy=policy, problem_id=0, prompt_ids=prompt,
+                                                              completion_ids=[1] * n, sampling_logprobs=[], advantage=adv,
+                                                              trainable=trainable)
+    groups = anchors.prompt_groups([mk("a", [1, 2, 3], 4, 0.5), mk("a", [1, 2, 3], 2, 0.0), mk("b", [1, 2, 3], 4, -1.0),
+                                    mk("b", [1, 2, 3], 4, 1.0, trainable=False)])
+    assert groups == [(3, [4, 2], [True, False]), (3, [4, 4], [True, False])]
+
+
+def test_work_line_gives_the_share_of_peak_run_and_needed():
+    anchors = _module("anchors")
+    r = {"kind": "magrpo", "T": 32, "anchor": "comlrl", "teamrl_s": 50.0, "anchor_s": 150.0,
+         "teamrl_flops": [{"total": 2e12, "rollout": 0.5e12, "update": 1.5e12, "floor": 1.5e12}] * 3,
+         "teamrl_peak_gflops": [48.0, 50.0, 60.0], "teamrl_phases": [{"rollout_s": 20.0, "update_s": 30.0}] * 3}
+    line = anchors.work_line(r, 5.0)
+    # 2 TFLOP in 50 s = 40 GFLOP/s = 80% of 50; 5x 150 s = 30 s: 67 GFLOP/s = 133%, the update alone 50 = 100%
+    assert "2.00 TFLOP (rollout 0.50, update 1.50)" in line and "40 GFLOP/s" in line and "80% of the peak (50 GFLOP/s)" in line
+    assert "(30.0 s per iteration) would take 67 GFLOP/s, 133% of the peak" in line and "50 GFLOP/s, 100%." in line
+    assert "the rollout 25 GFLOP/s in 20.0 s, 50%; the update 50 GFLOP/s in 30.0 s, 100%" in line
