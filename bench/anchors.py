@@ -206,7 +206,7 @@ def teamrl_iterations(spec_path: str, out_path: str, kind: str) -> None:
               "generated_tokens": sum(len(s.completion_ids) for s in samples), "completion_only_loss": True}
     core = _core_bench()
     model = next(iter(trainer.router.policies.values())).model
-    flops = [core.rollout_update_flops(model, LORA["r"], prompt_groups(step)) for step in seen[1:]]
+    flops = [core.rollout_update_flops(model, LORA["r"], prompt_groups(step, trainer.update_settings.loss)) for step in seen[1:]]
     peak = core.matmul_peak(trials=3) / 1e9  # in this process, right after its iterations
     out = {"times": times[1:], "warmup_s": times[0], "sanity": sanity, "flops": flops, "peak_gflops": peak,
            "phases": [{k: r[k] for k in ("rollout_s", "update_s")} for r in records[1:]], "threads": torch.get_num_threads(),
@@ -224,15 +224,19 @@ def _core_bench():
     return mod
 
 
-def prompt_groups(samples) -> list[tuple[int, list[int], list[bool]]]:
+def prompt_groups(samples, loss=None) -> list[tuple[int, list[int], list[bool]]]:
     """The distinct prompts of one iteration's samples, per policy, as :func:`core_bench.rollout_update_flops`
-    takes them: (prompt length, completion lengths, whether the update trains on each: trainable with
-    a non-zero advantage; without a KL term the update skips the others)."""
+    takes them: (prompt length, completion lengths, whether the update trains on each: a trainable sample
+    the update's own rule keeps under ``loss``, a ``LossConfig``, default: no KL term, so a non-zero advantage)."""
+    from teamrl.losses import LossConfig
+    from teamrl.trainer.update import _contributes
+
+    loss = loss or LossConfig()
     groups: dict[tuple, tuple[int, list[int], list[bool]]] = {}
     for s in samples:
         g = groups.setdefault((s.policy, tuple(s.prompt_ids)), (len(s.prompt_ids), [], []))
         g[1].append(len(s.completion_ids))
-        g[2].append(bool(s.trainable and s.advantage))
+        g[2].append(s.trainable and _contributes(s, loss))
     return list(groups.values())
 
 
