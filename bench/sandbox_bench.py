@@ -1,9 +1,11 @@
 """Sandbox executions/s for trivial programs: the pool vs one at a time, side by side; and,
 with ``--before REV``, the per-call wall time of this sandbox next to the one at git
 revision REV (loaded from ``git show`` into a temporary package), calls interleaved so that
-both see the same machine load.
+both see the same machine load. With ``--humaneval``, the canonical solution of every HumanEval
+problem instead (all must pass), timed per call and summed apart for the problems whose tests
+are all split into calls and those with a test the judge's process runs whole.
 
-Usage: python bench/sandbox_bench.py [--n 64] [--workers N] [--before main]
+Usage: python bench/sandbox_bench.py [--n 64] [--workers N] [--before main] [--humaneval]
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-_SANDBOX_FILES = ("__init__.py", "_harness.py", "judge.py", "limits.py", "pool.py", "result.py", "sandbox.py")
+_SANDBOX_FILES = ("__init__.py", "_harness.py", "_judge_runtime.py", "_setup.py", "judge.py", "limits.py", "pool.py", "result.py",
+                  "sandbox.py")
 
 
 def load_sandbox_at(rev: str, into: Path):
@@ -31,7 +34,7 @@ def load_sandbox_at(rev: str, into: Path):
         shown = subprocess.run(["git", "show", f"{rev}:teamrl/sandbox/{name}"], cwd=REPO, capture_output=True, text=True)
         if shown.returncode == 0:
             (target / name).write_text(shown.stdout.replace("teamrl.sandbox", package))
-        elif name not in ("judge.py",):
+        elif name not in ("judge.py", "_judge_runtime.py", "_setup.py"):  # files later revisions added
             raise SystemExit(f"--before {rev}: git show could not read teamrl/sandbox/{name}: {shown.stderr.strip()}")
     sys.path.insert(0, str(into))
     return importlib.import_module(package)
@@ -49,14 +52,64 @@ def per_call(before_run, after_run, code: str, tests: tuple[str, ...], n: int) -
     return before, after
 
 
+def humaneval_per_call(runs: dict, repeat: int) -> list[str]:
+    """Wall seconds per call of each side in ``runs`` (name -> a ``teamrl.sandbox`` package)
+    on the canonical solution of every HumanEval problem, sides interleaved; every call must
+    pass."""
+    from teamrl.sandbox.judge import split_test
+    from teamrl.tasks.code_data import load_humaneval
+
+    limits = {name: package.SandboxLimits(wall_seconds=30.0, cpu_seconds=30.0) for name, package in runs.items()}
+    problems = load_humaneval()
+    whole = {p.task_id for p in problems if any(split_test(t) is None for t in p.tests)}
+    times: dict[str, dict[str, list[float]]] = {name: {"split": [], "whole": []} for name in runs}
+    failed: dict[str, list[str]] = {name: [] for name in runs}
+    for _ in range(repeat):
+        for p in problems:
+            for name, package in runs.items():
+                t = time.perf_counter()
+                r = package.run_program(p.canonical_solution, p.tests, limits[name])
+                times[name]["whole" if p.task_id in whole else "split"].append(time.perf_counter() - t)
+                if not (r.ok and r.tests_passed == r.tests_total):
+                    failed[name].append(f"{p.task_id} ({r.status}: {r.first_failure})")
+    lines = []
+    for name in runs:
+        split, whole_t = times[name]["split"], times[name]["whole"]
+        passed = repeat * len(problems) - len(failed[name])
+        lines.append(f"HumanEval canonical solutions, {name}: {passed}/{repeat * len(problems)} pass; per call median "
+                     f"{statistics.median(split) * 1e3:.1f} ms for the {len(problems) - len(whole)} problems judged by split "
+                     f"calls, {statistics.median(whole_t) * 1e3:.1f} ms for the {len(whole)} with a test judged whole; "
+                     f"all {repeat}x{len(problems)} calls {sum(split) + sum(whole_t):.1f} s"
+                     + (f"; FAILED: {'; '.join(failed[name][:5])}" if failed[name] else ""))
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--n", type=int, default=64, help="programs per side")
     ap.add_argument("--workers", type=int, default=0, help="pool size (0: one per CPU)")
     ap.add_argument("--before", default=None, help="a git revision whose sandbox to time next to this one (e.g. main)")
     ap.add_argument("--out", default=None, help="append the line to this markdown file")
+    ap.add_argument("--humaneval", action="store_true", help="time HumanEval's canonical solutions instead")
+    ap.add_argument("--repeat", type=int, default=1, help="with --humaneval: passes over the 164 problems")
     args = ap.parse_args(argv)
     from teamrl.sandbox import SandboxJob, SandboxPool, run_program
+
+    if args.humaneval:
+        with tempfile.TemporaryDirectory(prefix="sandbox-bench-") as tmp:
+            import teamrl.sandbox
+
+            runs = {"this tree": teamrl.sandbox}
+            if args.before:
+                runs = {args.before: load_sandbox_at(args.before, Path(tmp)), **runs}
+            lines = humaneval_per_call(runs, args.repeat)
+        for line in lines:
+            print(line)
+        if args.out:
+            with open(args.out, "a") as f:
+                f.write("".join(f"\n- {line}\n" for line in lines))
+        bad = [line for line in lines if "FAILED" in line]
+        return 1 if bad else 0
 
     jobs = [SandboxJob(f"def f(x):\n    return x + {i}\n", (f"assert f(1) == {i + 1}",)) for i in range(args.n)]
     lines = []

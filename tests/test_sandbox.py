@@ -346,7 +346,11 @@ for attempt in range(3):
         print(type(exc).__name__, exc)
 """
     try:
-        r = run_program(code, [], FAST, network=network)
+        if network == "audit-hook":  # the weaker mode says at every call what it does not contain
+            with pytest.warns(RuntimeWarning, match="not contained"):
+                r = run_program(code, [], FAST, network=network)
+        else:
+            r = run_program(code, [], FAST, network=network)
         if r.status == "crash" and "could not set up isolation" in (r.first_failure or ""):
             pytest.skip(f"network={network} is not available on this kernel: {r.first_failure}")
         expected = ("netns", "seccomp", "audit-hook") if network == "auto" else (network,)
@@ -552,7 +556,9 @@ def test_signals_to_the_sandbox_from_outside_are_reported_as_killed():
     box: dict = {}
 
     def run():
-        box["r"] = run_program(code, ["assert True"], FAST)
+        # A test of a split shape: no judge's process runs beside the program's, so the one
+        # harness process found below is the program's.
+        box["r"] = run_program(code, ["assert abs(-1) == 1"], FAST)
 
     t = threading.Thread(target=run)
     t.start()

@@ -1,13 +1,16 @@
 """The program that runs inside every sandbox process. teamrl never imports this module.
 
-``sandbox.run_program`` starts ``python -s -S -B -c <this file's text>`` in a new session and
-writes one marshal-encoded payload to its stdin. This code then, in order:
+``sandbox.run_program`` starts bubblewrap in a new session and writes one marshal-encoded
+payload to its stdin; the first stage (``_setup.py``) builds the isolation with the privileges
+bubblewrap left it (mounts, limits, the unprivileged user, seccomp), then execs
+``python -s -S -B -c <this file's text>`` from an execute-only copy of the interpreter. This
+code then, in order:
 
 1. reads the payload (marshal; program, tests, a random nonce, the results fd, limits, uid/gid);
-2. checks the container bubblewrap built (namespaces other than the caller's, no writable
-   mount but the run's own tmpfs; a difference stops the run), sets resource limits, drops
-   to the unprivileged sandbox user, and, where a weaker network mode was forced, installs a
-   seccomp filter or an audit hook;
+2. checks the isolation (namespaces other than the caller's; no writable mount but the run's
+   own noexec, size- and file-limited tmpfs; no capability, no_new_privs, the seccomp filter,
+   the run's uid, not dumpable; a difference stops the run; this process never loads
+   ctypes), and installs the audit hook;
 3. runs setup and program in a fresh ``__main__`` namespace, then each test in a copy of that
    namespace whose builtins are a snapshot taken before the program ran; a test the caller
    split into a call is only called, and its value sent back as plain data (the caller,
@@ -20,14 +23,20 @@ writes one marshal-encoded payload to its stdin. This code then, in order:
 Everything the harness needs after the program starts is captured beforehand as a local, so
 patching ``builtins`` or stdlib modules does not change what the harness does; module
 attributes the program rebinds are put back before the tests, and a test during which one
-changes does not pass. An audit hook (irremovable) refuses tracing, gc introspection, ctypes
-and other threads' frames: the easy ways to reach the harness's state. Finally, running as
-the run's own uid, the harness kills every other process of that uid with kill(-1).
+changes does not pass. An audit hook (irremovable) refuses tracing, gc introspection, other
+threads' frames, subinterpreters, and native code: ctypes, cffi and the test modules under any
+dotted name, and extension modules from anywhere but the interpreter's own lib-dynload (the
+file ``_imp.create_dynamic`` opens is checked, whatever loader or spec led there). Finally,
+running as the run's own uid, the harness kills every other process of that uid with kill(-1),
+and reports whether /tmp or /dev/shm ended full (the run hit its disk limit).
 
 Known gap: a program written against these internals can walk its own stack
 (``sys._getframe(1).f_locals``; frame attributes are not audited) to the harness's reporting
-function. For a split test, HumanEval+ input chunks included, that gains nothing (the verdict
-is the caller's); a test run here as a snippet could have its pass forged that way.
+function. That gains nothing: a split test's verdict is the caller's, and a test of any other
+shape is only *served* here (``serve``: the judge's process, a separate sandbox run that never
+holds the program, runs it and relays each call of the program's functions; the value goes back
+as plain data). The harness runs tests as snippets only in the judge's process, where the
+"program" is ``_judge_runtime.py``.
 """
 
 
@@ -52,6 +61,10 @@ def _harness():  # everything lives in this frame, not in module globals
     nonce = payload["nonce"]
     results_fd = payload["results_fd"]
     os.set_inheritable(results_fd, False)  # exec'd children of the program never get it
+    # Tests the judge's process runs whole: their calls come in here, plain values go out.
+    serve_fds = payload.get("serve_fds")
+    for fd in serve_fds or ():
+        os.set_inheritable(fd, False)
 
     # Captured now: the program may patch builtins and modules, never these locals.
     _write = os.write
@@ -59,6 +72,7 @@ def _harness():  # everything lives in this frame, not in module globals
     _kill = os.kill
     _getuid = os.getuid
     _getpid = os.getpid
+    _statvfs = os.statvfs
     _str = str
     _type = type
     _len = len
@@ -80,6 +94,9 @@ def _harness():  # everything lives in this frame, not in module globals
     _isinstance = isinstance
     _dict = dict
     _dict_get = dict.get
+    _read = os.read
+    _loads = marshal.loads
+    _mro_of = type.__dict__["__mro__"].__get__
 
     def emit(*fields):
         """Write one record: nonce, pid, fields; tab-separated, escaped, one atomic write."""
@@ -252,7 +269,9 @@ def _harness():  # everything lives in this frame, not in module globals
     # ---- last preparations, then the program -------------------------------------------
     stdout_flush = sys.stdout.flush
     stderr_flush = sys.stderr.flush
-    sys.addaudithook(_make_audit_hook(isolation["network"] == "audit-hook"))
+    # Extension modules load only from the interpreter's own lib-dynload (read-only).
+    extension_dirs = [p for p in sys.path if p.endswith("/lib-dynload")]
+    sys.addaudithook(_make_audit_hook(isolation["network"] == "audit-hook", extension_dirs))
     mem = limits["memory_mb"] * 1024 * 1024
     resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
     reserve = [_bytearray(4 << 20)]  # freed on MemoryError so that reporting still works
@@ -319,10 +338,100 @@ def _harness():  # everything lives in this frame, not in module globals
         restore_modules()
         test_namespace = _dict(namespace)
         test_namespace["__builtins__"] = _dict(pristine_builtins)
+        serving = [serve_fds is not None]
+
+        def read_exact(size):
+            chunks, got = [], 0
+            while got < size:
+                try:
+                    chunk = _read(serve_fds[0], size - got)
+                except _OSError:
+                    chunk = b""
+                if not chunk:
+                    return None
+                _append(chunks, chunk)
+                got += _len(chunk)
+            return _bytes_join(b"", chunks)
+
+        def receive():
+            """The caller's next message (marshal, length-prefixed): ("call", name, args,
+            kwargs) or ("end",); None when the relay is over or unreadable."""
+            head = read_exact(8)
+            try:
+                body = read_exact(_int(_decode(head, "ascii"), 16)) if head is not None else None
+                message = _loads(body) if body is not None else None
+            except _BaseException:
+                return None
+            if _type(message) is not _tuple or not message or (message[0] == "call" and _len(message) != 4):
+                return None
+            return message
+
+        def send(text):
+            data = _encode(text, "utf-8", "replace")
+            data = _encode("%08x" % _len(data), "ascii") + data
+            while data:
+                try:
+                    data = data[_write(serve_fds[1], data):]
+                except _OSError:
+                    serving.clear()
+                    return
+
+        def builtin_name(exc):
+            """The nearest built-in exception type of ``exc`` (the judge raises that one)."""
+            try:
+                for klass in _mro_of(_type(exc)):
+                    name = _type_name(klass)
+                    if _dict_get(pristine_builtins, name, missing) is klass:
+                        return name
+            except _BaseException:
+                pass
+            return "Exception"
+
+        def serve():
+            """Answer the calls of a test the judge's process runs, until the caller says it
+            has ended. Each reply is the value as plain data ('v', plus list/dict/set
+            arguments as they are after the call) or the exception raised ('x')."""
+            while serving:
+                message = receive()
+                if message is None:
+                    serving.clear()
+                    return
+                if message[0] != "call":
+                    return
+                _, name, args, kwargs = message
+                try:
+                    function = _dict_get(test_namespace, name, missing)
+                    if function is missing:
+                        function = _dict_get(pristine_builtins, name, missing)
+                    if function is missing:
+                        raise _NameError(f"name {name!r} is not defined")
+                    result = function(*args, **kwargs)
+                    reply = "v" + encode_plain(result) + "\t"
+                    result = None
+                    for arg in args:
+                        if _type(arg) is _list or _type(arg) is _dict or _type(arg) is _set:
+                            reply = reply + encode_plain(args)
+                            break
+                except _BaseException as exc:
+                    if kind_of(exc) == "memory":
+                        release_reserve()
+                    try:
+                        text = _join("", [_str(exc)])
+                    except _BaseException:
+                        text = "<unprintable>"
+                    reply = "x" + builtin_name(exc) + "\t" + text[:2000]
+                    exc = None
+                send(reply)
         index = 0
         count = _len(compiled_tests)
         while index < count:
             test_code, test_exc = compiled_tests[index]
+            if _type(test_code) is _tuple and test_code[4] == "serve":
+                serve()  # the judge's process runs this test and decides it
+                restore_modules()
+                emit("test", index, "served")
+                index += 1
+                continue
             filename = f"<test {index}>"
             value = None
             try:
@@ -384,19 +493,47 @@ def _harness():  # everything lives in this frame, not in module globals
     # As the run's own uid, kill(-1) reaches every process the program started (daemons
     # included) in one atomic sweep that a forking or pid-hopping process cannot outrun.
     # Never without a dropped, per-run uid: it would hit the caller's processes.
-    if sandbox_uid is not None and _getuid() == sandbox_uid:
+    swept = sandbox_uid is not None and _getuid() == sandbox_uid
+    if swept:
         try:
             _kill(-1, 9)
         except _BaseException:
             pass
+    # A run whose /tmp or /dev/shm is full (every byte or every file it may have) hit its disk
+    # limit: the caller reports "disk" rather than the failures that followed.
+    for place in ("/tmp", "/dev/shm"):
+        try:
+            st = _statvfs(place)
+            if st.f_ffree == 0 or st.f_bfree == 0:
+                emit("disk", place, st.f_files - st.f_ffree, (st.f_blocks - st.f_bfree) * st.f_frsize)
+                break
+        except _BaseException:
+            pass
+    if swept:
         emit("done", "swept")
     else:
         emit("done")
     _exit(0)  # no atexit handlers, no waiting for the program's threads
 
 
-def _make_audit_hook(block_network):
-    """An audit hook (irremovable) refusing the easy routes to the harness or the host."""
+# Modules that call native code or start a subinterpreter (which has no audit hook): refused
+# under any dotted name. The first stage (_setup.py) also puts /dev/null in their files' place.
+NATIVE_MODULES = frozenset(
+    {
+        "ctypes", "_ctypes", "_ctypes_test", "cffi", "_cffi_backend",
+        "_testcapi", "_testinternalcapi", "_testbuffer", "_testmultiphase", "_testsinglephase",
+        "_testimportmultiple", "_testclinic", "_xxtestfuzz",
+        "_xxsubinterpreters", "_xxinterpchannels", "_interpreters", "_interpchannels", "_interpqueues",
+    }
+)
+
+
+def _make_audit_hook(block_network, extension_dirs):
+    """An audit hook (irremovable) refusing the easy routes to the harness or the host.
+    Imports are checked by the module's identity: every dotted segment of its name, and for an
+    extension module (``_imp.create_dynamic``, whatever loader or spec led there) the file it
+    opens, which must be the same-named file directly in one of ``extension_dirs`` (the
+    interpreter's own lib-dynload)."""
     denied_events = frozenset(
         {
             "sys.settrace",  # a tracer can jump over a failing assert
@@ -407,9 +544,10 @@ def _make_audit_hook(block_network):
             "gc.get_objects",  # a way to the harness's closures
             "gc.get_referrers",
             "gc.get_referents",
+            "cpython.PyInterpreterState_New",  # a subinterpreter has no audit hook
         }
     )
-    denied_modules = frozenset({"ctypes", "_ctypes", "cffi", "_cffi_backend"})
+    denied_modules = NATIVE_MODULES
     if block_network:
         # Without kernel help, a fresh interpreter started by the program would have no hook.
         denied_modules = denied_modules | {"_posixsubprocess"}
@@ -425,10 +563,13 @@ def _make_audit_hook(block_network):
         _tuple=tuple,
         _isinstance=isinstance,
         _partition=str.partition,
+        _rpartition=str.rpartition,
+        _split=str.split,
         _startswith=str.startswith,
         _RuntimeError=RuntimeError,
         _denied_events=denied_events,
         _denied_modules=denied_modules,
+        _extension_dirs=frozenset(extension_dirs),
         _exec_events=exec_events,
         _block_network=block_network,
     ):
@@ -436,8 +577,19 @@ def _make_audit_hook(block_network):
             raise _RuntimeError(f"sandbox: {event} is not allowed")
         if event == "import":
             name = args[0] if args else None
-            if _type(name) is not _str or _partition(name, ".")[0] in _denied_modules:
+            if _type(name) is not _str:
                 raise _RuntimeError("sandbox: importing this module is not allowed")
+            segments = _split(name, ".")
+            for segment in segments:
+                if segment in _denied_modules:
+                    raise _RuntimeError(f"sandbox: importing {segment} is not allowed")
+            path = args[1] if _len(args) > 1 else None
+            if path is not None:  # an extension module: the file it is loaded from
+                if _type(path) is not _str:
+                    raise _RuntimeError("sandbox: loading native code from this file is not allowed")
+                folder, _, filename = _rpartition(path, "/")
+                if folder not in _extension_dirs or _partition(filename, ".")[0] != segments[-1]:
+                    raise _RuntimeError(f"sandbox: loading native code from {path} is not allowed")
         elif _block_network:
             if event == "socket.__new__":
                 family = args[1] if _type(args) is _tuple and _len(args) > 1 else None
@@ -452,94 +604,55 @@ def _make_audit_hook(block_network):
 
 
 def _isolate(payload):
-    """Namespaces, limits and the privilege drop. Runs as the caller's user, before the program."""
-    import ctypes
-    import errno  # noqa: F401 - needed after the privilege drop, when imports may fail
+    """Check the isolation the first stage (``_setup.py``) built, before the program: this
+    process never imports ctypes, so it can only verify, and any difference stops the run."""
     import os
-    import resource
-    import struct  # noqa: F401 - same
     import sys
-
-    libc = ctypes.CDLL(None, use_errno=True)
-
-    def check(ret, what):
-        if ret != 0:
-            err = ctypes.get_errno()
-            raise OSError(err, f"{what}: {os.strerror(err)}")
-
-    PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP = 1, 4, 38, 22
 
     limits = payload["limits"]
     uid, gid = payload["uid"], payload["gid"]
     mode = payload["network"]
-    real_uid = os.getuid()
 
-    # -- bubblewrap built the container; check it, fail closed on any difference.
     for name, host_inode in payload["host_namespaces"].items():
         if os.stat(f"/proc/self/ns/{name}").st_ino == host_inode:
             raise OSError(f"the run shares the host's {name} namespace")
-    network = "netns" if "net" in payload["host_namespaces"] else "none"
+    network = "netns" if "net" in payload["host_namespaces"] else ("seccomp" if mode == "seccomp" else "audit-hook")
     _check_mounts(limits["max_disk_bytes"])
-    filesystem = "private-tmpfs"
+    with open("/proc/self/status") as fh:
+        status = dict(line.rstrip("\n").split(":\t", 1) for line in fh if ":\t" in line)
+    if status.get("NoNewPrivs") != "1":
+        raise OSError("no_new_privs is not set")
+    held = [k for k in ("CapInh", "CapPrm", "CapEff", "CapAmb") if int(status.get(k, "0"), 16) != 0]
+    if held:
+        raise OSError(f"the run's process still holds capabilities ({', '.join(held)})")
+    if status.get("Seccomp") != "2" and (mode == "seccomp" or os.uname().machine in ("x86_64", "aarch64")):
+        raise OSError("the seccomp filter is not installed")
+    if uid is not None and (os.getresuid() != (uid, uid, uid) or os.getresgid() != (gid, gid, gid)):
+        raise OSError("the run's process does not run as its own user")
+    # Not dumpable (its executable is execute-only): /proc/self/mem is root's, ptrace refused.
+    try:
+        fd = os.open("/proc/self/mem", os.O_RDONLY)
+    except PermissionError:
+        pass
+    else:
+        os.close(fd)
+        raise OSError("the run's process is dumpable (its memory is open to it through /proc/self/mem); "
+                      "the host's fs.suid_dumpable must be 0 or 2")
+    built_in = NATIVE_MODULES.intersection(sys.builtin_module_names)
+    if built_in:
+        raise OSError(f"this interpreter has {', '.join(sorted(built_in))} built in, which the sandbox cannot keep from the program")
+    if os.getppid() != 1:
+        os._exit(72)
     os.chdir("/tmp")
     os.environ["HOME"] = "/tmp"
     os.environ["TMPDIR"] = "/tmp"
-
-    # -- limits (lowering hard limits is permanent for the unprivileged program)
-    cpu = int(-(-limits["cpu_seconds"] // 1))
-    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
-    resource.setrlimit(resource.RLIMIT_FSIZE, (limits["max_file_bytes"], limits["max_file_bytes"]))
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    nofile = 256 if hard == resource.RLIM_INFINITY else min(256, hard)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
-    nproc = limits["max_processes"]
-    if uid is None:
-        # RLIMIT_NPROC counts every task of the user, so leave room for the caller's own.
-        nproc += _count_tasks(real_uid)
-        soft, hard = resource.getrlimit(resource.RLIMIT_NPROC)
-        if hard != resource.RLIM_INFINITY:
-            nproc = min(nproc, hard)
-    resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
-
-    # -- the privilege drop: root ignores RLIMIT_NPROC and may signal anyone
-    if uid is not None:
-        os.setgroups([])
-        os.setresgid(gid, gid, gid)
-        os.setresuid(uid, uid, uid)
-        if os.getresuid() != (uid, uid, uid) or os.getresgid() != (gid, gid, gid):
-            raise OSError("could not drop privileges")
-    check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(PR_SET_NO_NEW_PRIVS)")
-    # Not dumpable: /proc/<pid>/mem, fd and environ become root's, and ptrace is refused.
-    check(libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "prctl(PR_SET_DUMPABLE)")
-    # Credentials changed above, which clears the parent-death signal: set it afterwards
-    # (the parent is bwrap's pid 1; when it dies the kernel kills the whole pid namespace).
-    check(libc.prctl(PR_SET_PDEATHSIG, 9, 0, 0, 0), "prctl(PR_SET_PDEATHSIG)")
-    if os.getppid() != 1:
-        os._exit(72)
-
-    if network == "none" and mode in ("auto", "seccomp"):
-        try:
-            _install_seccomp(libc, check, PR_SET_SECCOMP)
-            network = "seccomp"
-        except OSError:
-            if mode == "seccomp":
-                raise
-    if network == "none":
-        network = "audit-hook"
-
-    # ctypes must not stay importable from the cache: the audit hook only sees fresh imports.
-    del libc
-    for name in list(sys.modules):
-        if name in ("ctypes", "_ctypes") or name.startswith("ctypes."):
-            del sys.modules[name]
-    return {"network": network, "filesystem": filesystem, "uid": uid}
+    return {"network": network, "filesystem": "private-tmpfs", "uid": uid}
 
 
 def _check_mounts(max_disk_bytes):
-    """Fail unless the only writable file systems are the run's own: its size-limited tmpfs
-    /tmp and /dev/shm (together at most ``max_disk_bytes``), its /proc, /dev/pts and the
-    device nodes of /dev."""
+    """Fail unless the only writable file systems are the run's own: its size- and
+    file-limited, noexec tmpfs /tmp and /dev/shm (together at most ``max_disk_bytes`` and
+    ``max_disk_bytes`` / 4096 files), its /proc, /dev/pts and the device nodes of /dev."""
     import os
 
     writable_places = {"/tmp", "/dev/shm", "/proc", "/dev/pts"}
@@ -553,89 +666,17 @@ def _check_mounts(max_disk_bytes):
             if fstype == "devtmpfs" and point in ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom", "/dev/tty"):
                 continue  # device nodes: writing to them stores nothing
             raise OSError(f"{point} ({fstype}) is writable in the run's file system")
-    total = 0
+    total = files = 0
     for place in ("/tmp", "/dev/shm"):
         st = os.statvfs(place)
         total += st.f_blocks * st.f_frsize
+        files += st.f_files
+        if not st.f_flag & os.ST_NOEXEC:
+            raise OSError(f"{place} is not mounted noexec")
     if total > max_disk_bytes + 2 * 4096:
         raise OSError(f"/tmp and /dev/shm hold {total} bytes, more than max_disk_bytes={max_disk_bytes}")
-
-
-def _count_tasks(uid):
-    """Threads of all processes whose real uid is ``uid`` (for RLIMIT_NPROC headroom)."""
-    import os
-
-    total = 0
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/status") as fh:
-                fields = dict(line.split(":", 1) for line in fh if ":" in line)
-            if int(fields["Uid"].split()[0]) == uid:
-                total += int(fields.get("Threads", "1"))
-        except (OSError, ValueError, KeyError):
-            continue
-    return total
-
-
-def _drop_capabilities(libc):
-    """Clear every capability the new user namespace granted us."""
-    import ctypes
-
-    class Header(ctypes.Structure):
-        _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
-
-    class Data(ctypes.Structure):
-        _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
-
-    header = Header(0x20080522, 0)
-    data = (Data * 2)()
-    if libc.capset(ctypes.byref(header), data) != 0:
-        raise OSError(ctypes.get_errno(), "capset")
-
-
-def _install_seccomp(libc, check, PR_SET_SECCOMP):
-    """A seccomp filter that refuses socket() for every family but AF_UNIX, and io_uring."""
-    import ctypes
-    import errno
-    import os
-    import struct
-
-    machine = os.uname().machine
-    if machine == "x86_64":
-        arch, nr_socket, nr_io_uring = 0xC000003E, 41, 425
-    elif machine == "aarch64":
-        arch, nr_socket, nr_io_uring = 0xC00000B7, 198, 425
-    else:
-        raise OSError(errno.ENOSYS, f"no seccomp filter for {machine}")
-    LD, JEQ, JGE, RET = 0x20, 0x15, 0x35, 0x06
-    ALLOW, ERRNO = 0x7FFF0000, 0x00050000
-    deny = ERRNO | errno.EACCES
-    program = [
-        (LD, 0, 0, 4),  # seccomp_data.arch
-        (JEQ, 1, 0, arch),
-        (RET, 0, 0, deny),  # another ABI (i386, x32 tricks): refuse everything
-        (LD, 0, 0, 0),  # seccomp_data.nr
-        (JGE, 0, 1, 0x40000000),  # x32 syscall numbers
-        (RET, 0, 0, deny),
-        (JEQ, 0, 1, nr_io_uring),
-        (RET, 0, 0, deny),
-        (JEQ, 1, 0, nr_socket),
-        (RET, 0, 0, ALLOW),
-        (LD, 0, 0, 16),  # args[0], the address family (low 32 bits)
-        (JEQ, 0, 1, 1),  # AF_UNIX
-        (RET, 0, 0, ALLOW),
-        (RET, 0, 0, deny),
-    ]
-    raw = b"".join(struct.pack("=HBBI", *ins) for ins in program)
-    buf = ctypes.create_string_buffer(raw, len(raw))
-
-    class Prog(ctypes.Structure):
-        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
-
-    prog = Prog(len(program), ctypes.cast(buf, ctypes.c_void_p))
-    check(libc.prctl(PR_SET_SECCOMP, 2, ctypes.byref(prog), 0, 0), "prctl(PR_SET_SECCOMP)")
+    if files > max_disk_bytes // 4096 + 32:
+        raise OSError(f"/tmp and /dev/shm hold up to {files} files, more than max_disk_bytes={max_disk_bytes} allows")
 
 
 _harness()

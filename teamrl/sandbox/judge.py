@@ -25,8 +25,14 @@ sandboxed process calls the candidate on each input and sends back the list of o
 reference solution runs on the same inputs in a second, separate sandbox run (it never
 enters the candidate's process), and :meth:`ReferenceTest.judge` compares the two here with
 evalplus's rules (an output over 4,000 characters encoded travels as its sha256, a
-:class:`LargeValue`, on both sides). Any other test is run in the sandboxed process as before
-(its verdict is that process's word).
+:class:`LargeValue`, on both sides).
+
+Any other test (a ``check`` with loops, helpers, random inputs...) runs whole in a second,
+separate sandbox process, the *judge*, that never holds the program: each name the test takes
+from the program (:func:`program_names`) is a proxy there, whose calls the caller relays to the
+program's process, and only plain values come back, so every assert is evaluated where the
+program cannot reach. A test that needs more of the program than calls (an attribute of its
+function, a non-plain argument) is reported as one that cannot be judged, never passed.
 """
 
 from __future__ import annotations
@@ -43,7 +49,7 @@ from typing import Any, Callable
 # converting ASTs at once can fail with 'SystemError: AST constructor recursion depth mismatch'.
 _AST_LOCK = threading.Lock()
 
-__all__ = ["CallTest", "ReferenceTest", "decode_plain", "evalplus_same", "reference_check_source", "split_test"]
+__all__ = ["CallTest", "ReferenceTest", "decode_plain", "evalplus_same", "program_names", "reference_check_source", "split_test"]
 
 # Bigger values than this (as sent) are refused rather than parsed.
 MAX_VALUE_CHARS = 1 << 20
@@ -353,6 +359,55 @@ def split_test(source: str) -> CallTest | ReferenceTest | None:
     wants = "truth" if expected in ("a true value", "a false value") else "value"
     return CallTest(name=name, args=args, kwargs=kwargs, call_source=text, check=check, expected=expected,
                     assert_source=assert_source, wants=wants)
+
+
+# ---------------------------------------------------------------------------------------
+# tests judged whole in the judge's process: the names they take from the program
+# ---------------------------------------------------------------------------------------
+
+# Module-level names every namespace has: never the program's.
+_MODULE_DUNDERS = frozenset({"__name__", "__doc__", "__builtins__", "__spec__", "__loader__", "__package__"})
+
+
+def _bound_names(tree: ast.AST) -> set[str]:
+    """Every name ``tree`` binds anywhere (any scope): assignments, loop and comprehension
+    targets, definitions, parameters, imports, ``except ... as``, match captures."""
+    bound: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
+            bound.add(node.id)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.add(node.name)
+        elif isinstance(node, ast.arg):
+            bound.add(node.arg)
+        elif isinstance(node, ast.alias):
+            bound.add(node.asname or node.name.split(".")[0])
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            bound.add(node.name)
+        elif isinstance(node, (ast.MatchAs, ast.MatchStar)) and node.name:
+            bound.add(node.name)
+        elif isinstance(node, ast.MatchMapping) and node.rest:
+            bound.add(node.rest)
+    return bound
+
+
+def program_names(test: str, setup: str = "") -> tuple[str, ...]:
+    """The names ``test`` uses but neither binds itself nor finds in ``setup`` or the
+    builtins: in the judge's process each becomes a proxy for the program's object of that
+    name. A test that does not parse gets none (the judge reports its SyntaxError)."""
+    import builtins
+
+    try:
+        with _AST_LOCK:
+            tree = ast.parse(test)
+            setup_tree = ast.parse(setup) if setup else None
+    except (SyntaxError, ValueError, MemoryError, RecursionError):
+        return ()
+    loaded = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    known = _bound_names(tree) | set(vars(builtins)) | _MODULE_DUNDERS
+    if setup_tree is not None:
+        known |= _bound_names(setup_tree)
+    return tuple(sorted(loaded - known))
 
 
 # ---------------------------------------------------------------------------------------

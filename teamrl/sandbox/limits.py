@@ -16,14 +16,18 @@ class SandboxLimits:
 
     wall_seconds:     wall-clock time for the whole run (start-up, program and tests).
     cpu_seconds:      CPU time of the program's process (RLIMIT_CPU, whole seconds, rounded up).
-    memory_mb:        address space of each process (RLIMIT_AS), in MiB.
+    memory_mb:        address space of each process (RLIMIT_AS), in MiB. Memory no rlimit counts is
+                      refused: a process calling memfd_create or shmget is killed (status "memory").
     max_processes:    processes and threads the sandbox user may have at once (RLIMIT_NPROC).
     max_output_bytes: bytes of stdout and of stderr kept (the rest is dropped and
                       output_truncated set); a run whose output passes max(16 x this, 1 MiB)
                       is stopped (status "killed").
     max_file_bytes:   largest file the program may write (RLIMIT_FSIZE).
     max_disk_bytes:   everything the run may write, all files together: its /tmp gets 3/4 of
-                      it and /dev/shm 1/4 (size-limited tmpfs, in memory, gone with the run).
+                      it and /dev/shm 1/4 (size-limited tmpfs, in memory, noexec, gone with the
+                      run), and each file or directory costs a 4 KiB share of it (nr_inodes), so
+                      the run may make at most max_disk_bytes / 4096 of them. A run that fails a
+                      test with either full ends with status "disk".
     """
 
     wall_seconds: float = 10.0

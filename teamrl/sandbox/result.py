@@ -11,11 +11,14 @@ __all__ = ["STATUSES", "ExecutionResult"]
 #: error   the program raised before the tests, or a test raised something other than
 #:         AssertionError, or it tampered with the result channel
 #: timeout the wall-clock or CPU-time limit was reached
-#: memory  the address-space limit was reached (MemoryError or an allocation failure)
+#: memory  the address-space limit was reached (MemoryError or an allocation failure), or the
+#:         program asked for memory no limit counts (memfd_create, shmget) and was killed
+#: disk    a test failed or raised and the run's /tmp or /dev/shm was full at the end: every
+#:         byte or every file (a 4 KiB share of max_disk_bytes each) it may have was used
 #: crash   the process died without reporting (a signal, os._exit, an interpreter abort) or the
 #:         sandbox itself could not run it
 #: killed  stopped by the sandbox for flooding its output, or killed from outside
-STATUSES = ("ok", "failed", "error", "timeout", "memory", "crash", "killed")
+STATUSES = ("ok", "failed", "error", "timeout", "memory", "disk", "crash", "killed")
 
 
 @dataclass
@@ -31,7 +34,10 @@ class ExecutionResult:
     ``"private-tmpfs"`` when the harness checked that the only writable places were the
     run's own size-limited tmpfs /tmp and /dev/shm (in a file system showing only /usr and
     the interpreter), else ``"none"`` (the run never started). ``sandbox_uid`` is the unprivileged user the program ran as (None when the
-    caller is not root and no user switch was possible).
+    caller is not root and no user switch was possible). ``tests_unjudgeable`` counts tests that
+    could not be judged outside the program's process (they need more of the program than
+    calls returning plain data): none of them passed, and ``first_failure`` says why when one
+    comes first.
     """
 
     status: str
@@ -46,6 +52,7 @@ class ExecutionResult:
     sandbox_uid: int | None = None
     duration_s: float = 0.0
     returncode: int | None = None
+    tests_unjudgeable: int = 0
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:

