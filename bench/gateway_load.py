@@ -6,7 +6,7 @@ round on one generation scheduler (one batch per step, as in training):
 
 - in-process: the same episodes as a workflow calling ``ctx.generate`` (no HTTP): the reference;
 - gateway: one client thread per episode claims it (``POST /episodes``), makes its calls with the
-  ``openai`` client and posts a reward;
+  ``openai`` client (the episode's token as its api_key) and posts a reward;
 - gateway, killed: the same, with ``--kill`` of the clients killed mid-call (the connection is
   dropped while the call waits for its batch; they never post a reward), then a clean round on
   the same server (it keeps serving).
@@ -76,7 +76,7 @@ def in_process_round(engine: Any, tokenizer: Any, episodes: int, calls: int, tok
     return _summary("in-process engine", latencies, time.perf_counter() - t0, engine_batches=len(sched.calls))
 
 
-def _send_and_die(url: str, body: dict[str, Any]) -> None:
+def _send_and_die(url: str, body: dict[str, Any], token: str) -> None:
     """A client killed mid-call: the request goes out complete, then the socket closes unread."""
     import json
     import socket
@@ -85,7 +85,7 @@ def _send_and_die(url: str, body: dict[str, Any]) -> None:
     parts = urlsplit(url)
     data = json.dumps(body).encode()
     head = (f"POST {parts.path} HTTP/1.1\r\nHost: {parts.netloc}\r\nContent-Type: application/json\r\n"
-            f"Authorization: Bearer teamrl\r\nContent-Length: {len(data)}\r\n\r\n").encode()
+            f"Authorization: Bearer {token}\r\nContent-Length: {len(data)}\r\n\r\n").encode()
     with socket.create_connection((parts.hostname, parts.port)) as sock:
         sock.sendall(head + data)
         time.sleep(0.01)  # the server has read it: the call is in flight
@@ -126,7 +126,8 @@ def gateway_round(gateway: Any, engine: Any, tokenizer: Any, task: Any, episodes
         ep_id = claimed["episode_id"]
         got: list[tuple[str, tuple[int, ...]]] = []
         dies_at = calls - 1 if index < kill else None  # killed during its last call
-        oai = clients[index].with_options(base_url=claimed["base_url"])  # shares the client's connection pool
+        # shares the client's connection pool; the episode's token is its api_key
+        oai = clients[index].with_options(base_url=claimed["base_url"], api_key=claimed["token"])
         ready.wait()  # clients built and episodes claimed: the calls start together
         with lock:
             first_call[0] = first_call[0] or time.perf_counter()
@@ -134,7 +135,8 @@ def gateway_round(gateway: Any, engine: Any, tokenizer: Any, task: Any, episodes
         for k in range(calls):
             role = ROLES[k % len(ROLES)]
             if k == dies_at:  # send the whole call, then die: the connection closes while the call waits for its batch
-                _send_and_die(claimed["base_url"] + "/chat/completions", {"model": role, "messages": _prompt(index, k, text)})
+                _send_and_die(claimed["base_url"] + "/chat/completions", {"model": role, "messages": _prompt(index, k, text)},
+                              claimed["token"])
                 with lock:
                     killed.add(ep_id)
                     received[ep_id] = got
@@ -148,7 +150,8 @@ def gateway_round(gateway: Any, engine: Any, tokenizer: Any, task: Any, episodes
             got.append((role, tuple(r.choices[0].token_ids)))
         with lock:
             received[ep_id] = got
-        http.post(f"/episodes/{ep_id}/reward", json={"reward": 1.0}).raise_for_status()
+        http.post(f"/episodes/{ep_id}/reward", json={"reward": 1.0},
+                  headers={"Authorization": f"Bearer {claimed['token']}"}).raise_for_status()
 
     threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(episodes)]
     t0 = time.perf_counter()

@@ -158,10 +158,11 @@ def test_request_sizes_are_bounded(engine, task):
 
     def episode(problem, client):
         url = str(client.base_url) + "chat/completions"
-        big = httpx.post(url, json={"model": "writer", "messages": [{"role": "user", "content": "x" * 5000}]})
-        many = httpx.post(url, json={"model": "writer", "messages": [{"role": "user", "content": "x"}] * 9})
-        long = httpx.post(url, json={"model": "writer", "messages": [{"role": "user", "content": "y" * 900}]})
-        ids = httpx.post(str(client.base_url) + "completions", json={"model": "writer", "prompt": [1, 10 ** 6]})
+        mine = {"X-Episode-Token": client.default_headers["X-Episode-Token"]}  # the episode's token, as its client sends it
+        big = httpx.post(url, json={"model": "writer", "messages": [{"role": "user", "content": "x" * 5000}]}, headers=mine)
+        many = httpx.post(url, json={"model": "writer", "messages": [{"role": "user", "content": "x"}] * 9}, headers=mine)
+        long = httpx.post(url, json={"model": "writer", "messages": [{"role": "user", "content": "y" * 900}]}, headers=mine)
+        ids = httpx.post(str(client.base_url) + "completions", json={"model": "writer", "prompt": [1, 10 ** 6]}, headers=mine)
         statuses.update(big=(big.status_code, big.json()), many=many.status_code, long=(long.status_code, long.json()),
                         ids=(ids.status_code, ids.json()))
         return 0.0
@@ -240,13 +241,15 @@ def test_an_external_program_claims_an_episode_calls_and_posts_the_reward(engine
         with httpx.Client(base_url=url, timeout=30) as http:
             claimed = http.post("/episodes", params={"wait": 20}).json()
             results["claimed"] = claimed
-            client = openai.OpenAI(base_url=claimed["base_url"], api_key="teamrl")
+            client = openai.OpenAI(base_url=claimed["base_url"], api_key=claimed["token"])  # the episode's own token
             r = client.chat.completions.create(model="writer", messages=[{"role": "user", "content": claimed["problem"]["question"]}])
             results["ids"] = r.choices[0].token_ids
-            bad = http.post(f"/episodes/{claimed['episode_id']}/reward", json={"reward": "high"})
+            mine = {"X-Episode-Token": claimed["token"]}
+            bad = http.post(f"/episodes/{claimed['episode_id']}/reward", json={"reward": "high"}, headers=mine)
             results["bad"] = bad.status_code
-            http.post(f"/episodes/{claimed['episode_id']}/reward", json={"reward": 0.25, "roles": {"writer": 0.75}}).raise_for_status()
-            results["again"] = http.post(f"/episodes/{claimed['episode_id']}/reward", json={"reward": 1.0}).status_code
+            http.post(f"/episodes/{claimed['episode_id']}/reward", json={"reward": 0.25, "roles": {"writer": 0.75}},
+                      headers=mine).raise_for_status()
+            results["again"] = http.post(f"/episodes/{claimed['episode_id']}/reward", json={"reward": 1.0}, headers=mine).status_code
             results["none_left"] = http.post("/episodes").status_code
 
     with serving() as gw:

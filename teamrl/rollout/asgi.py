@@ -1,7 +1,8 @@
 """What teamrl's HTTP servers share (``teamrl serve`` and the training gateway): FastAPI on uvicorn.
 
 - :class:`RequestError`: a client error, answered as an OpenAI-style JSON error;
-- :class:`Guard`: ASGI middleware for an optional bearer token and a bounded request body;
+- :class:`Guard`: ASGI middleware for an optional bearer token, a bounded request body (Content-Length
+  or chunked) and a bounded JSON nesting depth;
 - :func:`json_errors`: the app's error handlers (client errors, unknown paths, server bugs);
 - :class:`AsgiServer`: an app on a socket bound at construction (so ``url`` is known at once), served
   by uvicorn in the calling thread until :meth:`AsgiServer.shutdown`.
@@ -9,10 +10,15 @@
 FastAPI and uvicorn are imported when a server is built (the ``gateway`` extra; installed by ``make setup``).
 """
 
+import itertools
 import json
+import re
 import socket
 import threading
+from array import array
 from typing import Any, Callable
+
+MAX_JSON_DEPTH = 64  # deepest nesting of arrays/objects a request body may have (400 deeper): no parser recursion limit is reached
 
 
 def require_asgi() -> None:
@@ -39,53 +45,90 @@ class RequestError(Exception):
         return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.status}}
 
 
-async def send_json(send: Any, status: int, body: Any) -> None:
-    """Answer an ASGI request with a JSON body."""
+async def send_json(send: Any, status: int, body: Any, close: bool = False) -> None:
+    """Answer an ASGI request with a JSON body (``close``: and close the connection after it)."""
     data = json.dumps(body).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]})
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]
+    if close:  # the client may still be sending a body nobody will read
+        headers.append((b"connection", b"close"))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": data})
 
 
-class _BodyTooLarge(Exception):
-    pass
+# A JSON string, escapes included; its closing quote is optional so that a match never fails (no rescans:
+# linear time on any input, malformed included)
+_JSON_STRING = re.compile(rb'"(?:[^"\\]+|\\.)*"?', re.DOTALL)
+_NOT_BRACKET = bytes(sorted(set(range(256)) - set(b"[]{}")))
+_BRACKET_STEP = bytes.maketrans(b"[{]}", b"\x01\x01\xff\xff")  # +1 / -1 as signed bytes
+
+
+def json_depth(body: bytes) -> int:
+    """How deep the arrays and objects of the JSON text ``body`` nest (brackets inside strings skipped),
+    without parsing it: C-speed, linear, no recursion; for malformed text a count of its brackets."""
+    steps = array("b", _JSON_STRING.sub(b"", body).translate(_BRACKET_STEP, _NOT_BRACKET))
+    return max(itertools.accumulate(steps), default=0)
 
 
 class Guard:
-    """ASGI middleware: with a ``token``, a request without ``Authorization: Bearer <token>`` is a 401;
-    a body over ``limit`` bytes is a 413, before any of it is parsed."""
+    """ASGI middleware in front of an app:
 
-    def __init__(self, app: Any, limit: int, token: str = "", what: str = "") -> None:
+    - with a ``token``, a request without ``Authorization: Bearer <token>`` is a 401, unless
+      ``authorize(scope, headers)`` accepts it (the gateway: an episode's own token on its routes);
+    - a body over ``limit`` bytes is a 413 (``Content-Length`` or chunked: bytes are counted as they
+      arrive, and reading stops at the limit), before any of it is parsed;
+    - a body whose arrays/objects nest deeper than ``max_depth`` is a 400, before any of it is parsed.
+
+    The body is read here, whole (it is at most ``limit`` bytes), and replayed to the app."""
+
+    def __init__(self, app: Any, limit: int, token: str = "", what: str = "", max_depth: int = MAX_JSON_DEPTH,
+                 depth_what: str = "", authorize: Callable[[dict, dict[bytes, bytes]], bool] | None = None) -> None:
         self.app, self.limit, self.token = app, limit, token
         self.what = what  # the setting that sets the limit, named in the 413
+        self.max_depth, self.depth_what = max_depth, depth_what
+        self.authorize = authorize
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         headers = dict(scope.get("headers") or [])
-        if self.token and headers.get(b"authorization") != f"Bearer {self.token}".encode():
+        if self.token and headers.get(b"authorization") != f"Bearer {self.token}".encode() \
+                and not (self.authorize and self.authorize(scope, headers)):
             return await send_json(send, 401, RequestError(401, "missing or wrong bearer token (send Authorization: Bearer "
                                                                 "<token>)", "authorization").body())
-        error = RequestError(413, f"the request body is over the limit of {self.limit} bytes" +
-                             (f" ({self.what})" if self.what else ""), "body")
+        too_large = RequestError(413, f"the request body is over the limit of {self.limit} bytes" +
+                                 (f" ({self.what})" if self.what else ""), "body").body()
         length = headers.get(b"content-length")
         if length is not None and length.isdigit() and int(length) > self.limit:
-            return await send_json(send, 413, error.body())
-        seen = 0
-
-        async def limited() -> dict:
-            nonlocal seen
+            return await send_json(send, 413, too_large, close=True)
+        chunks, seen = [], 0
+        while True:  # chunked bodies have no length to check up front: count them as they come
             message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.limit:
-                    raise _BodyTooLarge
-            return message
+            if message["type"] == "http.disconnect":
+                return  # the client left before its body was complete: nobody to answer
+            chunk = message.get("body", b"")
+            seen += len(chunk)
+            if seen > self.limit:
+                return await send_json(send, 413, too_large, close=True)
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        if body and self.max_depth:
+            depth = json_depth(body)
+            if depth > self.max_depth:
+                return await send_json(send, 400, RequestError(
+                    400, f"body: the JSON is nested {depth} levels deep; at most {self.max_depth} are accepted" +
+                    (f" ({self.depth_what})" if self.depth_what else ""), "body").body())
+        replayed = False
 
-        try:
-            await self.app(scope, limited, send)
-        except _BodyTooLarge:
-            await send_json(send, 413, error.body())
+        async def replay() -> dict:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()  # after the body: the connection's state (http.disconnect)
+
+        await self.app(scope, replay, send)
 
 
 def json_errors(app: Any, endpoints: Callable[[], list[str]] | None = None) -> None:
@@ -115,6 +158,11 @@ def json_errors(app: Any, endpoints: Callable[[], list[str]] | None = None) -> N
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Any, e: RequestValidationError) -> JSONResponse:
         first = e.errors()[0]
+        if first.get("type") == "json_invalid":  # FastAPI's parse error: its loc is the character position
+            reason = (first.get("ctx") or {}).get("error", "malformed")
+            position = (list(first.get("loc", ())) + ["?"])[1]
+            return answer(RequestError(400, f"body: the request body is not valid JSON ({reason} at character {position})",
+                                       "body"))
         where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
         return answer(RequestError(400, f"{where}: {first.get('msg')}", where))
 

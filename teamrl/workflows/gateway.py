@@ -12,20 +12,28 @@ nothing is ever re-tokenised.
 Endpoints (per episode, under ``/episodes/<id>``): ``POST /v1/chat/completions``,
 ``POST /v1/completions``, ``GET /v1/models`` (the roles), ``POST /reward``. Programs in other
 processes drive episodes themselves: ``POST /episodes`` claims the next episode the trainer wants
-run (problem, episode id, base URL), then they call the endpoint and post the reward.
+run (problem, episode id, base URL, token), then they call the endpoint and post the reward.
+
+Every per-episode request presents that episode's own token (``Authorization: Bearer <token>``, as
+an OpenAI client's ``api_key``, or ``X-Episode-Token``): one episode's client cannot write into
+another (403). A claim belongs to its connection: a client that leaves while waiting takes nothing.
 
 Robustness: a call whose client disconnects before its answer is written is not recorded; an
 episode that reports no reward within ``reward_timeout_s`` is dropped (its samples discarded) and
 counted; a ``model`` that is no role is a 404 listing the roles; bodies, messages, prompt length
-and ``n`` are bounded; the server binds to 127.0.0.1 unless told otherwise and, with ``token``,
-requires ``Authorization: Bearer <token>`` on every request. See docs/gateway.md.
+and ``n`` are bounded (Content-Length and chunked bodies alike), so is JSON nesting; the server binds
+to 127.0.0.1 unless told otherwise and, with ``token``, requires ``Authorization: Bearer <token>`` on
+every request (an episode's own token also opens that episode's routes). See docs/gateway.md.
 
 FastAPI and uvicorn are imported when a gateway starts (the ``gateway`` extra).
 """
 
 
 import asyncio
+import hmac
 import math
+import re
+import secrets
 import threading
 import time
 import uuid
@@ -37,12 +45,15 @@ from teamrl.core.sample import Sample
 from teamrl.policies.chat import render_chat
 from teamrl.policies.router import role_type
 from teamrl.rollout.engine import GenerationRequest, SamplingParams
-from teamrl.rollout.asgi import AsgiServer, Guard, RequestError, json_errors, require_asgi
+from teamrl.rollout.asgi import MAX_JSON_DEPTH, AsgiServer, Guard, RequestError, json_errors, require_asgi
 from teamrl.workflows.context import EpisodeContext
 
 # vLLM/OpenAI finish reasons from the engine's
 BATCH_WAIT_LIMIT = 10  # a call waits at most this many batch windows for others to join its batch
 FINISH = {"eos": "stop", "stop": "stop", "length": "length"}
+MAX_CLAIM_WAIT_S = 60.0  # the longest ``POST /episodes?wait=`` (seconds)
+CLAIM_POLL_S = 0.2  # a waiting claim looks this often whether its client is still connected
+EPISODE_PATH = re.compile(r"^/episodes/([^/]+)/")  # the routes of one episode
 
 
 @dataclass(frozen=True)
@@ -60,6 +71,7 @@ class GatewayOptions:
     max_prompt_tokens: int = option(8192, ge=1, doc="longest prompt in tokens (400 above)")
     max_n: int = option(16, ge=1, doc="most completions per request")
     max_episodes: int = option(256, ge=1, doc="episode functions running at once (threads for sync code)")
+    max_json_depth: int = option(MAX_JSON_DEPTH, ge=2, doc="deepest nesting of arrays/objects in a request body (400 deeper)")
 
 
 class ClientGone(Exception):
@@ -76,6 +88,7 @@ class GatewayEpisode:
     roles: tuple[str, ...]
     problem: dict[str, Any]
     external: bool = False
+    token: str = field(default_factory=lambda: secrets.token_urlsafe(24))  # this episode's credential (no other's)
     active: bool = True  # its caller may send calls (function running, or claimed by an external client)
     closed: bool = False
     queued: int = 0  # calls waiting for their batch or being generated
@@ -107,6 +120,9 @@ class Gateway:
         self._last_change: dict[asyncio.AbstractEventLoop, float] = {}
         self._gates: dict[asyncio.AbstractEventLoop, asyncio.Event] = {}  # per rollout; touched in its loop only
         self._lock = threading.Lock()
+        # set (in the server's loop) when an external episode becomes claimable: waiting claims wake at once
+        self._claimable: asyncio.Event | None = None
+        self._server_loop: asyncio.AbstractEventLoop | None = None
         self._server: Any = None
         self._thread: threading.Thread | None = None
         self.url = ""
@@ -146,6 +162,8 @@ class Gateway:
             self._update(ep, active=not external)
             if external:
                 self._unclaimed.append(ep.id)
+        if external:
+            self._announce()
         return ep
 
     def episode_url(self, ep: GatewayEpisode) -> str:
@@ -194,13 +212,96 @@ class Gateway:
                     return ep
         return None
 
-    def episode(self, episode_id: str) -> GatewayEpisode:
+    def release(self, ep: GatewayEpisode) -> None:
+        """Undo :meth:`claim` (its client left before it was handed over): ``ep`` is the next one claimed."""
+        with self._lock:
+            if ep.closed or ep.id in self._unclaimed:
+                return
+            self._update(ep, active=False)
+            self._unclaimed.insert(0, ep.id)
+        self._announce()
+
+    def _announce(self) -> None:
+        """Wake the waiting claims (from any thread): an episode can be claimed."""
+        loop = self._server_loop
+        if loop is None:
+            return
+        def wake() -> None:
+            event, self._claimable = self._claimable, asyncio.Event()
+            if event is not None:
+                event.set()
+        try:
+            loop.call_soon_threadsafe(wake)
+        except RuntimeError:  # the server has stopped
+            pass
+
+    async def claim_within(self, wait: float, disconnected: Any) -> GatewayEpisode | None:
+        """Claim an episode for a client that waits up to ``wait`` seconds (None: none came); runs in the
+        server's loop. ``disconnected``: an ``async () -> bool``. The claim belongs to the connection: a
+        client that left while waiting gets nothing, and an episode claimed for a client found gone is
+        released to the next claimer (:class:`ClientGone` is raised)."""
+        if not (math.isfinite(wait) and 0 <= wait <= MAX_CLAIM_WAIT_S):
+            raise RequestError(400, f"wait={wait!r}: expected a number of seconds from 0 to {MAX_CLAIM_WAIT_S:g}", "wait")
+        self._server_loop = asyncio.get_running_loop()
+        deadline = time.monotonic() + wait
+        while True:
+            if self._claimable is None:
+                self._claimable = asyncio.Event()
+            arrival = self._claimable  # taken before looking, so an episode opening now still wakes this claim
+            ep = self.claim()
+            if await disconnected():
+                if ep is not None:
+                    self.release(ep)
+                raise ClientGone("claim")
+            if ep is not None:
+                return ep
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            try:
+                await asyncio.wait_for(arrival.wait(), min(left, CLAIM_POLL_S))
+            except asyncio.TimeoutError:
+                pass
+
+    def episode(self, episode_id: str, token: str | None) -> GatewayEpisode:
+        """The open episode ``episode_id`` for a request that presented ``token``: 410 when it is not
+        open, 401 without a token, 403 with another episode's (or any wrong) token."""
         with self._lock:
             ep = self._episodes.get(episode_id)
         if ep is None or ep.closed:
             raise RequestError(410, f"episode {episode_id!r} is not open (it ended, was dropped after the reward timeout, "
                                     "or never existed)", "episode")
+        if not token:
+            raise RequestError(401, f"episode {episode_id!r}: send its token (given when the episode was claimed) as "
+                                    "Authorization: Bearer <token> (the OpenAI client's api_key) or X-Episode-Token",
+                               "authorization")
+        if not hmac.compare_digest(token.encode(), ep.token.encode()):
+            raise RequestError(403, f"episode {episode_id!r}: the token is not this episode's; each episode accepts only "
+                                    "the token its claim returned", "authorization")
         return ep
+
+    def presented_token(self, headers: dict[bytes, bytes]) -> str | None:
+        """The episode token a request presents: ``X-Episode-Token``, else its bearer token unless that
+        is the gateway's own ``token``."""
+        token = headers.get(b"x-episode-token")
+        if token is None:
+            auth = headers.get(b"authorization", b"")
+            if auth[:7].lower() == b"bearer " and auth[7:].strip():
+                token = auth[7:].strip()
+                if self.options.token and hmac.compare_digest(token, self.options.token.encode()):
+                    return None
+        return token.decode("latin-1") if token is not None else None
+
+    def authorizes(self, scope: dict, headers: dict[bytes, bytes]) -> bool:
+        """For a gateway with a ``token``: a request on one episode's routes with that episode's own token
+        passes too (the token was handed out by an authorised claim, or to the in-process client)."""
+        match = EPISODE_PATH.match(scope.get("path", ""))
+        token = self.presented_token(headers)
+        if match is None or not token:
+            return False
+        with self._lock:
+            ep = self._episodes.get(match.group(1))
+        return ep is not None and hmac.compare_digest(token.encode(), ep.token.encode())
 
     # ---- one call ----------------------------------------------------------------------------
     def check_role(self, ep: GatewayEpisode, model: str) -> str:
@@ -412,7 +513,7 @@ def _usage(samples: list[Sample]) -> dict[str, int]:
 def build_app(gateway: Gateway) -> Any:
     """The FastAPI app of ``gateway`` (request bodies validated against the pydantic schemas below)."""
     require_asgi()
-    from fastapi import FastAPI, Request
+    from fastapi import Depends, FastAPI, Request
     from fastapi.responses import Response
     from pydantic import BaseModel, ConfigDict, Field
 
@@ -453,71 +554,76 @@ def build_app(gateway: Gateway) -> Any:
     def _stop(stop: str | list[str] | None) -> list[str]:
         return [stop] if isinstance(stop, str) else list(stop or [])
 
-    async def _served(episode_id: str, request: Request, model: str, prompt: Any, chat: bool, tools: list | None,
-                      max_tokens: int | None, stop: list[str], n: int, stream: bool | None) -> tuple[GatewayEpisode, str, list[Sample]] | Response:
+    async def _episode(episode_id: str, request: Request) -> GatewayEpisode:  # async: no thread hop
+        """The route's episode, for a request with its token (a dependency: checked before the body is validated)."""
+        return gateway.episode(episode_id, gateway.presented_token(dict(request.scope["headers"])))
+
+    async def _served(ep: GatewayEpisode, request: Request, model: str, prompt: Any, chat: bool, tools: list | None,
+                      max_tokens: int | None, stop: list[str], n: int, stream: bool | None) -> tuple[str, list[Sample]] | Response:
         if stream:
             raise RequestError(400, "stream: streaming is not supported by the training gateway; send stream=false", "stream")
-        ep = gateway.episode(episode_id)
         role = gateway.check_role(ep, model)
         try:
             samples = await gateway.serve_call(ep, role, prompt, chat, tools, max_tokens, stop, n, request.is_disconnected)
         except ClientGone:
             return Response(status_code=499)  # nobody reads it: the client has gone
-        return ep, role, samples
+        return role, samples
 
     @app.post("/episodes/{episode_id}/v1/chat/completions")
-    async def chat_completions(episode_id: str, body: ChatRequest, request: Request) -> Any:
+    async def chat_completions(body: ChatRequest, request: Request, ep: GatewayEpisode = Depends(_episode)) -> Any:
         messages = []
         for m in body.messages:
             extra = {k: v for k, v in (m.model_extra or {}).items() if v is not None}
             messages.append({**extra, "role": m.role, "content": _content_text(m.content)})
-        out = await _served(episode_id, request, body.model, messages, True, body.tools,
+        out = await _served(ep, request, body.model, messages, True, body.tools,
                             body.max_completion_tokens or body.max_tokens, _stop(body.stop), body.n, body.stream)
         if isinstance(out, Response):
             return out
-        ep, role, samples = out
+        role, samples = out
         return chat_response(role, samples, ep.ctx.tokenizer, bool(body.logprobs))
 
     @app.post("/episodes/{episode_id}/v1/completions")
-    async def completions(episode_id: str, body: CompletionRequest, request: Request) -> Any:
-        out = await _served(episode_id, request, body.model, body.prompt, False, None, body.max_tokens, _stop(body.stop),
+    async def completions(body: CompletionRequest, request: Request, ep: GatewayEpisode = Depends(_episode)) -> Any:
+        out = await _served(ep, request, body.model, body.prompt, False, None, body.max_tokens, _stop(body.stop),
                             body.n, body.stream)
         if isinstance(out, Response):
             return out
-        ep, role, samples = out
+        role, samples = out
         return completion_response(role, samples, ep.ctx.tokenizer, body.logprobs is not None)
 
     @app.get("/episodes/{episode_id}/v1/models")
-    async def models(episode_id: str) -> dict[str, Any]:
-        ep = gateway.episode(episode_id)
+    async def models(ep: GatewayEpisode = Depends(_episode)) -> dict[str, Any]:
         return {"object": "list", "data": [{"id": r, "object": "model", "owned_by": "teamrl"} for r in ep.roles]}
 
     @app.post("/episodes")
-    async def claim(wait: float = 0.0) -> Any:
-        """The next episode the trainer wants run: {episode_id, base_url, problem, roles}; 204 when none came within ``wait`` s."""
-        deadline = time.monotonic() + min(max(wait, 0.0), 60.0)
-        while True:
-            ep = gateway.claim()
-            if ep is not None:
-                return {"episode_id": ep.id, "base_url": gateway.episode_url(ep), "problem": ep.problem, "roles": list(ep.roles)}
-            if time.monotonic() >= deadline:
-                return Response(status_code=204)
-            await asyncio.sleep(0.01)
+    async def claim(request: Request, wait: float = 0.0) -> Any:
+        """The next episode the trainer wants run: {episode_id, base_url, token, problem, roles}; 204 when
+        none came within ``wait`` s (0 to MAX_CLAIM_WAIT_S)."""
+        await request.body()  # read (it is unused), so that is_disconnected() sees the connection's state
+        try:
+            ep = await gateway.claim_within(wait, request.is_disconnected)
+        except ClientGone:
+            return Response(status_code=499)  # nobody reads it: the client has gone, and took no episode
+        if ep is None:
+            return Response(status_code=204)
+        return {"episode_id": ep.id, "base_url": gateway.episode_url(ep), "token": ep.token, "problem": ep.problem,
+                "roles": list(ep.roles)}
 
     @app.post("/episodes/{episode_id}/reward")
-    async def reward(episode_id: str, request: Request) -> dict[str, Any]:
+    async def reward(request: Request, ep: GatewayEpisode = Depends(_episode)) -> dict[str, Any]:
         try:
             body = await request.json()
-        except ValueError as e:
-            raise RequestError(400, f"reward: the body is not JSON ({e})", "reward") from e
-        gateway.post_reward(gateway.episode(episode_id), body)
-        return {"episode_id": episode_id, "status": "recorded"}
+        except (ValueError, RecursionError) as e:  # RecursionError: cannot pass the Guard's depth bound; kept as a backstop
+            raise RequestError(400, f"reward: the request body is not valid JSON ({type(e).__name__}: {e})", "reward") from e
+        gateway.post_reward(ep, body)
+        return {"episode_id": ep.id, "status": "recorded"}
 
     @app.get("/health")
     async def health() -> dict[str, str]:
         return {"status": "ok"}
 
-    return Guard(app, opts.max_request_bytes, opts.token, what="workflow.options.max_request_bytes")
+    return Guard(app, opts.max_request_bytes, opts.token, what="workflow.options.max_request_bytes",
+                 max_depth=opts.max_json_depth, depth_what="workflow.options.max_json_depth", authorize=gateway.authorizes)
 
 
 _GATEWAYS: dict[Hashable, Gateway] = {}

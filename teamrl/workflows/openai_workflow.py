@@ -9,8 +9,9 @@ Sample of the role. The function returns the episode's reward: a number (the tea
 role's samples under ``workflow.reward: per_role``.
 
 ``external_workflow("name", roles=(...))`` registers a workflow whose episodes are run by other
-programs over HTTP: each waits until a client claims it (``POST /episodes``), calls the endpoint
-and posts the reward (``POST /episodes/<id>/reward``).
+programs over HTTP: each waits until a client claims it (``POST /episodes``; the answer carries the
+episode's token), calls the endpoint and posts the reward (``POST /episodes/<id>/reward``), both
+with that token.
 
 ``problem`` is a dict: ``{"id", "question", "answer_instruction", "data"}`` (in external mode,
 JSON: values that are not JSON become strings).
@@ -80,7 +81,10 @@ async def run_gateway_episode(name: str, episode_fn: Callable | None, roles: tup
         else:
             import openai
 
-            kwargs = dict(base_url=gw.episode_url(ep), api_key=opts.token or "teamrl", timeout=opts.reward_timeout_s)
+            # the episode's own token opens its routes; with a gateway token, that is the api_key (so a call
+            # after the episode closed gets the gateway's 410, not a 401)
+            kwargs = dict(base_url=gw.episode_url(ep), api_key=opts.token or ep.token, timeout=opts.reward_timeout_s,
+                          default_headers={"X-Episode-Token": ep.token})
             if inspect.iscoroutinefunction(episode_fn):
                 client = openai.AsyncOpenAI(**kwargs)
                 value = await asyncio.wait_for(episode_fn(view, client), opts.reward_timeout_s)
