@@ -5,6 +5,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -51,6 +54,111 @@ def test_extract_answer():
     assert extract_answer("The answer is 7") == "7"
     assert extract_answer("Answers vary, no final line") is None
     assert extract_answer("Answer: 1\nwait, no.\nAnswer: 2") == "2"
+
+
+# What math-verify decides that the old hand-written grader (removed in issue 35) got wrong or
+# could not read; the old verdict is in each comment.
+@pytest.mark.parametrize("answer, truth, right", [
+    (r"\$18", "18", True),  # old: unequal (`\$` was not stripped)
+    (r"\frac{14}{3}\text{ cm}", r"\frac{14}{3}", True),  # old: unequal (unit after a fraction)
+    (r"\{2, 1\}", r"\{1,2\}", True),  # old: unequal (braces are a set)
+    ("[2,5]", "[2,5)", False), ("(1, 2)", "(2, 1)", False),  # intervals and tuples in order (old: same)
+    ("x = 3", "3", True), ("5", "x=5", True), ("0.333333", r"\frac13", True), ("0.33", r"\frac13", False),
+    ("18 dollars", "18", True), ("50\\%", "50", True), ("E", r"\text{(E)}", True), ("evelyn", r"\text{Evelyn}", True),
+])
+def test_grade_answer_with_math_verify(answer, truth, right):
+    assert me.grade_answer(answer, truth) is right
+
+
+def _grade_off_main_thread(pairs):
+    out: list = []
+    t = threading.Thread(target=lambda: out.extend(me.grade_answer(a, b) for a, b in pairs), daemon=True)
+    t.start()
+    t.join(60)
+    assert not t.is_alive(), "grading hung off the main thread"
+    return out
+
+
+def test_grading_off_the_main_thread_matches_the_main_thread():
+    # math-verify's signal.alarm timeouts raise outside the main thread; a swallowed error there
+    # would read as "wrong", so the right answers must come out right from a thread too
+    pairs = [("0.5", r"\dfrac{1}{2}"), ("x^2+2x+1", "(x+1)^2"), (r"\sqrt{2}/2", r"\frac{\sqrt2}{2}"), ("3", "4"),
+             ("(15,-29)", "(-29,15)")]
+    on_main = [me.grade_answer(a, b) for a, b in pairs]
+    assert on_main == [True, True, True, False, False]
+    assert _grade_off_main_thread(pairs) == on_main
+    with ThreadPoolExecutor(2) as pool:  # as the sandbox pool and the OpenAI-API episodes run
+        assert list(pool.map(lambda ab: me.grade_answer(*ab), pairs)) == on_main
+
+
+@pytest.mark.parametrize("answer", [
+    "10^{10^{10}}", "9^{9^{9}}", "(10^{10})!", "10000000000!", r"\binom{10^{6}}{500000}", r"\gcd(10^{10^{10}}, 2)",
+    r"\prod_{i=1}^{10^{9}} i", r"\sum_{i=1}^{10^{9}} i", "2^{2^{2^{2^{2}}}}", r"\sqrt{10^{10^{10}}} - 1",
+])
+def test_answers_that_would_not_finish_are_refused_quickly_on_every_thread(answer):
+    # without the guards each of these runs for minutes (math-verify's own timeout is off in threads)
+    start = time.perf_counter()
+    assert me.grade_answer(answer, "1") is False and me.answers_equal(answer, "7") is False
+    assert _grade_off_main_thread([(answer, "2"), ("1", answer)]) == [False, False]
+    assert time.perf_counter() - start < 10
+    assert me.grade_answer(answer, answer) is True  # the same text is still the same answer
+
+
+# A few records of MATH-500 (MIT; HuggingFaceH4/MATH-500, from hendrycks/math) and GSM8K (MIT;
+# openai/grade-school-math) for the comparison script; the full files are never in the repository.
+MATH500_SAMPLE = [
+    {"problem": "Convert the point $(0,3)$ in rectangular coordinates to polar coordinates.  Enter your answer in the "
+                "form $(r,\\theta),$ where $r > 0$ and $0 \\le \\theta < 2 \\pi.$",
+     "answer": "\\left( 3, \\frac{\\pi}{2} \\right)"},
+    {"problem": "If $f(x) = \\frac{3x-2}{x-2}$, what is the value of $f(-2) +f(-1)+f(0)$? Express your answer as a "
+                "common fraction.", "answer": "\\frac{14}{3}"},
+    {"problem": "How many positive whole-number divisors does 196 have?", "answer": "9"},
+    {"problem": "Given\n\\[\\mathbf{A} = \\begin{pmatrix} 3 & 7 \\\\ -1 & -2 \\end{pmatrix},\\]compute "
+                "$\\mathbf{A}^{27} + \\mathbf{A}^{31} + \\mathbf{A}^{40}.$",
+     "answer": "\\begin{pmatrix} -1 & 0 \\\\ 0 & -1 \\end{pmatrix}"},
+]
+GSM8K_SAMPLE = [
+    {"question": "A robe takes 2 bolts of blue fiber and half that much white fiber.  How many bolts in total does it take?",
+     "answer": "It takes 2/2=<<2/2=1>>1 bolt of white fiber\nSo the total amount of fabric is 2+1=<<2+1=3>>3 bolts of fabric\n#### 3"},
+    {"question": "James decides to run 3 sprints 3 times a week.  He runs 60 meters each sprint.  How many total meters "
+                 "does he run a week?", "answer": "He sprints 3*3=<<3*3=9>>9 times\nSo he runs 9*60=<<9*60=540>>540 meters\n#### 540"},
+]
+
+
+def test_grader_comparison_script(tmp_path, monkeypatch):
+    import importlib.util
+    import sys
+
+    path = Path(__file__).resolve().parents[1] / "bench" / "math_grader_compare.py"
+    spec = importlib.util.spec_from_file_location("math_grader_compare", path)
+    bench = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, bench)  # its dataclass looks its module up there
+    spec.loader.exec_module(bench)
+    try:
+        bench.load_old_grader(bench.OLD_REF)
+    except SystemExit as e:
+        pytest.skip(f"the old grader is not in this clone's git history: {e}")
+    files = {}
+    for name, rows in (("math500", MATH500_SAMPLE), ("gsm8k", GSM8K_SAMPLE)):
+        files[name] = tmp_path / f"{name}.jsonl"
+        files[name].write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "table.md"
+    assert bench.main(["--math500", str(files["math500"]), "--gsm8k", str(files["gsm8k"]), "--out", str(out)]) == 0
+    rows = {tuple(c.strip() for c in line.split("|")[1:3]): [c.strip() for c in line.split("|")[4:11]]
+            for line in out.read_text().splitlines() if line.startswith("| math500") or line.startswith("| gsm8k")}
+    # pairs, old equal, new equal, old only, new only, old right, new right
+    assert rows[("gsm8k", "currency sign")] == ["2", "0", "2", "0", "2", "0", "2"]  # \$540: the old grader missed it
+    assert rows[("math500", "same text")] == ["4", "3", "4", "0", "1", "3", "4"]  # a matrix unequal to itself (old)
+    assert rows[("math500", "pair in the other order")][2] == "0"  # (\frac{\pi}{2}, 3) is not the point (3, \frac{\pi}{2})
+    assert bench.main(["--math500", str(tmp_path / "missing.jsonl"), "--gsm8k", str(files["gsm8k"])]) == 2
+
+
+def test_loaders_keep_the_data_sets_answer_text(tmp_path):
+    # math-verify reads the answer as written; the loaders only strip it and write 27.0 as 27
+    path = tmp_path / "m.jsonl"
+    path.write_text("\n".join(json.dumps({"problem": "p", "answer": a}) for a in (r" \dfrac{1}{2} ", 27.0, "x=5")) + "\n")
+    assert [p.data["answer"] for p in load_math(path)] == [r"\dfrac{1}{2}", "27", "x=5"]
+    assert me.answer_text(None) == "" and me.answer_text(True) == "" and me.answer_text(2.5) == "2.5"
 
 
 # --- data ------------------------------------------------------------------------------------------

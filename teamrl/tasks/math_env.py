@@ -28,12 +28,15 @@ team
     scored by the reasoner's latest answer instead, so a reasoner playing alone (the
     single-agent baseline) can succeed.
 
-Answers are compared by :func:`answers_equal`: normalised strings first (``1,000``,
-``\\boxed{}``, ``$``, ``\\text{}`` units, ``^\\circ``, ``\\%``), then sympy on a whitelisted
-grammar (digits, letters, ``+-*/^()``, ``\\frac``, ``\\sqrt``, ``\\pi``), numerically to a
-relative ``REL_TOL``, comma lists element-wise. Sympy's parser ``eval``s its input, so only
-strings of that grammar reach it, with no builtins, capped in length and in the size of
-powers; model text is never executed here.
+teamrl reads the final answer out of a reply (:func:`extract_answer`: the last ``\\boxed{}``,
+else the last ``Answer:`` line; a tool's last printed line); HF's math-verify decides whether
+it is right (:func:`grade_answer`: its ``parse`` + ``verify``, the truth as gold) and whether two
+roles agree (:func:`answers_equal`: either way round). math-verify parses LaTeX with an ANTLR
+grammar (its plain-expression path, which ``eval``s, is not used). Its ``signal.alarm``
+timeouts work on the main thread only, so they are on there and off elsewhere; on every thread
+an answer longer than ``MAX_ANSWER_CHARS``, or whose parse could take unbounded time (huge
+powers, factorials or integers; sums, integrals, limits), is compared as text only
+(:func:`_bounded`), so a grade does not depend on the thread.
 
 Data: GSM8K (``load_gsm8k``), MATH-500 / AIME / AMC JSONL (``load_math``), a seeded
 arithmetic word-problem generator (source ``generated``, the default: no files needed) and,
@@ -43,10 +46,12 @@ when installed, ``reasoning-gym`` datasets (source ``reasoning_gym:<dataset>``).
 from __future__ import annotations
 
 import ast
-import keyword
+import functools
+import logging
 import math
 import random
 import re
+import threading
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, ClassVar
@@ -62,10 +67,11 @@ from teamrl.tasks.tool_planner import TOOL_FAILED, TOOL_RAN, TOOL_SOLVED, TurnSt
 REASONER_CORRECT = 1.0
 REASONER_WRONG = 0.0
 TEAM_CORRECT = 1.0
-REL_TOL = 1e-6  # numeric answers agree within this relative tolerance (absolute below 1)
-MAX_ANSWER_CHARS = 200  # longer answers are compared as strings only
-MAX_EXPONENT = 1000  # a power with a larger (or non-numeric) exponent is not evaluated
-MAX_DIGITS = 100  # an integer literal with more digits is not evaluated
+MAX_ANSWER_CHARS = 200  # a longer answer is compared as text only (never parsed)
+MAX_EXPONENT = 1000  # an answer whose numeric exponents multiply past this is compared as text only
+MAX_DIGITS = 100  # so is an integer literal with more digits
+MAX_FACTORIAL = 1000  # and a factorial or binomial of a larger number
+GRADE_TIMEOUT_S = 5  # math-verify's own limit per parse and per comparison, on the main thread only
 REASONING_SHOWN = 600  # characters of the reasoner's answer shown to the tool
 GENERATED_DEFAULT = 64  # problems made by a generator when num_problems is 0
 SOURCES = ("generated", "generated_easy", "gsm8k", "math", "reasoning_gym:<dataset>")
@@ -141,203 +147,134 @@ def printed_answer(stdout: str) -> str | None:
     return extract_answer(lines[-1]) or lines[-1]
 
 
-_THOUSANDS = re.compile(r"^[-+]?\d{1,3}(,\d{3})+(\.\d+)?$")
-_UNIT = re.compile(r"\\(?:text|textbf|mbox|mathrm)\s*\{([^{}]*)\}")
+_NUMBER_AND_WORD = re.compile(r"^([-+]?[\d,]*\.?\d+)\s+[a-zA-Z]+\.?$")  # "18 dollars", "5 cm"
+# LaTeX that latex2sympy evaluates while parsing (\binom{10^6}{500000} would run for minutes)
+_EAGER = re.compile(r"\\(?:[dt]?binom|choose|gcd|lcm)\b|\\operatorname\s*\{\s*(?:gcd|lcm)")
+_CALCULUS = frozenset({"Sum", "Product", "Integral", "Limit", "Derivative"})
+_FACTORIALS = frozenset({"factorial", "factorial2", "subfactorial", "binomial", "gamma", "RisingFactorial", "FallingFactorial"})
 
 
-def normalize_answer(answer: Any) -> str:
-    """A canonical string for ``answer``: no ``\\boxed``/``$``/spacing macros/degree or percent
-    signs/thousands separators, ``\\dfrac`` as ``\\frac``, an integral float as an int."""
-    if isinstance(answer, bool) or answer is None:
+def answer_text(value: Any) -> str:
+    """A data set's answer as text for :func:`grade_answer`: a str stripped, an integral float as
+    an int (``27.0`` -> ``"27"``), ``""`` for None or a bool."""
+    if isinstance(value, bool) or value is None:
         return ""
-    if isinstance(answer, (int, float)):
-        if isinstance(answer, float) and answer.is_integer():
-            return str(int(answer))
-        return str(answer)
-    s = str(answer).strip()
-    boxed = last_boxed(s)
-    if boxed is not None:
-        s = boxed
-    s = s.replace("$", "").replace("\\!", "").replace("\\,", "").replace("\\;", "").replace("\\ ", " ")
-    s = re.sub(r"\\(?:left|right)\b", "", s)
-    s = re.sub(r"\\[dt]frac", r"\\frac", s)
-    s = re.sub(r"\^\s*\{?\\circ\}?|\\circ|°", "", s)
-    s = s.replace("\\%", "").replace("%", "")
-    s = re.sub(r"^[a-zA-Z]\s*=\s*(?=\S)", "", s)  # "x = 5"
-    s = _UNIT.sub(lambda m: m.group(1), s).strip()
-    # a number followed by a unit word ("18 dollars", "5 cm"): the number
-    unit = re.match(r"^([-+]?[\d,]*\.?\d+)\s+[a-zA-Z]+\.?$", s)
-    if unit:
-        s = unit.group(1)
-    s = s.rstrip(".").strip()
-    if _THOUSANDS.match(s):
-        s = s.replace(",", "")
-    if re.match(r"^[-+]?\.\d", s):
-        s = s.replace(".", "0.", 1)
-    return s
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value).strip()
 
 
-def _latex_to_expr(s: str) -> str:
-    """Simple LaTeX as a Python-syntax expression: \\frac{a}{b}, \\sqrt{a}, \\sqrt[n]{a}, \\pi,
-    \\cdot, \\times, ``^{...}``, braces as parentheses."""
-    for _ in range(20):  # nested fracs, innermost last
-        m = re.search(r"\\frac\s*(?=\{)", s)
-        if not m:
-            break
-        a = _braced(s, m.end())
-        b = _braced(s, a[1]) if a else None
-        if not a or not b:
-            # \frac12 style
-            m2 = re.match(r"\\frac\s*(\d)(\d)", s[m.start():])
-            if not m2:
-                return ""
-            s = s[:m.start()] + f"(({m2.group(1)})/({m2.group(2)}))" + s[m.start() + m2.end():]
-            continue
-        s = s[:m.start()] + f"(({a[0]})/({b[0]}))" + s[b[1]:]
-    s = re.sub(r"\\frac\s*(\d)(\d)", r"((\1)/(\2))", s)
-    s = re.sub(r"\\sqrt\s*\[([^\]]+)\]\s*\{([^{}]*)\}", r"((\2)^(1/(\1)))", s)
-    s = re.sub(r"\\sqrt\s*(\d+|[a-zA-Z])", r"sqrt(\1)", s)
-    s = s.replace("\\sqrt", "sqrt")
-    s = s.replace("\\pi", " pi ").replace("\\cdot", "*").replace("\\times", "*").replace("\\div", "/")
-    s = s.replace("{", "(").replace("}", ")")
-    return s
+def _verify_input(answer: Any) -> str:
+    """The text handed to math-verify for ``answer``: a number followed by one word ("18 dollars")
+    is the number (math-verify's unit list lacks most words)."""
+    s = answer_text(answer)
+    unit = _NUMBER_AND_WORD.match(s)
+    return unit.group(1) if unit else s
 
 
-_SAFE = re.compile(r"^[0-9a-zA-Z+\-*/^().\s]*$")
-_sympy: Any = None
+def _bounded(expr: Any, scale: float = 1.0) -> bool:
+    """Whether verifying ``expr`` (math-verify's parse, not evaluated) stays cheap: the product of
+    the numeric exponents above a term stays within ``MAX_EXPONENT``, integer literals have at most ``MAX_DIGITS`` digits, factorials and binomials
+    have arguments up to ``MAX_FACTORIAL``, and no sum, product, integral, limit or derivative is
+    left to evaluate. math-verify bounds this work with ``signal.alarm``, which works only on the
+    main thread, so teamrl refuses such expressions on every thread (same grades everywhere)."""
+    import sympy
 
-
-def _sympy_parse(s: str) -> Any:
-    """A sympy expression for ``s`` of the whitelisted grammar, or None.
-
-    ``parse_expr`` calls ``eval``: the input may hold only digits, letters, ``+-*/^().`` and
-    spaces, a dot only inside a number, no Python keyword, no builtins in scope, and after an
-    unevaluated parse no power with a large or symbolic exponent and no huge integer.
-    """
-    global _sympy
-    if len(s) > MAX_ANSWER_CHARS or not s.strip() or not _SAFE.match(s):
-        return None
-    if re.search(r"(?<![0-9])\.|\.(?![0-9])", s):
-        return None
-    if any(keyword.iskeyword(w) for w in re.findall(r"[A-Za-z]+", s)):
-        return None
-    if any(len(d) > MAX_DIGITS for d in re.findall(r"\d+", s)):
-        return None
-    if _sympy is None:
-        import sympy
-        from sympy.parsing import sympy_parser
-
-        _sympy = (sympy, sympy_parser)
-    sympy, sp = _sympy
-    names = {"Integer": sympy.Integer, "Float": sympy.Float, "Rational": sympy.Rational, "Symbol": sympy.Symbol,
-             "sqrt": sympy.sqrt, "pi": sympy.pi, "e": sympy.E, "i": sympy.I, "__builtins__": {},
-             "Add": sympy.Add, "Mul": sympy.Mul, "Pow": sympy.Pow}  # the last three: evaluate=False writes them
-    transformations = sp.standard_transformations + (sp.implicit_multiplication, sp.convert_xor)
-    try:
-        raw = sp.parse_expr(s, local_dict={}, global_dict=dict(names), transformations=transformations, evaluate=False)
-        if not isinstance(raw, sympy.Basic):
-            return None
-        if not _small_powers(raw, 1.0, sympy):
-            return None
-        return sp.parse_expr(s, local_dict={}, global_dict=dict(names), transformations=transformations)
-    except Exception:  # a parse error of any kind: not comparable symbolically
-        return None
-
-
-def _small_powers(expr: Any, scale: float, sympy: Any) -> bool:
-    """Every power has a numeric exponent, and the product of the exponents from the top down
-    to it (``(a^m)^n`` is ``a^(m n)``) stays within ``MAX_EXPONENT``: no huge evaluation."""
+    if isinstance(expr, sympy.Integer):
+        return abs(int(expr)).bit_length() <= MAX_DIGITS * 3.33  # log2(10) bits a digit; no str() of a huge int
+    name = type(expr).__name__
+    if name in _CALCULUS:
+        return False
+    args = expr.args if isinstance(expr, sympy.Basic) else list(expr) if isinstance(expr, sympy.MatrixBase) else ()
     if isinstance(expr, sympy.Pow):
         exp = expr.exp
-        if exp.free_symbols or not _small_powers(exp, 1.0, sympy):
+        if not _bounded(exp):
             return False
-        try:
-            value = abs(float(exp))
-        except (TypeError, ValueError, OverflowError):
-            return False
-        scale *= max(1.0, value)
-        if not math.isfinite(scale) or scale > MAX_EXPONENT:
-            return False
-        return _small_powers(expr.base, scale, sympy)
-    return all(_small_powers(a, scale, sympy) for a in expr.args)
+        if not exp.free_symbols:  # a symbolic exponent (2^n) is never expanded into digits
+            try:
+                scale *= max(1.0, abs(float(exp)))
+            except (TypeError, ValueError, OverflowError):
+                return False
+        return math.isfinite(scale) and scale <= MAX_EXPONENT and _bounded(expr.base, scale)
+    if name in _FACTORIALS:
+        for a in args:
+            if not _bounded(a):
+                return False
+            if not a.free_symbols:
+                try:
+                    if abs(float(a)) > MAX_FACTORIAL:
+                        return False
+                except (TypeError, ValueError, OverflowError):
+                    return False
+    return all(_bounded(a, scale) for a in args)
 
 
-def _expr_equal(a: str, b: str) -> bool:
-    ea, eb = _sympy_parse(_latex_to_expr(a)), _sympy_parse(_latex_to_expr(b))
-    if ea is None or eb is None:
-        return False
-    sympy = _sympy[0]
-    try:
-        if ea == eb:
-            return True
-        if not ea.free_symbols and not eb.free_symbols:
-            va, vb = complex(sympy.N(ea, 30)), complex(sympy.N(eb, 30))
-            return abs(va - vb) <= REL_TOL * max(1.0, abs(vb))
-        diff = ea - eb
-        if sympy.count_ops(diff) > 60:
-            return False
-        return sympy.simplify(diff) == 0
-    except Exception:  # overflow, NaN, zoo, a comparison sympy cannot make
-        return False
+_math_verify: Any = None
 
 
-def _split_top(s: str) -> list[str]:
-    """``s`` split on commas outside brackets."""
-    parts, depth, cur = [], 0, []
-    for ch in s:
-        if ch in "([{":
-            depth += 1
-        elif ch in ")]}":
-            depth -= 1
-        if ch == "," and depth == 0:
-            parts.append("".join(cur))
-            cur = []
-        else:
-            cur.append(ch)
-    parts.append("".join(cur))
-    return [p.strip() for p in parts]
+def _load_math_verify() -> Any:
+    """math-verify, imported on first use (it loads sympy and an ANTLR parser); its one-time
+    "Timeout is disabled" warning (off the main thread) is dropped: teamrl bounds the work
+    itself there (:func:`_bounded`)."""
+    global _math_verify
+    if _math_verify is None:
+        import math_verify
+
+        class _NoTimeoutWarning(logging.Filter):
+            def filter(self, record: logging.LogRecord) -> bool:
+                return not str(record.msg).startswith("Timeout is disabled")
+
+        for name in ("math_verify.parser", "math_verify.grader"):
+            logging.getLogger(name).addFilter(_NoTimeoutWarning())
+        _math_verify = math_verify
+    return _math_verify
 
 
-def _squash(s: str) -> str:
-    return re.sub(r"\s+", "", s).lower()
+def _timeout() -> int | None:
+    """math-verify's timeout for this thread: ``GRADE_TIMEOUT_S`` on the main thread, where its
+    ``signal.alarm`` works; None (off) elsewhere, where that raises (:func:`_bounded` and the
+    length cap bound the work there)."""
+    return GRADE_TIMEOUT_S if threading.current_thread() is threading.main_thread() else None
 
 
-def answers_equal(a: Any, b: Any) -> bool:
-    """Whether answers ``a`` and ``b`` are the same value; never raises.
+@functools.lru_cache(maxsize=4096)
+def _parsed(text: str) -> tuple[Any, ...]:
+    """math-verify's parse of one extracted answer (given as ``\\boxed{text}``, LaTeX only: its
+    plain-expression path ``eval``s text), keeping only the parts :func:`_bounded` allows; cached
+    (a group's answers and a problem's truth repeat). Text with a command latex2sympy evaluates
+    while parsing and a large number (a power, a factorial, four digits) is not parsed."""
+    if _EAGER.search(text) and re.search(r"\^|!|\d{4}", text):
+        return (text,)
+    mv = _load_math_verify()
+    got = mv.parse("\\boxed{" + text + "}", extraction_config=[mv.LatexExtractionConfig()], parsing_timeout=_timeout())
+    return tuple(x for x in got if isinstance(x, str) or _bounded(x))
 
-    Equal normalised strings (case and spacing aside) are equal; else a comma list (bare: in
-    any order; in parentheses: in order) is compared element-wise; else both are parsed by
-    sympy (simple LaTeX included) and compared numerically (``REL_TOL``) or by simplifying
-    their difference. Empty or missing answers equal nothing.
+
+def grade_answer(answer: Any, truth: Any) -> bool:
+    """Whether the extracted ``answer`` is right for the reference ``truth``; never raises.
+
+    math-verify compares them (``verify(gold=parse(truth), target=parse(answer))``: numbers to
+    6 decimals, fractions, LaTeX, ``x = 3`` against ``3``, percentages, units, sets in any order,
+    tuples and intervals in order, symbolic equality); equal text (spacing aside) is equal at once,
+    and text over ``MAX_ANSWER_CHARS`` is compared only so. Empty or missing answers are wrong.
     """
     try:
-        na, nb = normalize_answer(a), normalize_answer(b)
-        if not na or not nb:
+        a, t = _verify_input(answer), _verify_input(truth)
+        if not a or not t:
             return False
-        if _squash(na) == _squash(nb):
+        if re.sub(r"\s+", "", a) == re.sub(r"\s+", "", t):
             return True
-        pa, pb = _split_top(na), _split_top(nb)
-        if len(pa) > 1 or len(pb) > 1:
-            if len(pa) != len(pb):
-                return False
-            return _unordered_equal(pa, pb)  # "-2, 1": a bare list of solutions, in any order
-        wrapped = re.match(r"^\((.*)\)$", na), re.match(r"^\((.*)\)$", nb)
-        if all(wrapped) and "," in na and "," in nb:
-            xa, xb = _split_top(wrapped[0].group(1)), _split_top(wrapped[1].group(1))
-            return len(xa) == len(xb) and all(answers_equal(x, y) for x, y in zip(xa, xb))
-        return _expr_equal(na, nb)
+        if len(a) > MAX_ANSWER_CHARS or len(t) > MAX_ANSWER_CHARS:
+            return False
+        return bool(_load_math_verify().verify(list(_parsed(t)), list(_parsed(a)), timeout_seconds=_timeout()))
     except Exception:  # answers are model text: never let a comparison crash a rollout
         return False
 
 
-def _unordered_equal(pa: list[str], pb: list[str]) -> bool:
-    rest = list(pb)
-    for x in pa:
-        hit = next((i for i, y in enumerate(rest) if answers_equal(x, y)), None)
-        if hit is None:
-            return False
-        rest.pop(hit)
-    return True
+def answers_equal(a: Any, b: Any) -> bool:
+    """Whether two answers (neither the reference: e.g. the reasoner's and the tool's) are the same
+    value: :func:`grade_answer` either way round (math-verify's comparison is not symmetric)."""
+    return grade_answer(a, b) or grade_answer(b, a)
 
 
 # --- data ----------------------------------------------------------------------------------------
@@ -351,7 +288,7 @@ def load_gsm8k(path: str | Path, limit: int | None = None) -> list[Problem]:
     for i, row in enumerate(rows[:limit] if limit else rows):
         if "question" not in row or "answer" not in row or "####" not in str(row["answer"]):
             raise InputError(f"{path}: line {i + 1} needs `question` and an `answer` with `#### <final>`; found {sorted(row)}")
-        final = normalize_answer(str(row["answer"]).rsplit("####", 1)[1].strip())
+        final = answer_text(str(row["answer"]).rsplit("####", 1)[1])
         problems.append(Problem(f"gsm8k/{stem}/{i}", {"question": row["question"], "answer": final, "source": "gsm8k"}))
     return problems
 
@@ -365,7 +302,7 @@ def load_math(path: str | Path, limit: int | None = None) -> list[Problem]:
         if "problem" not in row or "answer" not in row:
             raise InputError(f"{path}: line {i + 1} needs `problem` and `answer`; found {sorted(row)}")
         problems.append(Problem(f"math/{stem}/{row.get('unique_id', row.get('id', i))}",
-                                {"question": row["problem"], "answer": normalize_answer(row["answer"]), "source": "math"}))
+                                {"question": row["problem"], "answer": answer_text(row["answer"]), "source": "math"}))
     return problems
 
 
@@ -456,7 +393,7 @@ def load_reasoning_gym(dataset: str, n: int, seed: int = 0) -> list[Problem]:
                           "(pip install reasoning-gym==0.1.25)") from None
     data = reasoning_gym.create_dataset(dataset, size=n, seed=seed)
     return [Problem(f"math/reasoning_gym/{dataset}/{seed}/{i}",
-                    {"question": e["question"], "answer": normalize_answer(e["answer"]), "source": f"reasoning_gym:{dataset}"})
+                    {"question": e["question"], "answer": answer_text(e["answer"]), "source": f"reasoning_gym:{dataset}"})
             for i, e in enumerate(data)]
 
 
@@ -562,7 +499,7 @@ class MathEnv(Environment):
             answer = extract_answer(text)
             new = replace(state, reasoner_answer=answer, reasoner_text=truncate(text.strip(), REASONING_SHOWN),
                           reasoner_turn=state.turn)
-            reward = REASONER_CORRECT if answer is not None and answers_equal(answer, state.truth) else REASONER_WRONG
+            reward = REASONER_CORRECT if answer is not None and grade_answer(answer, state.truth) else REASONER_WRONG
             other = state.tool_answer
         else:
             answer, output, reward = self.run_tool(state, text)
@@ -583,7 +520,7 @@ class MathEnv(Environment):
         answer = printed_answer(result.stdout) if result.status == "ok" else None
         if answer is None:
             return None, shown, TOOL_FAILED
-        return answer, shown, TOOL_SOLVED if answers_equal(answer, state.truth) else TOOL_RAN
+        return answer, shown, TOOL_SOLVED if grade_answer(answer, state.truth) else TOOL_RAN
 
     def final_answer(self, state: MathState) -> str | None:
         """The team's answer: the agreed one; without agreement, the reasoner's latest when
@@ -594,7 +531,7 @@ class MathEnv(Environment):
 
     def team_reward(self, state: MathState) -> float:
         final = self.final_answer(state)
-        return TEAM_CORRECT if final is not None and answers_equal(final, state.truth) else 0.0
+        return TEAM_CORRECT if final is not None and grade_answer(final, state.truth) else 0.0
 
     def done(self, state: MathState) -> bool:
         return state.agreed is not None or state.turn >= self.max_turns

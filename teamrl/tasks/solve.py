@@ -11,9 +11,10 @@ Both tasks hold out their last ``test_size`` problems: ``split: train`` (the def
 the rest, ``split: test`` gives the held-out ones (evaluation during training, ``teamrl eval``).
 
 - ``math.solve``: the problems of the ``math`` environment (a seeded arithmetic generator by
-  default, an easy one-operation generator, GSM8K, MATH-500 or reasoning-gym), answers compared
-  by :func:`answers_equal`; the answer is the last ``Answer:`` line or ``\\boxed{}``, else (with
-  ``last_number``, the default, as GSM8K evaluations do) the last number in the text.
+  default, an easy one-operation generator, GSM8K, MATH-500 or reasoning-gym), answers graded
+  by math-verify (:func:`~teamrl.tasks.math_env.grade_answer`); the answer is the last
+  ``Answer:`` line or ``\\boxed{}``, else (with ``last_number``, the default, as GSM8K
+  evaluations do) the last number in the text.
 - ``code.solve``: HumanEval (from the package) or MBPP / HumanEval+ / CoopHumanEval by path;
   an answer is correct when the program passes every test, run in the sandbox (never here).
 """
@@ -27,7 +28,7 @@ from typing import ClassVar, Sequence
 from teamrl.core.config import ConfigError, option
 from teamrl.tasks.code_data import CodeProblem, extract_code, prompt_imports
 from teamrl.tasks.code_team import CodeProblems, CodeProblemsOptions
-from teamrl.tasks.math_env import MathOptions, answers_equal, extract_answer, load_math_problems
+from teamrl.tasks.math_env import MathOptions, extract_answer, grade_answer, load_math_problems
 from teamrl.tasks.task import Problem, Task
 
 SPLITS = ("train", "test")
@@ -139,7 +140,7 @@ class MathSolve(SolveTask):
 
     def correct_many(self, problem: Problem, answers: Sequence[str | None]) -> list[bool]:
         truth = str(problem.data["answer"])
-        return [a is not None and answers_equal(a, truth) for a in answers]
+        return [a is not None and grade_answer(a, truth) for a in answers]
 
     def demonstrations(self, problem: Problem) -> list[tuple[str, list[dict[str, str]], str]]:
         """Warm start (``teamrl sft``): the agent's prompt and a reply in the answer format with the
