@@ -1,6 +1,7 @@
 # make demo  - set up .venv if missing, then train a two-agent MAGRPO team (writing.tldr) on the embedded
-#              SmolLM2-135M, write the report, then evaluate it against the untrained team on 12 held-out papers,
-#              ending with the paired trained-vs-untrained difference (8 steps of one paper x 4 samples per agent;
+#              SmolLM2-135M, evaluate it against the untrained team on 12 held-out papers (the paired
+#              trained-vs-untrained difference; every episode saved under runs/<name>/eval/), then write the
+#              report runs/<name>/report/index.html (8 steps of one paper x 4 samples per agent;
 #              8:19 wall and 2.14 GB peak RSS on 2 idle CPU cores with .venv set up)
 # make test  - set up .venv if missing, then run the test suite (one worker per core; ~7 min on 2 cores)
 # make bench - side by side, as ratios: MAGRPO iteration vs CoMLRL, GRPO step vs TRL, rollout vs model.generate,
@@ -41,8 +42,8 @@ $(STAMP): pyproject.toml constraints.txt
 
 demo: setup
 	$(VENV)/bin/teamrl train configs/magrpo_writing_tldr.yaml name=$(RUN_NAME) $(ARGS)
-	$(VENV)/bin/teamrl report runs/$(RUN_NAME)
 	$(VENV)/bin/teamrl eval --checkpoint runs/$(RUN_NAME) task.split=test --limit 12 --method team,untrained
+	$(VENV)/bin/teamrl report runs/$(RUN_NAME)
 
 # The suite runs single-threaded tests (tests/conftest.py), one worker process per core (pytest-xdist).
 TEST_WORKERS ?= auto

@@ -1,10 +1,10 @@
 """``teamrl``: the command line.
 
-  teamrl train [CONFIG.yaml] [--resume] [--plugin FILE.py ...] [key.sub=value ...]
+  teamrl train [CONFIG.yaml] [--resume | --resume-intact] [--plugin FILE.py ...] [key.sub=value ...]
   teamrl config [CONFIG.yaml] [--plugin FILE.py ...] [key.sub=value ...]   # validate and print the resolved config
-  teamrl eval [CONFIG.yaml] [--checkpoint RUN_DIR] [--method team,single,...] [--limit N] [key.sub=value ...]
+  teamrl eval [CONFIG.yaml] [--checkpoint RUN_DIR] [--method team,single,...] [--limit N] [--out DIR] [key.sub=value ...]
   teamrl sft [CONFIG.yaml] [--data DEMOS.jsonl] [--epochs N] [key.sub=value ...]   # warm start, then train --resume
-  teamrl report RUN_DIR                              # PNG plots + report.md in RUN_DIR/report
+  teamrl report RUN_DIR                              # RUN_DIR/report/index.html (+ PNG plots, report.md)
   teamrl study STUDY.yaml [--table]                  # a workflow x policy x task x model x seed grid -> study.md
   teamrl serve --model NAME [--port 8000] [--lora NAME=PATH ...]   # OpenAI-compatible completions server
   teamrl bench [--only a,b,c,d] [--steps N] ...      # side-by-side benchmarks -> bench/RESULTS.md (= make bench)
@@ -13,8 +13,10 @@
 ``--plugin FILE.py`` (repeatable; train, config, eval, sft) imports a file that registers your own
 tasks, workflows or rewards (see docs/extending.md) before the config is read.
 
-Bad input (a config, a data file, a model name, what a task's reward returned) ends in one line
-on stderr and exit code 2; any other error is a bug and keeps its traceback.
+Bad input (a config, a data file, a model name, what a task's reward returned, a plugin or workflow
+of yours that fails, a run directory that cannot be written, a checkpoint that does not read whole)
+ends in one line on stderr and exit code 2 (``TEAMRL_TRACEBACK=1``: the traceback before it); any
+other error is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -78,6 +80,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _main(sys.argv[1:] if argv is None else argv)
     except InputError as e:  # only the user's input: anything else is a bug and keeps its traceback
+        if os.environ.get("TEAMRL_TRACEBACK", "") not in ("", "0"):
+            import traceback
+
+            traceback.print_exc()  # the user's own code's traceback is chained to the one line (raise ... from)
         kind = "config error: " if isinstance(e, ConfigError) else ""
         print(f"teamrl: {kind}{' '.join(str(e).split())}", file=sys.stderr)
         return 2
@@ -89,7 +95,10 @@ def _main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="teamrl", description="Train teams of LLM agents with multi-agent RL.")
     sub = parser.add_subparsers(dest="command", required=True)
     p_train = sub.add_parser("train", help="train a run (config file and/or key.sub=value overrides)")
-    p_train.add_argument("--resume", action="store_true", help="continue the run from its last checkpoint")
+    p_train.add_argument("--resume", action="store_true", help="continue the run from its last checkpoint (refused, "
+                         "naming the file, when that checkpoint does not read whole)")
+    p_train.add_argument("--resume-intact", action="store_true", help="continue from the newest checkpoint that reads "
+                         "whole; unreadable newer ones are moved aside to checkpoints/unreadable_step_N")
     p_train.add_argument("args", nargs="*", help="CONFIG.yaml and key.sub=value overrides")
     p_cfg = sub.add_parser("config", help="validate a config and print it resolved")
     p_cfg.add_argument("args", nargs="*")
@@ -98,6 +107,8 @@ def _main(argv: list[str]) -> int:
     p_eval.add_argument("--method", default=None, help="comma-separated subset of team,untrained,single,concat,sequential,discussion,swapped: those the run's workflow takes (default: team with --checkpoint, untrained and the workflow's baselines)")
     p_eval.add_argument("--limit", type=int, default=20, help="number of evaluation problems (default 20)")
     p_eval.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (default 0: greedy)")
+    p_eval.add_argument("--out", default=None, metavar="DIR", help="where results.json and the per-method episodes go "
+                        "(default: RUN_DIR/eval/<timestamp> with --checkpoint, else run.dir/eval-<timestamp>)")
     p_eval.add_argument("args", nargs="*")
     p_sft = sub.add_parser("sft", help="warm start: fine-tune each role's policy on demonstrations (a JSONL, or the task's "
                                        "own solver) and save them as the run's step-0 checkpoint; then teamrl train --resume")
@@ -109,7 +120,7 @@ def _main(argv: list[str]) -> int:
     p_sft.add_argument("--batch-size", type=int, default=8, help="demonstrations per optimizer step (default 8)")
     p_sft.add_argument("--lr", type=float, default=None, help="learning rate (default train.lr)")
     p_sft.add_argument("args", nargs="*", help="CONFIG.yaml and key.sub=value overrides (the RL run's own)")
-    p_report = sub.add_parser("report", help="plots and a summary page of a run directory")
+    p_report = sub.add_parser("report", help="RUN_DIR/report/index.html: curves, the latest eval, transcripts (+ PNG plots, report.md)")
     p_report.add_argument("run_dir")
     p_study = sub.add_parser("study", help="run a workflow-study grid cell by cell (resumable) and write its table")
     p_study.add_argument("study_config")
@@ -174,7 +185,7 @@ def _main(argv: list[str]) -> int:
         except (FileNotFoundError, ValueError) as e:
             print(f"teamrl: {e}", file=sys.stderr)
             return 2
-        print(f"report: {path}")
+        print(f"report: {path} (one file, opens offline; PNG plots and report.md beside it)")
         return 0
 
     from teamrl.core.config import ConfigError, config_to_dict, load_config
@@ -196,16 +207,15 @@ def _main(argv: list[str]) -> int:
         from teamrl.algorithms import make_algorithm
         from teamrl.tasks import make_task
 
+        from teamrl.trainer.trainer import check_policy_roles
+
         task = make_task(cfg.task)
         algorithm = make_algorithm(cfg, task)  # the task's and workflow's own names and options, as train checks them
-        if cfg.policy.roles:
-            from teamrl.policies.router import check_role_map
-
-            check_role_map(cfg.policy.roles, list(getattr(algorithm, "roles", None) or task.roles))
+        check_policy_roles(cfg, task, algorithm)
         print(yaml.safe_dump(config_to_dict(cfg), sort_keys=False), end="")
         return 0
     if ns.command == "eval":
-        return _eval(cfg, ns)
+        return _eval(cfg, ns, argv)
     if ns.command == "sft":
         return _sft(cfg, ns)
     from teamrl.rollout.http_engine import ServerError
@@ -214,7 +224,7 @@ def _main(argv: list[str]) -> int:
     from teamrl.trainer.update import NonFiniteReward
 
     try:
-        trainer = make_trainer(cfg, resume=ns.resume)
+        trainer = make_trainer(cfg, resume=ns.resume, resume_intact=ns.resume_intact)
     # a ConfigError (bad task options or data, a model name) goes to main; ServerError: the start-up check refused
     except (RunExists, WorkerFailed, ServerError) as e:
         print(f"teamrl: {e}", file=sys.stderr)
@@ -241,19 +251,22 @@ def _main(argv: list[str]) -> int:
         print(f"held-out accuracy: first {acc['untrained']:.3f}, peak {acc['peak']:.3f} (step {acc['peak_step']}), "
               f"final {acc['final']:.3f}")
     if cfg.train.final_eval_problems:
-        _final_eval(cfg, trainer.run_dir)
+        _final_eval(cfg, trainer.run_dir, argv)
     print(f"run directory: {trainer.run_dir}")
     return 0
 
 
-def _final_eval(cfg, run_dir: Path) -> None:
+def _final_eval(cfg, run_dir: Path, argv: list[str]) -> None:
     """Untrained vs trained team, greedy, on held-out problems, with the paired comparison."""
-    from teamrl.trainer.evaluate import evaluate, format_table, held_out_config
+    from teamrl.trainer.evaluate import eval_output_dir, evaluate, format_table, held_out_config, write_results
 
     held_out, where = held_out_config(cfg)
     rows = evaluate(held_out, ["untrained", "team"], checkpoint=run_dir, limit=cfg.train.final_eval_problems, progress=False)
     print(f"untrained vs trained team, greedy, on {rows[0].problems} {where}:")
     print(format_table(rows))
+    out = write_results(rows, eval_output_dir(run_dir, held_out), held_out, ["teamrl", *argv],
+                        checkpoint=run_dir, limit=cfg.train.final_eval_problems)
+    print(f"eval results and episodes: {out}")
 
 
 def _serve(ns) -> int:
@@ -318,9 +331,9 @@ def _sft(cfg, ns) -> int:
     return 0
 
 
-def _eval(cfg, ns) -> int:
+def _eval(cfg, ns, argv: list[str]) -> int:
     from teamrl.core.config import ConfigError
-    from teamrl.trainer.evaluate import default_methods, evaluate, format_table
+    from teamrl.trainer.evaluate import default_methods, eval_output_dir, evaluate, format_table, write_results
 
     try:
         if ns.method:
@@ -333,6 +346,11 @@ def _eval(cfg, ns) -> int:
         print(f"teamrl: {e}", file=sys.stderr)
         return 2
     print(format_table(rows))
+    checkpoint = Path(ns.checkpoint) if ns.checkpoint else None
+    out = write_results(rows, eval_output_dir(checkpoint, cfg, Path(ns.out) if ns.out else None), cfg, ["teamrl", *argv],
+                        checkpoint=checkpoint, limit=ns.limit, temperature=ns.temperature)
+    print(f"eval results: {out}/results.json; each problem's episode per method: "
+          + ", ".join(f"{out}/{r.method}.jsonl" for r in rows))
     return 0
 
 

@@ -69,12 +69,13 @@ def test_docs_matrix_is_current():
     assert done.stdout == DOC.read_text(), "docs/algorithm_matrix.md is stale: run python -m tools.algorithm_matrix --write"
 
 
-@pytest.mark.parametrize("algorithm", ["at_grpo", "magrpo"])
-def test_example_trains_with_another_algorithm_by_one_config_key(tmp_path, algorithm):
+@pytest.mark.parametrize("algorithm, extra", [("at_grpo", []), ("magrpo", ["policy.mode=lora_per_role"])])
+def test_example_trains_with_another_algorithm_by_one_config_key(tmp_path, algorithm, extra):
     """examples/proposer_critic_judge.yaml trains with grpo (tests/test_extension_api.py); algorithm=<other> is the
-    only change (plus the tiny model settings every example test uses)."""
+    only change (plus the tiny model settings every example test uses; under magrpo one adapter per role, so that
+    each role's optimizer steps are counted apart)."""
     done = subprocess.run([str(TEAMRL), "train", str(ROOT / "examples" / "proposer_critic_judge.yaml"), "--plugin", str(EXAMPLE),
-                           f"algorithm={algorithm}", "model=tiny-random", "train.steps=1", "rollout.group_size=2",
+                           f"algorithm={algorithm}", *extra, "model=tiny-random", "train.steps=1", "rollout.group_size=2",
                            "rollout.batch_size=1", "rollout.max_new_tokens=4", "policy.device=cpu", f"run.dir={tmp_path}",
                            "name=pcj", "run.progress=false", "run.tensorboard=false"],
                           cwd=ROOT, capture_output=True, text=True, timeout=300, env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"})
@@ -86,5 +87,9 @@ def test_example_trains_with_another_algorithm_by_one_config_key(tmp_path, algor
     trained = [r for r in logged if r["trainable"]]
     if algorithm == "at_grpo":  # K=2 candidates per call, one group per (problem, turn, role)
         assert len(trained) == 6 and sum(bool(r["tags"].get("chosen")) for r in trained) == 3
-    else:  # MAGRPO: the proposer's step branches (depth 1); the critic and judge roll out untrained
-        assert {r["role"] for r in trained} == {"proposer"} and len(trained) == 2
+        # the proposer and the critic get no reward before the judge: their candidates' episodes are played out
+        assert {r["role"] for r in logged if r["tags"].get("rollout")} == {"critic", "judge"}
+    else:  # MAGRPO: every role's first call branches: G proposals, G critiques under each, G verdicts under each of those
+        # (before: only the proposer trained, optimizer_steps 0 for the critic and the judge)
+        assert sorted(r["role"] for r in trained) == ["critic"] * 4 + ["judge"] * 8 + ["proposer"] * 2
+        assert all(record[f"optimizer_steps/{role}"] == 1 for role in ("proposer", "critic", "judge"))

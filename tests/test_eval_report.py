@@ -29,7 +29,9 @@ def test_eval_rows_for_team_and_every_baseline(toy_cfg, tmp_path):
     for r in rows:
         assert 0 <= r.mean <= 1 and r.problems == 3 and r.tokens_per_s > 0 and r.seconds_per_problem > 0
     table = format_table(rows)
-    assert table.count("\n") == 6 and "| discussion |" in table
+    # the toy task holds no problems out: the table says it scored the training problems, then the 5 rows
+    assert table.splitlines()[:2] == ["no held-out split: scored on the training problems (the task holds none out)", ""]
+    assert table.count("\n") == 8 and "| discussion |" in table
 
 
 def test_eval_team_needs_a_checkpoint_and_methods_are_checked(toy_cfg):
@@ -65,7 +67,7 @@ def test_baseline_workflows_see_what_they_should(toy_cfg):
 
 def test_report_writes_plots_and_page(toy_cfg, tmp_path):
     Trainer(toy_cfg).train()
-    page = write_report(tmp_path / "ev")
+    page = write_report(tmp_path / "ev").parent / "report.md"  # it returns index.html (tests/test_report_html.py)
     text = page.read_text()
     pngs = sorted(p.name for p in page.parent.glob("*.png"))
     assert {"reward.png", "reward_per_agent.png", "loss.png", "grad_norm.png", "response_length.png", "kl.png"} <= set(pngs)

@@ -45,11 +45,15 @@ def test_at_grpo_scores_candidates_on_their_segment_and_continues_from_the_chose
 
 
 def test_magrpo_on_a_sequential_workflow_makes_each_call_a_step():
-    samples = scripted_rollout(MAGRPO(MAGRPOSettings(group_size=2, num_turns=2), workflow=REF + "TWO_STEPS"), PROBLEMS,
+    """With the default num_turns=1 both roles' first calls (turn 0) are branched: a's step, then b's under each of
+    a's joint actions (tags depth 0 and 1); ``turn`` stays each call's own turn, as under every algorithm
+    (before: turn was the depth, and num_turns=2 was needed to train b at all)."""
+    samples = scripted_rollout(MAGRPO(MAGRPOSettings(group_size=2, num_turns=1), workflow=REF + "TWO_STEPS"), PROBLEMS,
                                None, _script)
     p0 = [s for s in samples if s.problem_id == "p0"]
-    assert sorted((s.role, s.turn, s.tags["path"]) for s in p0) == sorted(
-        [("a", 0, ())] * 2 + [("b", 1, (0,))] * 2 + [("b", 1, (1,))] * 2)
+    assert all(s.trainable for s in p0)
+    assert sorted((s.role, s.turn, s.tags["depth"], s.tags["path"]) for s in p0) == sorted(
+        [("a", 0, 0, ())] * 2 + [("b", 0, 1, (0,))] * 2 + [("b", 0, 1, (1,))] * 2)
     b_after_long = sorted((s for s in p0 if s.tags["path"] == (1,)), key=lambda s: s.branch)
     assert [s.reward for s in b_after_long] == [0.0, 1.0]  # the team reward of each joint action's segment
     a = sorted((s for s in p0 if s.role == "a"), key=lambda s: s.branch)

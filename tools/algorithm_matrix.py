@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-DOC = ROOT / "docs" / "algorithms.md"
+DOC = ROOT / "docs" / "algorithm_matrix.md"  # not algorithms.md: the algorithms' reference
 EXAMPLE = ROOT / "examples" / "proposer_critic_judge.py"
 ALGORITHM_ORDER = ("grpo", "magrpo", "at_grpo", "m_grpo")
 # (row label, workflow.name ("": the task's default workflow), task options)
@@ -63,7 +63,30 @@ def render() -> str:
              "| workflow | " + " | ".join(ALGORITHM_ORDER) + " |", "|---|" + "---|" * len(ALGORITHM_ORDER)]
     for label, workflow, task in ROWS:
         lines.append(f"| {label} | " + " | ".join(cell(a, workflow, task) for a in ALGORITHM_ORDER) + " |")
+    lines += ["", *NOTES]
     return "\n".join(lines) + "\n"
+
+
+# What every `tested` cell means beyond one rollout: each role that acts is trained, every key means the same.
+NOTES = (
+    "Every role that acts in a `tested` cell is trained:",
+    "",
+    "- **magrpo** branches every step that holds one of a role's first `magrpo.num_turns` calls (its call position in "
+    "the episode): with the default `num_turns: 1` every role's first call gets G samples and joint actions, in a "
+    "sequential workflow too. The proposer -> critic -> judge example samples G proposals, G critiques under each "
+    "proposal and G verdicts under each critique (G + G^2 + G^3 samples per problem, aligned), and all three roles "
+    "take optimizer steps (tests/test_algorithm_matrix.py). A role's later calls are played with one untrained sample "
+    "each; `magrpo.num_turns=2` trains each role's first two calls, and so on. Before, `num_turns` counted steps, so a "
+    "sequential workflow trained its first role only. See [algorithms.md](algorithms.md#magrpo).",
+    "- **at_grpo** scores a candidate at the end of its segment (its role's own rewards + `at_grpo.alpha` x the team "
+    "rewards so far); where no reward reaches a step's role in any candidate's segment (an early role, with only an "
+    "outcome reward at the end), each candidate's episode is played to its end with one untrained sample per later "
+    "call and the candidate is scored there, so the outcome reaches it. See [algorithms.md](algorithms.md#at-grpo).",
+    "- `workflow.reward` (a registered reward of each sample and its episode's outcome) is applied by grpo; magrpo, "
+    "at_grpo and m_grpo credit the rewards a workflow reports in their own way and refuse any `workflow.reward` other "
+    "than `outcome` in one line: report that reward from the workflow instead (`ctx.reward`, "
+    "`EpisodeOutcome(team_reward=...)`), which every algorithm reads.",
+)
 
 
 if __name__ == "__main__":

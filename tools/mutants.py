@@ -192,9 +192,9 @@ MUTANTS: list[Mutant] = [
            T_GRPO, "ReMax baseline sampled instead of greedy"),
 
     # --- algorithms/magrpo.py -------------------------------------------------------------------
-    Mutant("magrpo.threshold_strict", MAGRPO, "reward / max_reward >= t", "reward / max_reward > t",
+    Mutant("magrpo.threshold_strict", MAGRPO, "reward / self.max_reward >= t", "reward / self.max_reward > t",
            T_MAGRPO, "a reward exactly at the threshold does not terminate (issue 20 survivor)"),
-    Mutant("magrpo.threshold_unnormalised", MAGRPO, "reward / max_reward >= t", "reward >= t",
+    Mutant("magrpo.threshold_unnormalised", MAGRPO, "reward / self.max_reward >= t", "reward >= t",
            T_MAGRPO, "termination threshold compared with the raw reward"),
     Mutant("magrpo.no_discount", MAGRPO, "return reward + (gamma * sum(child_returns)", "return reward + (sum(child_returns)",
            T_MAGRPO, "gamma ignored"),
@@ -202,14 +202,15 @@ MUTANTS: list[Mutant] = [
            "sum(child_returns) if child_returns", T_MAGRPO, "children's returns summed, not averaged"),
     Mutant("magrpo.group_key_without_path", MAGRPO, 'return (sample.problem_id, sample.role, sample.turn, sample.tags.get("path", ()))',
            "return (sample.problem_id, sample.role, sample.turn)", T_MAGRPO, "sibling nodes of a turn pooled in one group"),
-    Mutant("magrpo.one_turn_too_many", MAGRPO, "expand = [depth + 1 < self.s.num_turns", "expand = [depth < self.s.num_turns",
-           T_MAGRPO + ("tests/test_magrpo_depth.py",), "one turn more than num_turns"),
+    Mutant("magrpo.one_turn_too_many", MAGRPO, "call_position(branch.ctx.calls, c) < self.s.num_turns",
+           "call_position(branch.ctx.calls, c) <= self.s.num_turns",
+           T_MAGRPO + ("tests/test_magrpo_depth.py",), "each role's calls branched one turn more than num_turns"),
     Mutant("magrpo.returns_not_used", MAGRPO, "per_sample = completion_returns(joint, returns, G, len(frontier))",
            "per_sample = completion_returns(joint, rewards, G, len(frontier))", T_MAGRPO, "sample rewards ignore later turns"),
     Mutant("magrpo.cross_count_once", MAGRPO, "count[a][j] += 1", "count[a][j] = 1",
            T_MAGRPO, "cross-mode return is a sum, not a mean"),
-    Mutant("magrpo.child_without_history", MAGRPO, "self._node(real, copies[k], copies[k].frontier,",
-           "self._node(real, copies[0], copies[0].frontier,",
+    Mutant("magrpo.child_without_history", MAGRPO, "self._walk(real, copies[k], depth + 1,",
+           "self._walk(real, copies[0], depth + 1,",
            T_MAGRPO, "a child node continues from the first joint action's history, not its parent's"),
 
     # --- algorithms/at_grpo.py ------------------------------------------------------------------
@@ -234,6 +235,8 @@ MUTANTS: list[Mutant] = [
            "environment.observe(state, role)", T_ATGRPO_NEW, "parallel agents see the turn's earlier actions"),
     Mutant("at_grpo.max_turns_ignored", ATGRPO, "max_turns=self.s.max_turns)", "max_turns=0)",
            T_ATGRPO, "at_grpo.max_turns ignored"),
+    Mutant("at_grpo.silent_role_not_played_out", ATGRPO, "            if played:  #", "            if False:  #",
+           ("tests/test_every_key.py",), "an early role whose reward arrives after its segment scores 0 (issue 35)"),
 
     # --- algorithms/m_grpo.py -------------------------------------------------------------------
     Mutant("m_grpo.validity_from_first_turn", MGRPO, 'valid = bool(samples[-1].tags.get("format_valid", False))',
@@ -315,8 +318,8 @@ MUTANTS: list[Mutant] = [
     Mutant("adv.untagged_sample_joins_a_trajectory", ADV, '("sample", i) if k is None', '("trajectory", i) if k is None',
            T_TRAJ, "a sample without a trajectory key i shares the trajectory keyed i"),
     # MAGRPO: a terminated success is credited for every remaining turn
-    Mutant("magrpo.terminated_own_turn_not_counted", MAGRPO, "left = self.s.num_turns - depth\n",
-           "left = self.s.num_turns - depth - 1\n", T_MAGRPO_TERM, "a terminated action credited one turn short"),
+    Mutant("magrpo.terminated_own_turn_not_counted", MAGRPO, "left = self.s.num_turns - first\n",
+           "left = self.s.num_turns - first - 1\n", T_MAGRPO_TERM, "a terminated action credited one turn short"),
     Mutant("magrpo.terminated_undiscounted", MAGRPO, "return reward * sum(gamma ** k for k in range(remaining_turns))",
            "return reward * remaining_turns", T_MAGRPO_TERM, "remaining turns of a terminated action not discounted"),
     Mutant("magrpo.terminated_discount_from_one", MAGRPO, "sum(gamma ** k for k in range(remaining_turns))",

@@ -24,11 +24,15 @@ from teamrl.workflows import WORKFLOWS, Workflow, WorkflowSettings, check_task, 
 @dataclass(frozen=True)
 class AlgorithmEntry:
     """A registered algorithm: ``build(cfg, workflow, settings)`` (workflow None: the task's default;
-    settings None: the workflow's defaults) and ``refuse(workflow_name, workflow, cfg)``: the reason
-    it cannot train that workflow, or None."""
+    settings None: the workflow's defaults), ``refuse(workflow_name, workflow, cfg)``: the reason
+    it cannot train that workflow, or None, and ``credit``: how it credits the rewards a workflow
+    reports when it does not apply ``workflow.reward`` (None: it applies it)."""
 
     build: Callable[[Config, str | None, Any], Algorithm]
     refuse: Callable[[str, Workflow, Config], str | None] = lambda name, spec, cfg: None
+    # how it turns the rewards a workflow reports into each sample's reward, where it does not apply ``workflow.reward``
+    # (None: it applies it, as grpo does); a workflow.reward other than ``outcome`` is refused, naming this
+    credit: str | None = "it credits the rewards the workflow reports by its own rule"
 
 
 def _one_call(algorithm: str, needs: str) -> Callable[[str, Workflow, Config], str | None]:
@@ -78,10 +82,16 @@ def _build_m_grpo(cfg: Config, workflow: str | None, settings: Any) -> Algorithm
 
 
 ALGORITHMS: Registry[AlgorithmEntry] = Registry("algorithm")
-ALGORITHMS.register("grpo", AlgorithmEntry(_build_grpo, _grpo_refuse))
-ALGORITHMS.register("magrpo", AlgorithmEntry(_build_magrpo, _one_call("magrpo", "a team task or a workflow of several calls")))
-ALGORITHMS.register("at_grpo", AlgorithmEntry(_build_at_grpo, _one_call("at_grpo", "a multi-turn environment or a workflow of several calls")))
-ALGORITHMS.register("m_grpo", AlgorithmEntry(_build_m_grpo, _m_grpo_refuse))
+ALGORITHMS.register("grpo", AlgorithmEntry(_build_grpo, _grpo_refuse, credit=None))
+ALGORITHMS.register("magrpo", AlgorithmEntry(
+    _build_magrpo, _one_call("magrpo", "a team task or a workflow of several calls"),
+    credit="it credits a joint action with the team rewards of the episodes it leads to"))
+ALGORITHMS.register("at_grpo", AlgorithmEntry(
+    _build_at_grpo, _one_call("at_grpo", "a multi-turn environment or a workflow of several calls"),
+    credit="it scores a candidate with its role's own rewards + at_grpo.alpha x the team rewards"))
+ALGORITHMS.register("m_grpo", AlgorithmEntry(
+    _build_m_grpo, _m_grpo_refuse,
+    credit="it credits the main agent with its rollout's team return and the sub-agent with m_grpo.sub_reward of it"))
 register_choices("algorithm", lambda: sorted(ALGORITHMS))
 
 
@@ -90,6 +100,18 @@ def _greedy_baseline_is_grpo(cfg: Config) -> None:
     if cfg.train.advantage == "max" and cfg.algorithm != "grpo":  # only GRPO runs the greedy baseline rollouts
         raise ConfigError(f"train.advantage: max (greedy baseline) is run by algorithm grpo, not {cfg.algorithm!r}; "
                           "choose one of ['group', 'mean', 'batch', 'none', 'rloo']")
+
+
+@register_check
+def _reward_is_applied(cfg: Config) -> None:
+    """``workflow.reward`` means one thing: a registered reward(sample, outcome) of each sample. An algorithm that
+    credits rewards its own way (``AlgorithmEntry.credit``) refuses any other than ``outcome`` rather than ignore it."""
+    entry = ALGORITHMS.get(cfg.algorithm)
+    if cfg.workflow.reward == "outcome" or entry is None or entry.credit is None:
+        return
+    raise ConfigError(f"workflow.reward: {cfg.workflow.reward!r} is not applied by algorithm {cfg.algorithm} ({entry.credit}): "
+                      "use workflow.reward=outcome and report that reward from the workflow (ctx.reward(value) or "
+                      "EpisodeOutcome(team_reward=...)), which every algorithm reads, or algorithm=grpo, which applies it")
 
 
 def workflow_name(cfg: Config, task: Any) -> str:

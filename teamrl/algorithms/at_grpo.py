@@ -22,7 +22,12 @@ algorithms differ:
 3. reward assignment: a candidate's reward is its role's own rewards in its copy's segment plus
    ``alpha *`` the episode's cumulative team reward at the end of the segment (with ``env``: the
    local reward plus ``alpha * team_reward`` of the state it produced); for trajectory grouping a
-   sample's own reward plus ``alpha *`` its episode's team return.
+   sample's own reward plus ``alpha *`` its episode's team return. Where no reward reaches a
+   step's role in any candidate's segment (no own reward, no team reward, the episode goes on: an
+   early role of a workflow that rewards only its outcome), every candidate's copy is played to the
+   end of its episode with one sample per later call (logged, ``tags["rollout"]``, not trained) and
+   scored there by the same formula (own rewards + ``alpha *`` the episode's team return), so the
+   outcome reaches the early role; its candidates are tagged ``scored_at: "episode_end"``.
 
 Correctness the reference code lacks, each tested: later agents observe the chosen branch's
 real state (no stale copies), one group never spans two problems, agents see each other's
@@ -36,12 +41,12 @@ import random
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Hashable, Sequence
 
-from teamrl.algorithms.base import Algorithm
-from teamrl.algorithms.episodes import ContextFactory, bind, resolve_workflow, workflow_roles, workflow_settings
+from teamrl.algorithms.base import Algorithm, FinishedEpisode
+from teamrl.algorithms.episodes import ContextFactory, bind, play_out, resolve_workflow, workflow_roles, workflow_settings
 from teamrl.core.config import option, register_section
 from teamrl.core.sample import Sample
 from teamrl.tasks.task import Problem, batch_instances
-from teamrl.workflows.context import Call, EpisodeContext
+from teamrl.workflows.context import Call, EpisodeContext, RewardEvent
 from teamrl.workflows.episode import Branch, EpisodeFn, EpisodeResult, run_episode
 from teamrl.workflows.outcome import own_reward
 
@@ -54,6 +59,12 @@ def group_key(sample: Sample) -> Hashable:
     if sample.tags.get("grouping") == "trajectory":
         return (sample.problem_id, sample.role)
     return (sample.problem_id, sample.turn, sample.role)
+
+
+def _rewarded(copy: Branch, role: str) -> bool:
+    """Whether a reward reached ``role`` in a candidate copy's segment: a team reward, one of its own, or the
+    episode's end (its final reward)."""
+    return copy.done or any(isinstance(e, RewardEvent) and e.role in (None, role) for e in copy.segment)
 
 
 def select_branch(scores: Sequence[float], mode: str, rng: random.Random) -> int:
@@ -141,11 +152,13 @@ class ATGRPO(Algorithm):
             results = run([run_episode(bind(spec, task, p, settings), c) for p, c in jobs])
             for ctx, result in zip(ctxs, results):
                 self._trajectory_rewards(ctx, result)
+        self.finished = [FinishedEpisode(c.problem_id, c.episode, r) for c, r in zip(ctxs, results)]
         samples = []
         for ctx, result in zip(ctxs, results):
             solved = bool(result.outcome.correct) if result.outcome is not None else False
             for s in ctx.samples:
-                s.group = self.group_key(s)
+                if s.group is None:  # a played-out sample keeps its own (it is not trained)
+                    s.group = self.group_key(s)
                 s.tags["solved"] = solved
             samples += ctx.samples
         return samples
@@ -160,9 +173,12 @@ class ATGRPO(Algorithm):
                                             for c in frontier])
             copies = [branch.extend([[g[j]] for g in groups]) for j in range(self.s.k)]
             await asyncio.gather(*[c.advance() for c in copies])
-            chosen = [self._score_and_choose(call, group, copies, rng) for call, group in zip(frontier, groups)]
+            played = any(not any(_rewarded(c, call.role) for c in copies) for call in frontier)
+            if played:  # a role no reward reached yet: each candidate's episode is played out, to credit its outcome
+                await asyncio.gather(*[play_out(real, c, {}) for c in copies])
+            chosen = [self._score_and_choose(call, group, copies, rng, played) for call, group in zip(frontier, groups)]
             branch.cancel()
-            if len(set(chosen)) == 1:  # one copy holds every chosen text: it already stands at the next frontier
+            if len(set(chosen)) == 1 and not played:  # one copy holds every chosen text: it stands at the next frontier
                 branch = copies[chosen[0]]
             else:
                 branch = branch.extend([[g[j]] for g, j in zip(groups, chosen)])
@@ -174,14 +190,15 @@ class ATGRPO(Algorithm):
         assert branch.result is not None
         return branch.result
 
-    def _score_and_choose(self, call: Call, group: list[Sample], copies: list[Branch], rng: random.Random) -> int:
-        """Score each candidate of ``call`` (its role's own rewards in its copy's segment + alpha * the
-        episode's cumulative team reward at the end of it) and choose one."""
+    def _score_and_choose(self, call: Call, group: list[Sample], copies: list[Branch], rng: random.Random,
+                          played: bool = False) -> int:
+        """Score each candidate of ``call`` (its role's own rewards after it + alpha * the episode's cumulative team
+        reward, at the end of its copy's segment, or of its played-out episode) and choose one."""
         scores = []
         for j, s in enumerate(group):
             local, team = copies[j].own_reward(call.index), copies[j].cumulative_team_reward()
             s.reward = local + self.s.alpha * team
-            s.tags.update(local_reward=local, team_reward=team)
+            s.tags.update(local_reward=local, team_reward=team, **({"scored_at": "episode_end"} if played else {}))
             scores.append(s.reward)
         j = select_branch(scores, self.s.select, rng)
         group[j].tags["chosen"] = True

@@ -2,23 +2,39 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, ClassVar, Hashable, Protocol, Sequence
 
 from teamrl.algorithms.episodes import ContextFactory
 from teamrl.core.config import ConfigError
 from teamrl.core.sample import Sample
 from teamrl.tasks.task import Problem
+from teamrl.workflows.episode import EpisodeResult
+
+
+@dataclass
+class FinishedEpisode:
+    """An episode of the last rollout that ran to its end: which one (``where``: e.g. MAGRPO's ``path``
+    of joint actions) and its result. The trainer logs the workflow's statistics over them."""
+
+    problem_id: Hashable
+    episode: int
+    result: EpisodeResult
+    where: dict[str, Any] = field(default_factory=dict)
 
 
 class Algorithm(Protocol):
     """A sampler over the episode protocol + a group key + a reward assignment.
 
     Subclass it to inherit the defaults: no metrics, no state to checkpoint, the task's roles, no
-    evaluation during training (``can_evaluate`` False).
+    evaluation during training (``can_evaluate`` False), no finished episodes reported.
     """
 
     name: ClassVar[str]
     can_evaluate: ClassVar[bool] = False
+    # the episodes of the last rollout that ran to their end (GRPO: every episode but the greedy baselines;
+    # MAGRPO: every leaf of the tree; AT-GRPO: the chosen episode, or each trajectory; M-GRPO: every rollout)
+    finished: Sequence[FinishedEpisode] = ()
 
     def rollout(self, problems: Sequence[Problem], task: Any, make_ctx: ContextFactory,
                 run: Callable[[list[Awaitable]], list]) -> list[Sample]:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from teamrl.tasks.task import Problem
 from teamrl.workflows import WORKFLOWS, Workflow, WorkflowSettings, default_workflow
-from teamrl.workflows.context import EpisodeContext
-from teamrl.workflows.episode import EpisodeFn
+from teamrl.workflows.context import Call, EpisodeContext
+from teamrl.workflows.episode import Branch, EpisodeFn
 
 # (problem, episode index, tags) -> context
 ContextFactory = Callable[[Problem, int, dict], EpisodeContext]
@@ -39,3 +40,23 @@ def workflow_settings(spec: Workflow, given: Any = None, **defaults: Any) -> Any
 def bind(spec: Workflow, task: Any, problem: Problem, settings: Any) -> EpisodeFn:
     """The episode of ``problem`` as a function of its context only."""
     return lambda ctx: spec.run(ctx, task, problem, settings)
+
+
+async def play_out(real: EpisodeContext, branch: Branch, tags: dict[str, Any],
+                   until: Callable[[Sequence[Call]], bool] = lambda frontier: False) -> list[float]:
+    """Play ``branch`` (standing at its frontier) on with one sample per call, until its episode ends or
+    ``until(frontier)`` says a step should be branched; return the team reward of each step played.
+
+    Its samples are logged but not trained (one sample has no group to compare it with); they carry
+    ``tags`` and ``tags["rollout"] = True``."""
+    played: list[float] = []
+    while not branch.done and not until(branch.frontier):
+        answers = await asyncio.gather(*[real.sample(c.role, c.messages, 1, c.turn, 0, c.params,
+                                                     {**c.tags, **tags, "rollout": True}) for c in branch.frontier])
+        for (s,) in answers:
+            s.trainable = False
+            s.group = ("rollout", s.problem_id, tags.get("path", ()))
+        branch.resolve(answers)
+        await branch.advance()
+        played.append(branch.segment_team_reward())
+    return played

@@ -5,30 +5,30 @@ The three places where algorithms differ:
    greedy episode per problem for the ReMax baseline when ``advantage == "max"``); the workflow
    is the configured one or the task's default adapter (``single``, ``team``, ``env``, ``research``);
 2. group key: (problem, role type, turn): a sample is compared with the samples of the same role
-   type at the same call position of the same problem's episodes (the three voting generators
-   of G episodes form one group of 3G). The single-agent default (``single`` on a task, no
+   type at the same call position of the same problem's episodes (three instances of one role
+   called at once, e.g. ``generator0..2``, over G episodes form one group of 3G). The single-agent default (``single`` on a task, no
    workflow named) keeps its key ``(problem,)``: the same grouping;
 3. reward assignment: a registered reward (``teamrl.workflows.REWARDS``, ``workflow.reward``):
    ``outcome``, the episode's team return for every sample, or ``per_role``, a sample's own
    reward (the rewards its role reported after the call, or what the workflow set) where it has
    one and the team return elsewhere.
 
-``metrics`` turns the last rollout's episode outcomes into the study's diagnostics.
+``metrics`` turns the last rollout's episode outcomes into accuracy and the workflow's own statistics
+(the summary it registered: :func:`teamrl.workflows.outcome_metrics`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections import Counter
 from typing import Any, Awaitable, Callable, Hashable, Sequence
 
-from teamrl.algorithms.base import Algorithm
+from teamrl.algorithms.base import Algorithm, FinishedEpisode
 from teamrl.algorithms.episodes import ContextFactory, bind, resolve_workflow, workflow_roles, workflow_settings
 from teamrl.core.config import InputError
 from teamrl.core.sample import Sample
 from teamrl.policies.router import role_type
 from teamrl.tasks.task import Problem
-from teamrl.workflows import REWARDS, WORKFLOWS, EpisodeOutcome
+from teamrl.workflows import REWARDS, WORKFLOWS, EpisodeOutcome, outcome_metrics
 from teamrl.workflows.context import EpisodeContext
 from teamrl.workflows.episode import EpisodeResult, run_episode
 
@@ -106,6 +106,7 @@ class GRPO(Algorithm):
         ctxs, results = self.episodes(problems, task, make_ctx, run, self.group_size, extra)
         per_problem = self.workflow is None and self._workflow_run == "single"
         self.outcomes = [r.outcome for c, r in zip(ctxs, results) if r.outcome is not None and c.episode != -1]
+        self.finished = [FinishedEpisode(c.problem_id, c.episode, r) for c, r in zip(ctxs, results) if c.episode != -1]
         if self.outcomes and all(o.stats.get("dropped") for o in self.outcomes):  # gateway episodes: none reported a reward in time
             raise InputError(f"workflow {self._workflow_run!r}: all {len(self.outcomes)} episodes of this step were dropped (no "
                              "reward within workflow.options.reward_timeout_s); nothing to train on")
@@ -137,39 +138,3 @@ class WorkflowGRPO(GRPO):
 
     def __init__(self, workflow: str, group_size: int, settings: Any, reward: str = "outcome") -> None:
         super().__init__(group_size, workflow=workflow, settings=settings, reward=reward)
-
-
-def outcome_metrics(workflow: str, outcomes: Sequence[EpisodeOutcome]) -> dict[str, float]:
-    """Accuracy plus, per workflow: Eval-Opt evaluator confusion (rates over all evaluations),
-    first-attempt vs final accuracy and iterations used; Voting generator agreement, oracle
-    any-correct, aggregator misses and recoveries; Orch-Workers subtasks per plan and the
-    over-limit rate."""
-    n = len(outcomes)
-    if not n:
-        return {}
-    out: dict[str, Any] = {"accuracy": sum(o.correct for o in outcomes) / n}
-    if any("dropped" in o.stats for o in outcomes):  # gateway episodes: those without a reward in time
-        out["episodes_dropped"] = sum(bool(o.stats["dropped"]) for o in outcomes)
-    if workflow == "eval_opt":
-        out["first_attempt_accuracy"] = sum(o.stats["first_correct"] for o in outcomes) / n
-        out["iterations_mean"] = sum(o.stats["iterations"] for o in outcomes) / n
-        judged = [(v, c) for o in outcomes for v, c in o.stats["verdicts"]]
-        if judged:
-            m = len(judged)
-            out["evaluator/true_correct"] = sum(bool(v) and c for v, c in judged) / m
-            out["evaluator/false_correct"] = sum(bool(v) and not c for v, c in judged) / m
-            out["evaluator/true_incorrect"] = sum(not v and not c for v, c in judged) / m
-            out["evaluator/false_incorrect"] = sum(not v and c for v, c in judged) / m
-            out["evaluator/unparsed"] = sum(v is None for v, _ in judged) / m
-    elif workflow == "voting":
-        agreement = Counter(o.stats["agreement"] for o in outcomes)
-        for k in ("all_right", "all_wrong", "split"):
-            out[f"voting/{k}"] = agreement[k] / n
-        out["voting/oracle_accuracy"] = sum(o.stats["oracle"] for o in outcomes) / n
-        out["voting/aggregator_miss"] = sum(o.stats["miss"] for o in outcomes) / n
-        out["voting/aggregator_recovery"] = sum(o.stats["recovery"] for o in outcomes) / n
-        out["voting/choice_parsed"] = sum(o.stats["choice_source"] == "parsed" for o in outcomes) / n
-    elif workflow == "orch_workers":
-        out["orch/subtasks_mean"] = sum(o.stats["subtasks"] for o in outcomes) / n
-        out["orch/over_limit"] = sum(o.stats["over_limit"] for o in outcomes) / n
-    return out

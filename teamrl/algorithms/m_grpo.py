@@ -48,7 +48,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Hashable, Sequence
 
-from teamrl.algorithms.base import Algorithm
+from teamrl.algorithms.base import Algorithm, FinishedEpisode
 from teamrl.algorithms.episodes import ContextFactory, bind, workflow_settings
 from teamrl.core.config import ConfigError, option, register_check, register_section
 from teamrl.core.sample import Sample
@@ -293,6 +293,7 @@ class MGRPO(Algorithm):
                     s.reward, s.group = res.team_return, group_key(s)
                     s.trajectory = ctx.episode  # all main turns of a rollout: one member of its group
                     main.append(s)
+        self.finished = [FinishedEpisode(ctx.problem_id, ctx.episode, res) for (_, ctx), res in zip(jobs, results)]
         all_calls = [c for r in results for c in (sub_calls(r) or [])]
         metrics = {
             "success_rate": sum(correct(r) for r in results) / len(results),

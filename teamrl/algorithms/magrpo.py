@@ -3,33 +3,44 @@
 It runs over any replayable workflow (:mod:`teamrl.workflows.episode`); a :class:`TeamTask` runs
 through its default adapter ``team`` (``turns`` = ``num_turns``), which reproduces the algorithm
 as first written. A node is a step of the episode: the calls pending at once (the roles acting
-together; in a sequential workflow each call is its own step). Each frontier call samples G
-completions (one prefill); each joint action continues as a replay copy to its next frontier.
-Branching stops after ``num_turns`` steps (the depth); a leaf whose episode goes on is then
-rolled out to its end with one sample per call (tagged ``no_update``: no group, not trained) and
-the team rewards of that tail count as its child return. A joint action's reward r_t is the
-team rewards its copy reported in its segment (+ the final team reward if the episode ended
-there); samples' ``turn`` is the depth.
+together; in a sequential workflow each call is its own step). **A step is branched when it holds
+one of a role's first** ``num_turns`` **calls** (its call position in the episode, whatever ``turn=``
+the workflow passes): each of its calls samples G completions (one prefill) and each joint action
+continues as a replay copy to its next frontier. Every role that acts makes a first call, so every
+role that acts is trained, in a sequential workflow too (a proposer -> critic -> judge team
+samples G proposals, G critiques under each and G verdicts under each of those: G + G^2 + G^3
+samples per problem, aligned). A step whose calls are all later calls of their roles is played
+with one sample per call (logged, not trained: no group) and the episode goes on to its next
+branched step or its end; the team rewards of the steps played count in the return passed up.
+A joint action's reward r_t is the team rewards its copy reported in its segment (+ the final
+team reward if the episode ended there). A sample's ``turn`` is its call's turn, as under every
+algorithm; its node's level in the tree is ``tags["depth"]`` and the joint actions above it
+``tags["path"]``. Before issue 35, ``num_turns`` counted steps: a sequential workflow trained its
+first role only, and ``turn`` held the depth.
 
 The three places where algorithms differ:
-1. sampling: at every node (problem, turn, history) each of the N agents samples G completions
-   of its own local prompt; joint actions pair the j-th samples (``aligned``: G joint actions)
-   or take the Cartesian product (``cross``: G^N). With several turns every joint action that
-   has not terminated becomes a child node whose prompts the task builds from the history and
-   feedback: a tree, expanded breadth-first so that all nodes of a turn share engine batches.
+1. sampling: at every node (problem, history) each of the N calls of the step samples G
+   completions of its own prompt; joint actions pair the j-th samples (``aligned``: G joint actions)
+   or take the Cartesian product (``cross``: G^N). Every joint action that has not terminated
+   goes on to its next branched step, a child node (with ``team``: the next turn, whose prompts
+   the task builds from the history and feedback): a tree, expanded breadth-first so that all
+   nodes of a level share engine batches.
 2. group key: (problem, role, turn, parent path): an agent's G samples that saw the same prompt
    (a problem drawn twice in one batch is two instances: see :func:`~teamrl.tasks.task.batch_instances`).
-3. reward assignment: the return of joint action k at turn t is
-   ``R_t = r_t + gamma * mean(R_{t+1} over its children)`` (no children: ``R_t = r_t``); a
+3. reward assignment: the return of joint action k at node t is
+   ``R_t = r_t + gamma * mean(R_{t+1} over its child node's joint actions)`` (no child node:
+   ``R_t = r_t``; the team rewards of the steps played between the two, or after the last
+   node, add to each R_{t+1}: gamma discounts once per branched level); a
    completion's return is the return of its joint action (aligned) or the mean over the G^(N-1)
    joint actions that contain it (cross). Every completion is thus credited with the average
    team outcome it took part in, which keeps each agent's G returns comparable.
 
 Early termination (``termination_threshold`` set): a joint action whose normalised reward
 reaches the threshold ends its branch (no children) and is credited with its reward for every
-remaining turn, ``R_t = r_t * (1 + gamma + ... + gamma^(T-1-t))``: the solved state is taken
-to be absorbing. Every joint action's return thus sums the same number of turns, whether it
-stopped or not, so stopping early never looks worse than continuing from a worse state.
+remaining turn, ``R_t = r_t * (1 + gamma + ... + gamma^(T-1-t))`` (t: the lowest call position
+of the node's calls, with ``team`` its turn; T: ``num_turns``): the solved state is taken to be
+absorbing. Every joint action's return thus sums the same number of turns, whether it stopped or
+not, so stopping early never looks worse than continuing from a worse state.
 
 Differences from the reference code (CoMLRL), on purpose: the discount is applied; early
 termination is off unless ``termination_threshold`` is set, and is decided per joint action
@@ -44,12 +55,12 @@ import itertools
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Hashable, Sequence
 
-from teamrl.algorithms.base import Algorithm
-from teamrl.algorithms.episodes import ContextFactory, bind, resolve_workflow, workflow_roles, workflow_settings
+from teamrl.algorithms.base import Algorithm, FinishedEpisode
+from teamrl.algorithms.episodes import ContextFactory, bind, play_out, resolve_workflow, workflow_roles, workflow_settings
 from teamrl.core.config import option, register_section
 from teamrl.core.sample import Sample
 from teamrl.tasks.task import Problem, batch_instances
-from teamrl.workflows.context import Call, EpisodeContext, team_rewards, total
+from teamrl.workflows.context import Call, EpisodeContext, total
 from teamrl.workflows.episode import Branch, EpisodeFn
 
 JOINT_MODES = ("aligned", "cross")
@@ -90,6 +101,11 @@ def terminated_return(reward: float, remaining_turns: int, gamma: float) -> floa
     return reward * sum(gamma ** k for k in range(remaining_turns))
 
 
+def call_position(calls: Sequence[Call], call: Call) -> int:
+    """How many calls ``call``'s role made before it in the episode (``calls``: the episode's, in issue order)."""
+    return sum(1 for c in calls if c.role == call.role and c.index < call.index)
+
+
 def group_key(sample: Sample) -> Hashable:
     """An agent's G samples of one node: same problem, role, turn and history."""
     return (sample.problem_id, sample.role, sample.turn, sample.tags.get("path", ()))
@@ -101,8 +117,9 @@ class MAGRPOConfig:
 
     joint_mode: str = option("aligned", choices=JOINT_MODES,
                              doc="aligned: the j-th samples of the agents form G joint actions; cross: all G^N combinations")
-    num_turns: int = option(1, ge=1, doc="branching depth in steps (with the team workflow: turns); each joint action of "
-                                         "step t gets G joint actions at step t+1")
+    num_turns: int = option(1, ge=1, doc="calls of each role branched: every step holding one of a role's first num_turns "
+                                         "calls samples G per call and forms joint actions, so every role that acts trains; "
+                                         "later steps play one untrained sample per call (the team workflow: its turns)")
     gamma: float = option(1.0, ge=0, le=1, doc="discount: R_t = r_t + gamma * mean(children's returns)")
     termination_threshold: float | None = option(None, ge=0, le=1,
                                                  doc="stop expanding a joint action whose normalised reward reaches this; null: never")
@@ -132,6 +149,8 @@ class MAGRPO(Algorithm):
         self.s = settings
         self.workflow = workflow
         self.workflow_settings = workflow_settings
+        self.max_reward = 1.0  # the task's, set by each rollout
+        self.finished: list[FinishedEpisode] = []
 
     @property
     def roles(self) -> tuple[str, ...] | None:
@@ -143,79 +162,110 @@ class MAGRPO(Algorithm):
         """Expand every problem's tree together; return all samples with returns and groups set."""
         name, spec = resolve_workflow(self.workflow, task)
         settings = workflow_settings(spec, self.workflow_settings, turns=self.s.num_turns)
-        max_reward = float(getattr(task, "max_reward", 1.0))
+        self.max_reward = float(getattr(task, "max_reward", 1.0))
+        self.finished = []
         ctxs = [make_ctx(inst, 0, {}) for inst in batch_instances(problems)]  # a repeated problem: its own groups
         for c in ctxs:
             c.workflow = name
-        run([self._root(ctx, bind(spec, task, p, settings), max_reward) for ctx, p in zip(ctxs, problems)])
+        run([self._root(ctx, bind(spec, task, p, settings)) for ctx, p in zip(ctxs, problems)])
         samples = [s for c in ctxs for s in c.samples]
         for s in samples:
             if s.group is None:
                 s.group = self.group_key(s)
         return samples
 
-    async def _root(self, real: EpisodeContext, start: EpisodeFn, max_reward: float) -> list[float]:
-        branch = Branch(start, real)
-        frontier = await branch.advance()
-        return await self._node(real, branch, frontier, 0, (), max_reward) if frontier else []
+    def branched(self, branch: Branch, frontier: Sequence[Call]) -> bool:
+        """Whether a step is branched (G samples per call, joint actions): it holds one of a role's first
+        ``num_turns`` calls; every other step is played with one untrained sample per call."""
+        return any(call_position(branch.ctx.calls, c) < self.s.num_turns for c in frontier)
 
-    async def _node(self, real: EpisodeContext, branch: Branch, frontier: list[Call], depth: int, path: tuple,
-                    max_reward: float) -> list[float]:
-        """Sample this node's joint actions, expand children, assign returns; return the joint returns."""
-        G = self.s.group_size
-        groups = await asyncio.gather(*[real.sample(c.role, c.messages, G, depth, 0, c.params, {**c.tags, "path": path})
-                                        for c in frontier])
+    async def _root(self, real: EpisodeContext, start: EpisodeFn) -> None:
+        branch = Branch(start, real)
+        await branch.advance()
+        await self._walk(real, branch, 0, ())
+
+    async def _walk(self, real: EpisodeContext, branch: Branch, depth: int, path: tuple) -> tuple[list[float], float]:
+        """Play ``branch`` on from its frontier (one untrained sample per call) until its next branched step, a
+        node, or the end of its episode. Returns the child returns it passes up (each of that node's joint
+        returns plus the team rewards played before the node; those rewards alone when the episode ended
+        first) and the mean team return of the episodes below."""
+        played = total(await play_out(real, branch, {"path": path}, until=lambda frontier: self.branched(branch, frontier)))
+        if branch.done:
+            self._finish(real, branch, path)
+            return [played], branch.cumulative_team_reward()
+        returns, team = await self._node(real, branch, depth, path)
+        return [total([played, r]) for r in returns], sum(team) / len(team)
+
+    async def _node(self, real: EpisodeContext, branch: Branch, depth: int, path: tuple) -> tuple[list[float], list[float]]:
+        """Sample this node's joint actions, walk their episodes on, assign returns; return the joint actions'
+        returns and the mean team return of the episodes below each."""
+        G, frontier = self.s.group_size, branch.frontier
+        groups = await asyncio.gather(*[real.sample(c.role, c.messages, G, c.turn, 0, c.params,
+                                                    {**c.tags, "path": path, "depth": depth}) for c in frontier])
         joint = joint_indices(G, len(frontier), self.s.joint_mode)
         copies = [branch.extend([[groups[a][j]] for a, j in enumerate(idx)]) for idx in joint]
         branch.cancel()
         await asyncio.gather(*[c.advance() for c in copies])
         rewards = [c.segment_team_reward() for c in copies]
-        stop = [self._terminated(r, max_reward) for r in rewards]
-        expand = [depth + 1 < self.s.num_turns and not t and not c.done for t, c in zip(stop, copies)]
-        finish = [not e and not t and not c.done for e, t, c in zip(expand, stop, copies)]  # past the depth: roll out
-        children = await asyncio.gather(*[
-            self._node(real, copies[k], copies[k].frontier, depth + 1, path + (k,), max_reward)
-            for k in range(len(joint)) if expand[k]])
-        tails = await asyncio.gather(*[self._roll_out(real, copies[k], path + (k,)) for k in range(len(joint)) if finish[k]])
-        child_iter, tail_iter = iter(children), iter(tails)
-        left = self.s.num_turns - depth
-        returns = []
+        stop = [self._terminated(r) for r in rewards]
+        go_on = [not t and not c.done for t, c in zip(stop, copies)]
+        later = iter(await asyncio.gather(*[
+            self._walk(real, copies[k], depth + 1, path + (k,)) for k in range(len(joint)) if go_on[k]]))
+        first = min(call_position(branch.ctx.calls, c) for c in frontier)  # the turn of a team's step
+        left = self.s.num_turns - first
+        returns, team = [], []
         for k, r in enumerate(rewards):
+            if go_on[k]:
+                child_returns, below = next(later)
+                returns.append(discounted_return(r, child_returns, self.s.gamma))
+                team.append(below)
+                continue
             if stop[k]:
                 returns.append(terminated_return(r, left, self.s.gamma))
-            elif expand[k]:
-                returns.append(discounted_return(r, next(child_iter), self.s.gamma))
-            elif finish[k]:
-                returns.append(discounted_return(r, [next(tail_iter)], self.s.gamma))
             else:
                 returns.append(discounted_return(r, [], self.s.gamma))
-            if not expand[k]:
-                copies[k].cancel()
+            team.append(copies[k].cumulative_team_reward())  # a terminated branch: the team rewards so far
+            if copies[k].done:
+                self._finish(real, copies[k], path + (k,))
+            copies[k].cancel()
         per_sample = completion_returns(joint, returns, G, len(frontier))
         per_reward = completion_returns(joint, rewards, G, len(frontier))
+        per_team = completion_returns(joint, team, G, len(frontier))
         for a, samples in enumerate(groups):
             for j, s in enumerate(samples):
                 s.reward = per_sample[a][j]
                 s.tags["turn_reward"] = per_reward[a][j]
-                s.tags["normalised_reward"] = per_reward[a][j] / max_reward
-        return returns
+                s.tags["normalised_reward"] = per_reward[a][j] / self.max_reward
+                s.tags["team_return"] = per_team[a][j]
+        return returns, team
 
-    async def _roll_out(self, real: EpisodeContext, branch: Branch, path: tuple) -> float:
-        """Play a leaf past the branching depth to its end, one sample per call (logged, not trained);
-        return the team rewards it earned after the leaf's segment (+ the final team reward)."""
-        start = len(branch.ctx.events)
-        while not branch.done:
-            answers = await asyncio.gather(*[
-                real.sample(c.role, c.messages, 1, c.turn, 0, c.params, {**c.tags, "path": path})
-                for c in branch.frontier])
-            branch.resolve(answers)
-            await branch.advance()
-            for (s,) in answers:
-                s.trainable = False  # no group to compare it with
-                s.group = ("rollout", s.problem_id, path)
+    def _finish(self, real: EpisodeContext, branch: Branch, path: tuple) -> None:
         assert branch.result is not None
-        return total([team_rewards(branch.ctx.events[start:]), branch.result.final_reward])
+        self.finished.append(FinishedEpisode(real.problem_id, real.episode, branch.result, {"path": list(path)}))
 
-    def _terminated(self, reward: float, max_reward: float) -> bool:
+    def _terminated(self, reward: float) -> bool:
         t = self.s.termination_threshold
-        return t is not None and reward / max_reward >= t
+        return t is not None and reward / self.max_reward >= t
+
+    def metrics(self, samples: Sequence[Sample]) -> dict[str, float]:
+        """``normalised_return``: the mean team return of an episode (every team reward the workflow reported,
+        its final reward included) over the task's ``max_reward``, averaged over the tree as it was sampled (each
+        problem's root, each joint action's episodes below it); ``normalised_return_last_turn``: the mean
+        normalised reward of the joint actions at the deepest branched step (with ``team``: the last turn)."""
+        nodes: dict[Hashable, list[Sample]] = {}
+        for s in samples:
+            if "depth" in s.tags:  # branched (played samples are not trained)
+                nodes.setdefault((s.problem_id, s.tags["depth"], s.tags["path"]), []).append(s)
+        if not nodes:
+            return {}
+
+        def mean_over_nodes(depth: int, key: str) -> float:
+            means = [sum(s.tags[key] for s in own) / len(own) for (_, d, _), own in nodes.items() if d == depth]
+            return sum(means) / len(means)
+
+        out = {}
+        depths = {d for _, d, _ in nodes}
+        if 0 in depths:  # none when train.nonfinite_reward=drop_group dropped the roots' groups
+            out["normalised_return"] = mean_over_nodes(0, "team_return") / self.max_reward
+        out["normalised_return_last_turn"] = mean_over_nodes(max(depths), "normalised_reward")
+        return out

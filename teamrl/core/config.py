@@ -161,9 +161,11 @@ class WorkflowConfig:
     name: str = option("", doc="a registered workflow (teamrl.api.WORKFLOWS; yours with @register_workflow and --plugin) "
                                "or package.module:object, trained by any algorithm that does not refuse it (docs/algorithm_matrix.md); "
                                "empty: the task's default workflow")
-    reward: str = option("outcome", doc="a registered reward (teamrl.api.REWARDS): outcome (every sample gets the final "
-                                        "answer's correctness), per_role (a sample's own role_reward where the workflow "
-                                        "sets one), or yours (@register_reward)")
+    reward: str = option("outcome", doc="a registered reward (teamrl.api.REWARDS) of each sample, applied by algorithm grpo: "
+                                        "outcome (every sample gets the episode's team return), per_role (a sample's own "
+                                        "role_reward where the workflow sets one), or yours (@register_reward); magrpo, "
+                                        "at_grpo and m_grpo credit the rewards the workflow reports their own way and "
+                                        "accept outcome only")
     options: dict[str, Any] = option(factory=dict, doc="the options of a workflow that declares its own Options dataclass "
                                                        "(validated against it)")
 
@@ -173,7 +175,7 @@ class RunConfig:
     dir: str = option("runs", doc="parent folder of run directories")
     save_every: int = option(10, ge=1, doc="checkpoint every N steps (and at the end)")
     keep_checkpoints: int = option(2, ge=1, doc="how many recent checkpoints to keep")
-    log_episodes: bool = option(True, doc="write sampled episodes to episodes/step_N.jsonl")
+    log_episodes: bool = option(True, doc="write sampled episodes to episodes/step_000001.jsonl, one file per step")
     progress: bool = option(True, doc="show a progress bar")
     tensorboard: bool = option(True, doc="also write metrics as TensorBoard events under tensorboard/")
     wandb: bool = option(False, doc="also log to Weights & Biases (needs `pip install wandb` and a login)")

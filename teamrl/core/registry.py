@@ -23,7 +23,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any, Callable, Generic, Iterator, TypeVar
 
-from teamrl.core.config import ConfigError, InputFileMissing
+from teamrl.core.config import ConfigError, InputError, InputFileMissing
 
 T = TypeVar("T")
 ENTRY_POINT_GROUP = "teamrl.plugins"
@@ -41,9 +41,15 @@ def load_entry_points(group: str = ENTRY_POINT_GROUP) -> list[str]:
     return names
 
 
+class PluginError(InputError):
+    """A ``--plugin`` file does not compile or raised while it was imported; one line naming the file and line."""
+
+
 def load_plugin(path: str | Path) -> str:
     """Import the Python file at ``path`` as a module (its decorators register what it defines);
-    returns the module name. A missing file is an :class:`InputFileMissing`."""
+    returns the module name. A missing file is an :class:`InputFileMissing`; a syntax error, or an
+    exception its import raised (other than a :class:`ConfigError` of its own, which passes as it is),
+    is a :class:`PluginError` naming the file and line (``TEAMRL_TRACEBACK=1`` shows the traceback)."""
     p = Path(path)
     if not p.is_file() or p.suffix != ".py":
         raise InputFileMissing(f"--plugin {str(p)!r}: no such Python file; give the path of a .py file that registers "
@@ -53,8 +59,28 @@ def load_plugin(path: str | Path) -> str:
     assert spec is not None and spec.loader is not None  # a .py file always has a source loader
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # dataclasses and pickling look their module up here
-    spec.loader.exec_module(module)
+    try:
+        spec.loader.exec_module(module)
+    except BaseException as e:
+        sys.modules.pop(name, None)  # a half-imported plugin is not left behind
+        if isinstance(e, ConfigError) or not isinstance(e, Exception):
+            raise
+        raise PluginError(_plugin_failure(p, e)) from e
     return name
+
+
+def _plugin_failure(path: Path, e: Exception) -> str:
+    """One line: where the plugin file failed and why."""
+    if isinstance(e, SyntaxError):  # IndentationError and TabError too
+        where = f"{e.filename or path}:{e.lineno}" + (f":{e.offset}" if e.offset else "")
+        return f"--plugin {where}: {e.msg} ({type(e).__name__}); fix the file"
+    import traceback
+
+    own = [f for f in traceback.extract_tb(e.__traceback__) if Path(f.filename).resolve() == path.resolve()]
+    where = f"{path}:{own[-1].lineno}" if own else str(path)
+    message = " ".join(str(e).split())
+    return (f"--plugin {path}: importing it raised {type(e).__name__}{': ' + message if message else ''} at {where}; "
+            "fix the file (TEAMRL_TRACEBACK=1 shows the traceback)")
 
 
 def import_reference(reference: str, key: str) -> Any:
@@ -66,6 +92,9 @@ def import_reference(reference: str, key: str) -> Any:
         obj: Any = importlib.import_module(module_name)
     except ModuleNotFoundError as e:
         raise ConfigError(f"{key}: {reference!r}: cannot import module {module_name!r} ({e})") from None
+    except SyntaxError as e:
+        raise ConfigError(f"{key}: {reference!r}: module {module_name!r} does not compile: {e.filename}:{e.lineno}: "
+                          f"{e.msg}") from None
     for part in attr.split("."):
         if not hasattr(obj, part):
             raise ConfigError(f"{key}: {reference!r}: module {module_name!r} has no {attr!r}")

@@ -16,7 +16,9 @@ class Sample:
 
     Who acted (``role``, ``policy``), where (``problem_id``, ``episode``, ``turn``, ``branch``),
     what it saw and said (token ids, the sampling log-probs), and, once the episode ends,
-    its ``reward``, comparison ``group`` and ``advantage``.
+    its ``reward``, comparison ``group`` and ``advantage``. ``turn`` is its call's turn under
+    every algorithm: the ``turn=`` the workflow passed to ``ctx.generate``, else the role's call
+    position in the episode (0 for its first call); MAGRPO's level in its tree is ``tags["depth"]``.
 
     The fields that steer training are typed, read by the trainer and the losses whatever
     algorithm wrote them:

@@ -16,13 +16,16 @@ with bf16 when a GPU is present, else CPU with fp32) into a torch device and dty
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import importlib.util
 import os
 import re
 import socket
 import sys
+import warnings
 from pathlib import Path
+from typing import Iterator
 from urllib.parse import urlparse
 
 import torch
@@ -59,6 +62,19 @@ HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")  # "org/name"
 
 class ModelNotFound(InputError):
     """No source could provide the model; the one-line message says what was tried and what is accepted."""
+
+
+@contextlib.contextmanager
+def quiet_peft_wrapping() -> Iterator[None]:
+    """Build a PEFT model without transformers' ``FutureWarning: `is_gradient_checkpointing` is deprecated``.
+
+    PEFT (0.21) reads that deprecated property of every model it wraps (``PeftModel.__init__``), so
+    every command that built a LoRA policy printed the warning; teamrl never reads it and never turns
+    checkpointing on. Only that message is hidden, only while PEFT builds the model.
+    """
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+        yield
 
 
 def cache_dir() -> Path:

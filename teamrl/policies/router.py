@@ -10,7 +10,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from teamrl.core.config import ConfigError, LoraConfig
-from teamrl.policies.models import load_model, resolve_device
+from teamrl.policies.models import load_model, quiet_peft_wrapping, resolve_device
 from teamrl.policies.policy import Policy
 
 POLICY_MODES = ("shared", "lora_per_role", "separate")
@@ -54,7 +54,8 @@ def _with_lora(model: torch.nn.Module, lora: LoraConfig, adapters: list[str]) ->
 
     pcfg = PeftLoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
                           target_modules=list(lora.target_modules), bias="none", task_type="CAUSAL_LM")
-    peft_model = get_peft_model(model, pcfg, adapter_name=adapters[0])
+    with quiet_peft_wrapping():
+        peft_model = get_peft_model(model, pcfg, adapter_name=adapters[0])
     for name in adapters[1:]:
         peft_model.add_adapter(name, pcfg)
     return peft_model

@@ -42,7 +42,7 @@ from typing import Any, Iterator
 
 import torch
 
-from teamrl.policies.models import load_model, resolve_device
+from teamrl.policies.models import load_model, quiet_peft_wrapping, resolve_device
 from teamrl.rollout.asgi import AsgiServer, Guard, RequestError, json_errors, require_asgi
 from teamrl.rollout.engine import GenerationRequest, SamplingParams
 from teamrl.rollout.hf_engine import HFEngine
@@ -112,7 +112,8 @@ class ModelServer:
         from peft import PeftModel
 
         try:
-            peft_model = PeftModel.from_pretrained(copy.deepcopy(self.base), str(folder), adapter_name=name)
+            with quiet_peft_wrapping():
+                peft_model = PeftModel.from_pretrained(copy.deepcopy(self.base), str(folder), adapter_name=name)
             merged = peft_model.merge_and_unload().eval().requires_grad_(False)
         except Exception as e:  # a folder for another base model, a corrupt file, ...
             raise RequestError(400, f"lora_path: {path!r} did not load onto base model {self.base_name!r}: {type(e).__name__}: {e}",

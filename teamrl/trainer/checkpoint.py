@@ -3,21 +3,44 @@
 A checkpoint is written to a temporary folder and renamed into place, so a run killed
 mid-save never leaves a half-written checkpoint that ``--resume`` would pick up. A weight or
 optimizer state holding a NaN/inf is refused before anything is written: no checkpoint holds one.
+A write that fails (a full disk, a read-only run directory) removes the temporary folder and is a
+:class:`CheckpointWriteError` (one line; the checkpoints before it are untouched). A file that does
+not read back whole (truncated, corrupt) is a :class:`CheckpointUnreadable` naming it;
+:func:`checkpoint_to_resume` checks the newest checkpoint before a resume and finds the newest
+intact one.
 """
 
 from __future__ import annotations
 
+import errno
+import os
 import re
 import shutil
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Iterator, Protocol
 
 import torch
 
+from teamrl.core.config import InputError, InputFileMissing
 from teamrl.core.seeding import rng_state, set_rng_state
 from teamrl.policies.router import PolicyRouter
 
 _STEP_DIR = re.compile(r"^step_(\d+)$")
+# what a run directory that cannot take a write fails with (full, over quota, read-only, not ours)
+UNWRITABLE = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG)
+
+
+class RunDirError(InputError):
+    """The run directory cannot be created or written (read-only, not writable, a file, full); the message is one line."""
+
+
+class CheckpointWriteError(RunDirError):
+    """Writing a checkpoint failed (e.g. no space left); its temporary folder is removed, older checkpoints are intact."""
+
+
+class CheckpointUnreadable(InputError):
+    """A checkpoint file does not read back whole (truncated or corrupt); the message names the file."""
 
 
 class PolicyStates(Protocol):
@@ -77,20 +100,123 @@ def save_checkpoint(folder: Path, step: int, policies: PolicyRouter | PolicyStat
             bad = _first_nonfinite(tree)
             if bad is not None:
                 raise ValueError(f"checkpoint step {step}: policy {name!r} {what} {bad} holds a NaN/inf; refusing to save it")
-    folder.mkdir(parents=True, exist_ok=True)
     final = folder / f"step_{step:06d}"
     tmp = folder / f".tmp_step_{step:06d}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    for name, (weights, optim) in saved.items():
-        torch.save(weights, tmp / f"policy_{name}.pt")
-        torch.save(optim, tmp / f"optimizer_{name}.pt")
-    torch.save({**state, "step": step, "rng": rng_state()}, tmp / "trainer_state.pt")
-    shutil.rmtree(final, ignore_errors=True)
-    tmp.rename(final)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        for name, (weights, optim) in saved.items():
+            _write(weights, tmp / f"policy_{name}.pt")
+            _write(optim, tmp / f"optimizer_{name}.pt")
+        _write({**state, "step": step, "rng": rng_state()}, tmp / "trainer_state.pt")
+        shutil.rmtree(final, ignore_errors=True)
+        tmp.rename(final)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)  # give back the space the half-written checkpoint took
+        before = [p.name for p in list_checkpoints(folder)]
+        kept = f"the checkpoints before it are intact ({', '.join(before)})" if before else "no earlier checkpoint exists"
+        reason = f"[Errno {e.errno}] {e.strerror}" if e.strerror else str(e)
+        raise CheckpointWriteError(f"checkpoint {final} could not be written ({reason}); {kept}: free space or make "
+                                   f"{folder} writable, then continue with teamrl train ... --resume") from e
     for old in list_checkpoints(folder)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def _write(obj: Any, path: Path) -> None:
+    """``torch.save`` through a Python file: a failed write is an ``OSError`` with its errno (ENOSPC, EROFS),
+    where torch's own writer raises a RuntimeError such as ``unexpected pos 6784 vs 6676``."""
+    with open(path, "wb") as f:
+        torch.save(obj, f)
+
+
+def _read(path: Path, **kwargs: Any) -> Any:
+    """``torch.load(path)``; a file that does not load (truncated, corrupt) is a :class:`CheckpointUnreadable` naming it."""
+    try:
+        return torch.load(path, map_location="cpu", **kwargs)
+    except Exception as e:  # torch raises RuntimeError, EOFError, UnpicklingError, ... for a damaged file
+        reason = " ".join(str(e).split(". ")[0].split()) or type(e).__name__
+        raise CheckpointUnreadable(f"checkpoint file {path} is truncated or corrupt ({reason})") from e
+
+
+def verify_checkpoint(path: Path) -> None:
+    """Check that every file of the checkpoint at ``path`` reads back whole (without loading the tensors:
+    memory-mapped); raise :class:`CheckpointUnreadable` naming the first that does not."""
+    for f in sorted(path.glob("*.pt")):
+        if f.name == "trainer_state.pt":
+            _read(f, weights_only=False)
+        else:
+            _read(f, weights_only=True, mmap=True)
+
+
+def checkpoint_to_resume(folder: Path, intact: bool = False) -> tuple[Path | None, list[tuple[Path, Path]]]:
+    """(the checkpoint ``--resume`` continues from, [(unreadable checkpoint, where it was moved)]).
+
+    The newest checkpoint is checked to read whole (:func:`verify_checkpoint`). When it does not:
+    without ``intact`` a :class:`CheckpointUnreadable` names the file and offers the newest intact
+    checkpoint (``--resume-intact``); with ``intact`` that one is returned and the unreadable newer ones
+    are renamed ``unreadable_step_N`` (kept, never deleted, no longer picked up). No checkpoint: None."""
+    ckpts = list_checkpoints(folder)
+    bad: list[tuple[Path, CheckpointUnreadable]] = []
+    good = None
+    for ckpt in reversed(ckpts):
+        try:
+            verify_checkpoint(ckpt)
+        except CheckpointUnreadable as e:
+            bad.append((ckpt, e))
+            continue
+        good = ckpt
+        break
+    if not bad:
+        return good, []
+    first = str(bad[0][1])
+    if good is None:
+        raise CheckpointUnreadable(f"no intact checkpoint in {folder}: {first}" + (
+            f" (and {len(bad) - 1} older)" if len(bad) > 1 else "") + "; start the run again with another name= "
+            f"(or remove {folder})")
+    newer = ", ".join(p.name for p, _ in bad)
+    if not intact:
+        raise CheckpointUnreadable(f"{first}; the newest intact checkpoint is {good.name}: resume from it with "
+                                   f"--resume-intact (which keeps {newer} aside as unreadable_step_N)")
+    moved = []
+    for ckpt, _ in bad:
+        target = ckpt.with_name(f"unreadable_{ckpt.name}")
+        k = 1
+        while target.exists():
+            target, k = ckpt.with_name(f"unreadable_{ckpt.name}.{k}"), k + 1
+        ckpt.rename(target)
+        moved.append((ckpt, target))
+    return good, moved
+
+
+def check_run_dir(run_dir: Path) -> None:
+    """Refuse, before any model loads, a run directory that cannot be created or written (a read-only file
+    system, a folder this user may not write, a file in its path): a :class:`RunDirError` naming it."""
+    probe = run_dir
+    while not probe.exists() and probe.parent != probe:  # the nearest folder that exists
+        probe = probe.parent
+    if not probe.is_dir():
+        raise RunDirError(f"run directory {run_dir}: {probe} is a file, not a folder; choose another run.dir= (or name=)")
+    for p in (probe, run_dir / "checkpoints"):
+        if p.is_dir() and not os.access(p, os.W_OK | os.X_OK):
+            why = "is on a read-only file system" if os.statvfs(p).f_flag & os.ST_RDONLY else "is not writable by this user"
+            raise RunDirError(f"run directory {run_dir} cannot be written: {p} {why}; choose a writable run.dir= "
+                              "(run.dir/name is where checkpoints and metrics go)")
+
+
+@contextmanager
+def run_dir_writes(run_dir: Path) -> Iterator[None]:
+    """Turn a failed write into the run directory (full, read-only, not writable) into a one-line :class:`RunDirError`."""
+    try:
+        yield
+    except OSError as e:
+        inside = e.filename is not None and Path(os.path.abspath(e.filename)).is_relative_to(os.path.abspath(run_dir))
+        if isinstance(e, InputError) or e.errno not in UNWRITABLE or not (inside or e.errno in (errno.ENOSPC, errno.EDQUOT)):
+            raise
+        where = e.filename or run_dir
+        raise RunDirError(f"run directory {run_dir}: cannot write {where} ([Errno {e.errno}] {e.strerror}); free space "
+                          "or choose a writable run.dir=, then continue with teamrl train ... --resume") from e
 
 
 def list_checkpoints(folder: Path) -> list[Path]:
@@ -107,10 +233,9 @@ def load_checkpoint(path: Path, policies: PolicyRouter | PolicyStates) -> dict[s
     for name in states.policy_names():
         f = path / f"policy_{name}.pt"
         if not f.is_file():
-            raise FileNotFoundError(f"checkpoint {path} has no weights for policy {name!r} ({f.name}); was the policy mode changed?")
-        # a GPU run resumes on a CPU too
-        states.load_policy_state(name, torch.load(f, weights_only=True, map_location="cpu"),
-                                 torch.load(path / f"optimizer_{name}.pt", weights_only=True, map_location="cpu"))
-    state = torch.load(path / "trainer_state.pt", weights_only=False)
+            raise InputFileMissing(f"checkpoint {path} has no weights for policy {name!r} ({f.name}); was the policy mode changed?")
+        # a GPU run resumes on a CPU too (_read maps to the CPU)
+        states.load_policy_state(name, _read(f, weights_only=True), _read(path / f"optimizer_{name}.pt", weights_only=True))
+    state = _read(path / "trainer_state.pt", weights_only=False)
     set_rng_state(state["rng"])
     return state

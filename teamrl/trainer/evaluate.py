@@ -6,13 +6,17 @@ weights, ``untrained`` the same workflow on the base weights, and the baselines 
 for that workflow (:func:`~teamrl.workflows.eval_baselines`); a method the workflow has no baseline
 for is refused with the methods it takes. An episode's score is its team return over the task's
 ``max_reward``; pass@1 / success is the share of episodes whose outcome is correct, where the
-workflow returns an :class:`~teamrl.workflows.EpisodeOutcome`.
+workflow returns an :class:`~teamrl.workflows.EpisodeOutcome`. Each row keeps every problem's episode
+(:func:`episode_record`); :func:`write_results` saves them with the figures (``results.json`` and one
+``<method>.jsonl`` per method), which ``teamrl eval`` does into :func:`eval_output_dir`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+import shlex
 import sys
 import time
 from dataclasses import dataclass, field
@@ -23,7 +27,6 @@ import torch
 
 from teamrl.algorithms import workflow_name, workflow_settings
 from teamrl.algorithms.episodes import workflow_settings as default_settings
-from teamrl.algorithms.grpo import outcome_metrics
 from teamrl.core.config import Config, ConfigError
 from teamrl.core.seeding import derive_seed, seed_everything
 from teamrl.policies.multi_lora import SharedBaseAdapters
@@ -34,14 +37,13 @@ from teamrl.rollout.scheduler import GenerationScheduler
 from teamrl.tasks import make_task
 from teamrl.tasks.task import reply_valid
 from teamrl.trainer.checkpoint import list_checkpoints, load_checkpoint
-from teamrl.workflows import WORKFLOWS, Baseline, EpisodeOutcome, check_task, eval_baselines
-from teamrl.workflows.context import EpisodeContext
+from teamrl.workflows import WORKFLOWS, Baseline, EpisodeOutcome, Workflow, check_task, eval_baselines, outcome_metrics
+from teamrl.workflows.context import EpisodeContext, RewardEvent
 from teamrl.workflows.episode import run_episode
+from teamrl.workflows.outcome import own_reward, stat_means
 
 EVAL_METHODS = ("team", "single", "concat", "sequential", "discussion", "untrained", "swapped")
 BASE = "__base__"  # the policy name that routes to the base model (adapters off)
-# the workflows whose statistics outcome_metrics summarises; any other workflow's numeric stats are reported as means
-SUMMARISED_WORKFLOWS = ("eval_opt", "voting", "orch_workers", "single")
 
 
 @dataclass
@@ -57,6 +59,8 @@ class EvalRow:
     replies_per_problem: float = 0.0
     scores: list[float] = field(default_factory=list)  # normalised return per problem, in problem order
     stats: dict[str, float] = field(default_factory=dict)  # a workflow run's diagnostics (accuracy, verdicts, votes, ...)
+    episodes: list[dict[str, Any]] = field(default_factory=list)  # per problem, in problem order: :func:`episode_record`
+    note: str = ""  # a line the table opens with: :func:`training_problems_note`
 
 
 @dataclass(frozen=True)
@@ -103,17 +107,14 @@ def format_comparison(c: Comparison) -> str:
             f"(paired over the same {c.problems} problems): {verdict}")
 
 
-def workflow_stats(workflow: str, outcomes: Sequence[EpisodeOutcome]) -> dict[str, float]:
-    """The study diagnostics of :func:`outcome_metrics` and, for a user's workflow, the mean of every
-    numeric (or boolean) entry of ``EpisodeOutcome.stats`` (text entries cannot be averaged)."""
+def workflow_stats(workflow: Workflow, outcomes: Sequence[EpisodeOutcome]) -> dict[str, float]:
+    """Accuracy and the workflow's registered summary (:func:`~teamrl.workflows.outcome_metrics`); a
+    workflow that registers none (a user's, an adapter) shows the mean of every numeric (or boolean)
+    entry of its ``EpisodeOutcome.stats`` instead (text entries cannot be averaged)."""
     out = outcome_metrics(workflow, outcomes)
-    if workflow in SUMMARISED_WORKFLOWS:
-        return out
-    keys = dict.fromkeys(k for o in outcomes for k in o.stats)
-    for k in keys:
-        values = [o.stats.get(k) for o in outcomes]
-        if all(isinstance(v, (bool, int, float)) and math.isfinite(v) for v in values):
-            out.setdefault(k, sum(float(v) for v in values) / len(values))
+    if workflow.summary is None and outcomes:
+        for k, v in stat_means(outcomes).items():
+            out.setdefault(k, v)
     return out
 
 
@@ -227,7 +228,8 @@ def evaluate(cfg: Config, methods: list[str], checkpoint: Path | None = None, li
     max_reward = getattr(task, "max_reward", 1.0)
     rows = []
     for method, baseline in chosen.items():
-        run_fn = (baseline.workflow or WORKFLOWS.get_entry(run.name, "workflow.name")).run
+        spec = baseline.workflow or WORKFLOWS.get_entry(run.name, "workflow.name")
+        run_fn = spec.run
         settings = run.settings if baseline.workflow is None else None
         scheduler = GenerationScheduler(engine, seed=derive_seed(cfg.seed, 7))
         # One agent writing every part of a team task gets the whole team's token budget.
@@ -248,23 +250,30 @@ def evaluate(cfg: Config, methods: list[str], checkpoint: Path | None = None, li
         replies = [s for c in ctxs for s in c.samples]
         tokens = sum(len(s.completion_ids) for s in replies)
         outcomes = [r.outcome for r in results if r.outcome is not None]
-        stats = workflow_stats(baseline.name, outcomes) if len(outcomes) == n else {}
+        stats = workflow_stats(spec, outcomes) if len(outcomes) == n else {}
         passed = stats.get("accuracy")
-        by_id = {p.id: p for p in problems}
-        verdicts = [v for v in (reply_valid(task, by_id[c.problem_id], s.text) for c in ctxs for s in c.samples) if v is not None]
+        episodes = [episode_record(method, baseline.name, p, ctx, r, max_reward, task) for p, ctx, r in zip(problems, ctxs, results)]
+        verdicts = [c["valid"] for e in episodes for c in e["calls"] if c["valid"] is not None]
         valid = sum(verdicts) / len(verdicts) if verdicts else None
-        rows.append(EvalRow(method, mean, stderr, n, tokens / wall, wall / n, passed, valid, len(replies) / n, scores, stats))
+        rows.append(EvalRow(method, mean, stderr, n, tokens / wall, wall / n, passed, valid, len(replies) / n, scores, stats,
+                            episodes))
+    note = training_problems_note(cfg, checkpoint)
+    for r in rows:
+        r.note = note
     return rows
 
 
 def format_table(rows: list[EvalRow]) -> str:
     """A Markdown table of the rows; a workflow run's statistics follow in a second table (one
-    column per method), and the paired trained-vs-untrained comparison in one line."""
+    column per method), and the paired trained-vs-untrained comparison in one line. A row's ``note``
+    (the problems are the run's training problems) opens the table."""
     with_pass = any(r.pass_at_1 is not None for r in rows)
     with_valid = any(r.valid is not None for r in rows)
+    note = next((r.note for r in rows if r.note), "")
     head = ("| method | normalised return (mean +/- stderr) |" + (" pass@1 / success |" if with_pass else "")
             + (" valid replies |" if with_valid else ""))
-    lines = [head + " problems | generated tokens/s | s / problem |", "|---" * (head.count("|") + 2) + "|"]
+    lines = ([note, ""] if note else []) + [head + " problems | generated tokens/s | s / problem |",
+                                            "|---" * (head.count("|") + 2) + "|"]
     for r in rows:
         p = (f" {r.pass_at_1:.3f} |" if r.pass_at_1 is not None else " - |") if with_pass else ""
         v = (f" {r.valid:.3f} |" if r.valid is not None else " - |") if with_valid else ""
@@ -277,3 +286,155 @@ def format_table(rows: list[EvalRow]) -> str:
     if comparison is not None:
         lines += ["", format_comparison(comparison)]
     return "\n".join(lines)
+
+
+# ---- what eval saw, on disk -------------------------------------------------------------------
+# ``RUN_DIR/eval/<timestamp>/``: results.json (every method's metrics, the paired differences, the command,
+# the resolved config, which problems) and <method>.jsonl (one line per problem: the whole episode).
+
+RESULTS_FILE = "results.json"
+
+
+def _plain(value: Any) -> Any:
+    """``value`` as JSON-friendly data: what json cannot write (a tuple key, an object) becomes its ``str``."""
+    return json.loads(json.dumps(value, default=str))
+
+
+def episode_record(method: str, workflow: str, problem: Any, ctx: EpisodeContext, result: Any, max_reward: float,
+                   task: Any) -> dict[str, Any]:
+    """One evaluated episode as a JSON-friendly dict: its score and outcome, every call (role, policy,
+    turn, the prompt messages and rendered prompt, the completion, token counts, the call's own reward,
+    whether the task reads it as a valid reply) and every reward the workflow reported, in order
+    (``after_call``: the index of the last call issued before it)."""
+    calls, rewards, last_call = [], [], None
+    for event in ctx.events:
+        if isinstance(event, RewardEvent):
+            rewards.append({"after_call": last_call, "role": event.role, "value": event.value})
+            continue
+        last_call = event.index
+        for s in event.samples:
+            calls.append({
+                "call": event.index, "role": s.role, "policy": s.policy, "turn": s.turn, "branch": s.branch,
+                "messages": _plain(event.messages), "prompt": s.prompt_text, "completion": s.text,
+                "finish_reason": s.finish_reason, "prompt_tokens": len(s.prompt_ids),
+                "completion_tokens": len(s.completion_ids), "own_reward": own_reward(s),
+                "valid": reply_valid(task, problem, s.text),
+                **({"tags": _plain(s.tags)} if s.tags else {}),
+            })
+    outcome = result.outcome
+    return {
+        "method": method, "workflow": workflow, "problem_id": _plain(problem.id),
+        "score": result.team_return / max_reward, "team_return": result.team_return, "final_reward": result.final_reward,
+        "correct": None if outcome is None else outcome.correct,
+        "outcome": None if outcome is None else _plain(dataclasses.asdict(outcome)),
+        "returned": None if outcome is not None or result.returned is None else _plain(result.returned),
+        "calls": calls, "rewards": rewards,
+    }
+
+
+def paired_comparisons(rows: Sequence[EvalRow]) -> list[Comparison]:
+    """The paired difference of the trained team (else the untrained team) against every other row."""
+    names = [r.method for r in rows]
+    first = "team" if "team" in names else "untrained" if "untrained" in names else None
+    if first is None:
+        return []
+    # untrained first: the comparison train and eval print
+    others = sorted((m for m in names if m != first), key=lambda m: m != "untrained")
+    return [c for c in (compare(rows, first, m) for m in others) if c is not None]
+
+
+def problem_source(cfg: Config, training_task: dict | None) -> dict[str, Any]:
+    """Which problems an eval scored: the task section, and whether they are held out from the
+    training problems (``held_out``: None where it cannot tell, i.e. without the run's config)."""
+    from teamrl.tasks import TASKS
+
+    fields = getattr(TASKS.get_entry(cfg.task.get("name"), "task.name").Options, "__dataclass_fields__", {})
+    out: dict[str, Any] = {"task": _plain(cfg.task), "held_out": None}
+    for key in ("split", "seed"):
+        if key in fields:
+            used = cfg.task.get(key, fields[key].default)
+            out[key] = used
+            if training_task is not None and training_task.get("name") == cfg.task.get("name"):
+                trained_on = training_task.get(key, fields[key].default)
+                out["held_out"] = used != trained_on
+                out["description"] = (f"task.{key}={used} (trained on task.{key}={trained_on})" if used != trained_on
+                                      else f"the training problems (task.{key}={used}, as in training)")
+            break
+    else:  # the task has no split and generates no problems: the training problems, if it trained on this task
+        if training_task is not None and training_task.get("name") == cfg.task.get("name"):
+            out["held_out"], out["description"] = False, "the training problems (the task holds none out)"
+    return out
+
+
+def training_problems_note(cfg: Config, checkpoint: Path | None) -> str:
+    """One line for the table when the problems scored are those the checkpoint's run trained on: ``no held-out
+    split: ...`` for a task that holds none out, ``not held out: ...`` for one evaluated on its training split or
+    seed; '' otherwise (problems held out, or no checkpoint: nothing was trained on them)."""
+    conf = Path(checkpoint) / "config.yaml" if checkpoint is not None else None
+    if conf is None or not conf.is_file():
+        return ""
+    import yaml
+
+    source = problem_source(cfg, (yaml.safe_load(conf.read_text()) or {}).get("task"))
+    if source["held_out"] is not False:
+        return ""
+    lead = "not held out" if ("split" in source or "seed" in source) else "no held-out split"
+    return f"{lead}: scored on {source['description']}"
+
+
+def eval_output_dir(checkpoint: Path | None, cfg: Config, out: Path | None = None) -> Path:
+    """Where an eval writes: ``out`` if given, else ``RUN_DIR/eval/<timestamp>`` for a checkpoint's run,
+    else ``run.dir/eval-<timestamp>`` (an eval of the base model); a fresh folder (``-2``, ... on a clash)."""
+    if out is not None:
+        return Path(out)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    base = Path(checkpoint) / "eval" / stamp if checkpoint is not None else Path(cfg.run.dir) / f"eval-{stamp}"
+    path, k = base, 2
+    while path.exists():
+        path, k = base.with_name(f"{base.name}-{k}"), k + 1
+    return path
+
+
+def write_results(rows: Sequence[EvalRow], out_dir: Path, cfg: Config, command: Sequence[str],
+                  checkpoint: Path | None = None, limit: int | None = None, temperature: float = 0.0) -> Path:
+    """Write ``out_dir/results.json`` and one ``<method>.jsonl`` per method (its episodes, one line per
+    problem, in problem order); return ``out_dir``."""
+    from teamrl.core.config import config_to_dict
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    training_task, step = None, None
+    if checkpoint is not None:
+        conf = Path(checkpoint) / "config.yaml"
+        if conf.is_file():
+            import yaml
+
+            training_task = (yaml.safe_load(conf.read_text()) or {}).get("task")
+        ckpts = list_checkpoints(Path(checkpoint) / "checkpoints")
+        step = int(ckpts[-1].name.rsplit("_", 1)[-1]) if ckpts else None  # checkpoints/step_000002 -> 2
+    methods = {}
+    for r in rows:
+        with (out_dir / f"{r.method}.jsonl").open("w") as f:
+            for e in r.episodes:
+                f.write(json.dumps(e) + "\n")
+        row = {k: v for k, v in dataclasses.asdict(r).items() if k != "episodes"}
+        methods[r.method] = {**row, "episodes_file": f"{r.method}.jsonl"}
+    results = {
+        "command": " ".join(shlex.quote(a) for a in command),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "checkpoint": None if checkpoint is None else str(checkpoint),
+        "checkpoint_step": step,
+        "limit": limit, "temperature": temperature,
+        "problems": {**problem_source(cfg, training_task), "ids": [e["problem_id"] for e in rows[0].episodes] if rows else []},
+        "methods": methods,
+        "comparisons": [{**dataclasses.asdict(c), "beyond_noise": c.beyond_noise} for c in paired_comparisons(rows)],
+        "config": _plain(config_to_dict(cfg)),
+    }
+    (out_dir / RESULTS_FILE).write_text(json.dumps(results, indent=1) + "\n")
+    return out_dir
+
+
+def rows_from_results(results: dict[str, Any]) -> list[EvalRow]:
+    """The :class:`EvalRow` of each method of a ``results.json`` (without its episodes)."""
+    names = {f.name for f in dataclasses.fields(EvalRow)}
+    return [EvalRow(**{k: v for k, v in m.items() if k in names}) for m in results["methods"].values()]

@@ -13,8 +13,9 @@ from typing import Any
 import torch
 import yaml
 
-from teamrl.algorithms import make_algorithm
-from teamrl.core.config import Config, ConfigError, config_to_dict
+from teamrl.algorithms import make_algorithm, workflow_name
+from teamrl.algorithms.base import FinishedEpisode
+from teamrl.core.config import Config, ConfigError, InputError, config_to_dict
 from teamrl.core.metrics import MetricsSink, read_metrics
 from teamrl.core.sample import Sample, check_steering_tags
 from teamrl.core.seeding import derive_seed, seed_everything
@@ -23,26 +24,69 @@ from teamrl.policies.chat import encode_chat
 from teamrl.policies.logprobs import build_token_batch, completion_logprobs
 from teamrl.policies.models import generation_eos_ids
 from teamrl.policies.multi_lora import SharedBaseAdapters
-from teamrl.policies.router import declared_role
+from teamrl.policies.router import check_role_map, declared_role
 from teamrl.rollout.engine import Engine, SamplingParams
 from teamrl.rollout.hf_engine import HFEngine
 from teamrl.rollout.scheduler import GenerationScheduler
 from teamrl.tasks import Problem, make_task
 from teamrl.tasks.solve import SolveTask
-from teamrl.trainer.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
+from teamrl.trainer.checkpoint import (check_run_dir, checkpoint_to_resume, list_checkpoints, load_checkpoint, run_dir_writes,
+                                       save_checkpoint)
 from teamrl.trainer.diagnostics import CliffDetector, role_capture
+from teamrl.trainer.evaluate import workflow_stats
 from teamrl.trainer.update import NonFiniteReward, _to_device, make_update_settings, nonfinite_reward_groups
 from teamrl.trainer.workers import PolicyPlacement, make_router
+from teamrl.workflows import WORKFLOWS, default_workflow
 from teamrl.workflows.context import EpisodeContext
+
+
+def episode_outcome_line(e: FinishedEpisode) -> str:
+    """One line of ``episodes/outcomes_<step>.jsonl`` (JSON): which episode (``where``: e.g. MAGRPO's path of
+    joint actions), its team return and final reward, and what the workflow returned (correct, answer, stats;
+    a stats value JSON cannot hold is written as its ``str``, a whole ``stats`` with non-text keys as its ``repr``)."""
+    outcome = e.result.outcome
+    record = {"problem_id": e.problem_id, "episode": e.episode, **e.where, "team_return": e.result.team_return,
+              "final_reward": e.result.final_reward,
+              **({"correct": outcome.correct, "answer": outcome.answer, "stats": outcome.stats} if outcome is not None else {})}
+    try:
+        return json.dumps(record, default=str)
+    except TypeError:  # a dict key json cannot write (a tuple) inside stats
+        return json.dumps({**record, "stats": repr(record.get("stats"))}, default=str)
 
 
 class RunExists(RuntimeError):
     """The run directory already holds checkpoints and ``resume`` was not asked for."""
 
 
-def make_trainer(cfg: Config, resume: bool = False) -> "Trainer":
+class NothingToTrain(InputError):
+    """A step's episodes produced no trainable sample (e.g. a workflow that never calls ``ctx.generate``)."""
+
+
+def make_trainer(cfg: Config, resume: bool = False, resume_intact: bool = False) -> "Trainer":
     """The trainer a config asks for: one :class:`Trainer` for every algorithm and placement (``policy.placement``)."""
-    return Trainer(cfg, resume=resume)
+    return Trainer(cfg, resume=resume, resume_intact=resume_intact)
+
+
+def check_policy_roles(cfg: Config, task: Any, algorithm: Any) -> None:
+    """``policy.roles`` must list every role that acts and nothing the team does not have: a key that is
+    neither a role of the task or workflow (its sub-agents included) nor a numbered instance of one
+    (``generator0``) is a typo, refused here before any model loads. A role of the team that this
+    algorithm leaves out (M-GRPO's single-agent baseline drops ``sub``) may stay in the map."""
+    if not cfg.policy.roles:
+        return
+    acting = list(algorithm.roles or task.roles)
+    check_role_map(cfg.policy.roles, acting)
+    team = set(acting) | set(getattr(task, "roles", ()) or ())
+    if cfg.workflow.name:
+        spec = WORKFLOWS.get_entry(cfg.workflow.name, "workflow.name")
+        team |= set(spec.role_types) | set(spec.sub_roles)
+    for role in cfg.policy.roles:
+        try:
+            declared_role(role, team)
+        except KeyError:
+            raise ConfigError(f"policy.roles: {role!r} is not a role of the team; its roles are {sorted(team)} (a "
+                              "numbered instance of one, such as generator0, may be listed too): remove it or fix its "
+                              "spelling") from None
 
 
 # The prompt of the HTTP engine's start-up check (any prompt works: it only needs long, sampled completions).
@@ -52,10 +96,15 @@ STARTUP_PROBE = "Write a few words about the weather."
 class Trainer:
     """Trains the policies of a workflow on a task, as configured by a validated :class:`Config`."""
 
-    def __init__(self, cfg: Config, resume: bool = False) -> None:
+    def __init__(self, cfg: Config, resume: bool = False, resume_intact: bool = False) -> None:
+        """``resume``: continue from the newest checkpoint (refused, naming the file, when it does not read
+        whole); ``resume_intact``: continue from the newest checkpoint that reads whole, keeping the
+        unreadable newer ones aside as ``unreadable_step_N``."""
         self.cfg = cfg
         self.run_dir = Path(cfg.run.dir) / cfg.name
         self.ckpt_dir = self.run_dir / "checkpoints"
+        resume = resume or resume_intact
+        check_run_dir(self.run_dir)  # a read-only or unwritable run.dir: one line before any model loads
         if list_checkpoints(self.ckpt_dir) and not resume:
             raise RunExists(f"run directory {self.run_dir} already has checkpoints: pass --resume to continue it, or choose another name=")
         if cfg.threads:
@@ -63,8 +112,15 @@ class Trainer:
         seed_everything(cfg.seed)
         self.task = make_task(cfg.task)
         self.algorithm = make_algorithm(cfg, self.task)  # checks the task kind before any model loads
+        self.workflow = WORKFLOWS.get_entry(workflow_name(cfg, self.task), "workflow.name")
         # the roles that act (a study workflow's role types; M-GRPO's single-agent baseline drops the sub-agent)
         self.roles = list(self.algorithm.roles or self.task.roles)
+        check_policy_roles(cfg, self.task, self.algorithm)
+        # checked before any model loads: a truncated last checkpoint is named at once
+        resume_from, set_aside = checkpoint_to_resume(self.ckpt_dir, intact=resume_intact) if resume else (None, [])
+        for ckpt, target in set_aside:
+            print(f"teamrl: checkpoint {ckpt.name} does not read whole; moved to {target} and resuming from "
+                  f"{resume_from.name if resume_from else 'the start'}", file=sys.stderr)
         self._build_policies()
         r = cfg.rollout
         self.params = SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
@@ -84,9 +140,8 @@ class Trainer:
         self.stopped_at_cliff = False
         self.step = 0
         self.data_position = 0
-        ckpts = list_checkpoints(self.ckpt_dir)
-        if resume and ckpts:
-            state = load_checkpoint(ckpts[-1], self.placement)
+        if resume_from is not None:
+            state = load_checkpoint(resume_from, self.placement)
             self.step, self.data_position = state["step"], state["data_position"]
             # its own RNG (AT-GRPO branch choice, M-GRPO alignment); a checkpoint from before it was saved:
             # one rollout per step, so the count of rollouts is the step
@@ -95,11 +150,12 @@ class Trainer:
                 if "eval/accuracy" in rec and rec["step"] <= self.step:
                     self.cliffs.update(rec["step"], rec["eval/accuracy"])
         self.engine = self._make_engine()  # after a resume, so a server gets the restored adapters
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "config.yaml").write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
-        self.metrics = MetricsSink(self.run_dir / "metrics.jsonl", start_step=self.step, tensorboard=cfg.run.tensorboard,
-                                   wandb=cfg.run.wandb, wandb_project=cfg.run.wandb_project, run_name=cfg.name,
-                                   config=config_to_dict(cfg))
+        with run_dir_writes(self.run_dir):
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            (self.run_dir / "config.yaml").write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
+            self.metrics = MetricsSink(self.run_dir / "metrics.jsonl", start_step=self.step, tensorboard=cfg.run.tensorboard,
+                                       wandb=cfg.run.wandb, wandb_project=cfg.run.wandb_project, run_name=cfg.name,
+                                       config=config_to_dict(cfg))
 
     def _eval_task(self) -> SolveTask:
         """The held-out split of the task, for evaluation during training."""
@@ -172,6 +228,8 @@ class Trainer:
             return EpisodeContext(scheduler, self.route, self.tokenizer, params, problem.id, episode, tags)
 
         samples = self._rollout(problems, make_ctx, scheduler)
+        if not any(s.trainable and not s.baseline for s in samples):
+            raise self._nothing_to_train(step, problems, samples)
         t_rollout = time.perf_counter() - t0
         t1 = time.perf_counter()
         record: dict[str, Any] = {"step": step}
@@ -189,15 +247,10 @@ class Trainer:
         })
         if len(self.roles) > 1:
             record.update(self._role_metrics(train_samples, self.last_role_stats, record))
-        normalised = [s for s in train_samples if "normalised_reward" in s.tags]  # the joint actions' (MAGRPO)
-        if normalised:
-            # mean normalised reward of the joint actions, at the first and the last turn sampled
-            last = max(s.turn for s in normalised)
-            for name, turn in (("normalised_return", 0), ("normalised_return_last_turn", last)):
-                first_role = [s for s in normalised if s.turn == turn and s.role == self.roles[0]]
-                if first_role:  # none when train.nonfinite_reward=drop_group dropped that turn's groups
-                    record[name] = sum(s.tags["normalised_reward"] for s in first_role) / len(first_role)
         record.update(self.algorithm.metrics(train_samples))
+        finished = list(self.algorithm.finished)
+        for k, v in self._workflow_stats(finished).items():
+            record.setdefault(k, v)  # a statistic named like one of the trainer's own keeps the trainer's value
         baselines = [s for s in samples if s.baseline]
         if baselines:
             record["greedy_reward_mean"] = sum(s.reward for s in baselines) / len(baselines)
@@ -207,6 +260,10 @@ class Trainer:
             with (ep_dir / f"step_{step:06d}.jsonl").open("w") as f:
                 for s in samples:
                     f.write(json.dumps(s.to_record()) + "\n")
+            if finished:  # one line per episode that ran to its end: its outcome and the workflow's stats
+                with (ep_dir / f"outcomes_{step:06d}.jsonl").open("w") as f:
+                    for e in finished:
+                        f.write(episode_outcome_line(e) + "\n")
         if self.eval_task is not None and step % self.cfg.train.eval_every == 0:
             record.update(self._evaluate_and_watch(step))
         self.step = step
@@ -218,6 +275,24 @@ class Trainer:
                 state["algorithm"] = algorithm_state
             save_checkpoint(self.ckpt_dir, step, self.placement, state, keep=self.cfg.run.keep_checkpoints)
         return record
+
+    def _workflow_stats(self, finished: list[FinishedEpisode]) -> dict[str, float]:
+        """The workflow's statistics over the episodes of the step that ended with an outcome, as ``teamrl eval``
+        shows them: accuracy, its registered summary, else the mean of each numeric ``stats`` entry."""
+        outcomes = [e.result.outcome for e in finished if e.result.outcome is not None]
+        return workflow_stats(self.workflow, outcomes) if outcomes else {}
+
+    def _nothing_to_train(self, step: int, problems: list[Problem], samples: list[Sample]) -> NothingToTrain:
+        """The error of a step without a trainable sample, naming the workflow (its usual cause)."""
+        name = self.cfg.workflow.name or default_workflow(self.task)
+        ids = sorted({str(p.id) for p in problems})
+        shown = ", ".join(ids[:3]) + (", ..." if len(ids) > 3 else "")
+        if not samples:
+            return NothingToTrain(f"workflow {name!r}: no episode of step {step} called the model (problems {shown}); each "
+                                  "episode must sample at least one completion with await ctx.generate(role, messages) "
+                                  "(a gateway workflow: call its endpoint) for there to be anything to train")
+        return NothingToTrain(f"workflow {name!r}: none of the {len(samples)} samples of step {step} is trainable (all "
+                              "are greedy baselines or frozen roles'); nothing to train")
 
     def _role_metrics(self, samples: list[Sample], role_stats: dict[str, float], record: dict[str, Any]) -> dict[str, float]:
         """Per declared role (its instances ``generator0..`` included): reward, response length and,
@@ -338,7 +413,8 @@ class Trainer:
     def train(self) -> list[dict[str, Any]]:
         """Run until ``train.steps``; returns every step's metrics of this run directory."""
         try:
-            return self._train_loop()
+            with run_dir_writes(self.run_dir):  # a disk that fills, a run.dir made read-only: one line
+                return self._train_loop()
         finally:
             self.shutdown()
 

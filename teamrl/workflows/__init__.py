@@ -6,7 +6,10 @@ task kinds' defaults ``single``, ``team``, ``env``, ``research`` (``research_sin
 (:func:`default_workflow`, :mod:`teamrl.workflows.adapters`) and the study workflows ``eval_opt``,
 ``voting`` and ``orch_workers`` (on a :class:`~teamrl.tasks.solve.SolveTask`); add your own with
 ``@register_workflow("name", roles=(...))``. Each entry gives the episode function and its role types
-(instances such as ``generator0`` share their type's policy).
+(instances such as ``generator0`` share their type's policy) and, optionally, its ``summary``: the
+function that turns a batch of its episodes' outcomes into its own statistics (the study workflows'
+diagnostics), read through :func:`outcome_metrics` by the algorithms and ``teamrl eval``, which
+name no workflow.
 
 :func:`eval_baselines` declares, per workflow, the baselines ``teamrl eval`` compares a run of it
 with (the one place that does).
@@ -17,20 +20,23 @@ with (the one place that does).
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Sequence
 
-from teamrl.core.config import ConfigError, register_moved_key
+from teamrl.core.config import ConfigError, InputError, register_moved_key
 from teamrl.core.registry import Registry
 from teamrl.core.sample import Sample
 from teamrl.tasks.environment import Environment
 from teamrl.tasks.research import ResearchEnv
 from teamrl.tasks.solve import SolveTask
 from teamrl.tasks.task import Task, TeamTask
-from teamrl.workflows import adapters, team_baselines
+from teamrl.workflows import adapters, eval_opt as eval_opt_module, orch_workers as orch_workers_module, team_baselines
+from teamrl.workflows import voting as voting_module
 from teamrl.workflows.eval_opt import eval_opt
 from teamrl.workflows.orch_workers import orch_workers
-from teamrl.workflows.outcome import EpisodeOutcome, WorkflowSettings, own_reward
+from teamrl.workflows.outcome import EpisodeOutcome, Summary, WorkflowSettings, own_reward
 from teamrl.workflows.research_team import research, research_solo
 from teamrl.workflows.voting import voting
 
@@ -45,7 +51,10 @@ class Workflow:
     ``role_types`` empty: the roles are the task's (the default adapters). ``sub_roles``: the roles
     that act in nested sub-episodes (``ctx.sub_episode``; M-GRPO needs one). ``replayable`` False:
     its episodes cannot be branched by replay (a black box that is not deterministic given its
-    texts), so the branching algorithms (magrpo, at_grpo) refuse it.
+    texts), so the branching algorithms (magrpo, at_grpo) refuse it. ``summary``: its own statistics
+    over a batch of its episodes' outcomes (metric name -> number), logged beside the accuracy by
+    GRPO's step metrics and evaluations and shown by ``teamrl eval`` (:func:`outcome_metrics`);
+    None: ``teamrl eval`` shows the mean of each numeric ``stats`` entry instead.
     """
 
     run: Callable[..., Awaitable[Any]]
@@ -54,6 +63,7 @@ class Workflow:
     sub_roles: tuple[str, ...] = ()
     replayable: bool = True
     task_kind: type | None = None  # the task class it runs on (None: any)
+    summary: Summary | None = None
 
     def roles_for(self, task: Any) -> tuple[str, ...]:
         """The role types acting on ``task``: the workflow's own, or (default adapters) the task's."""
@@ -75,12 +85,15 @@ WORKFLOWS.register("team", Workflow(adapters.team, (), options=adapters.TeamOpti
 WORKFLOWS.register("env", Workflow(adapters.env, (), options=adapters.EnvOptions, task_kind=Environment))
 WORKFLOWS.register("research", Workflow(research, ("main", "sub"), sub_roles=("sub",), task_kind=ResearchEnv))
 WORKFLOWS.register("research_single", Workflow(research_solo, ("main",), task_kind=ResearchEnv))
-WORKFLOWS.register("eval_opt", Workflow(eval_opt, ("generator", "evaluator"), options=WorkflowSettings, task_kind=SolveTask))
-WORKFLOWS.register("voting", Workflow(voting, ("generator", "aggregator"), options=WorkflowSettings, task_kind=SolveTask))
+WORKFLOWS.register("eval_opt", Workflow(eval_opt, ("generator", "evaluator"), options=WorkflowSettings, task_kind=SolveTask,
+                                        summary=eval_opt_module.summary))
+WORKFLOWS.register("voting", Workflow(voting, ("generator", "aggregator"), options=WorkflowSettings, task_kind=SolveTask,
+                                      summary=voting_module.summary))
 # the study workflows' options were top-level workflow keys before: old configs keep working
 for _key in ("max_iterations", "num_generators", "max_subtasks"):
     register_moved_key(f"workflow.{_key}", f"workflow.options.{_key}")
-WORKFLOWS.register("orch_workers", Workflow(orch_workers, ("orchestrator", "worker", "synthesizer"), options=WorkflowSettings, task_kind=SolveTask))
+WORKFLOWS.register("orch_workers", Workflow(orch_workers, ("orchestrator", "worker", "synthesizer"), options=WorkflowSettings,
+                                            task_kind=SolveTask, summary=orch_workers_module.summary))
 
 TASK_KINDS = {Task: "a one-role task", TeamTask: "a team task (roles acting together)",
               Environment: "a multi-turn environment (plan_path, sokoban, sudoku, ...)",
@@ -96,19 +109,60 @@ def check_task(name: str, spec: Workflow, task: Any) -> None:
 
 
 def register_workflow(name: str, roles: tuple[str, ...], options: type | None = None, sub_roles: tuple[str, ...] = (),
-                      replayable: bool = True) -> Callable:
+                      replayable: bool = True, summary: Summary | None = None) -> Callable:
     """Decorator: register an ``async def run(ctx, task, problem, settings) -> EpisodeOutcome | float | None``
     as ``workflow.name: <name>`` with its role types (and its options dataclass, if it has one; the
-    roles of its sub-episodes; ``replayable=False`` if it is not deterministic given its texts).
+    roles of its sub-episodes; ``replayable=False`` if it is not deterministic given its texts;
+    ``summary(outcomes) -> {metric: number}``, its own statistics over a batch of its outcomes).
     The function is returned unchanged, with the :class:`Workflow` in ``fn.teamrl_workflow``."""
     if isinstance(roles, str) or not roles or not all(isinstance(r, str) and r for r in roles):
         raise ConfigError(f"register_workflow {name!r}: roles must be a tuple of role names, got {roles!r}")
+    if summary is not None and not callable(summary):
+        raise ConfigError(f"register_workflow {name!r}: summary must be callable (outcomes -> {{metric: number}}) or None, "
+                          f"got {summary!r}")
 
     def add(fn: Callable[..., Awaitable[EpisodeOutcome]]) -> Callable[..., Awaitable[EpisodeOutcome]]:
-        fn.teamrl_workflow = WORKFLOWS.register(name, Workflow(fn, tuple(roles), options, tuple(sub_roles), replayable))  # type: ignore[attr-defined]
+        # a plain def would fail only at the first episode (EpisodeOutcome can't be used in 'await' expression);
+        # a decorator that keeps functools.wraps' __wrapped__ of an async def is fine
+        if not (inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(inspect.unwrap(fn))):
+            raise ConfigError(f"register_workflow {name!r}: {getattr(fn, '__qualname__', fn)!r} is not a coroutine "
+                              "function; write it as async def run(ctx, task, problem, settings) and await ctx.generate")
+        spec = Workflow(fn, tuple(roles), options, tuple(sub_roles), replayable, summary=summary)
+        fn.teamrl_workflow = WORKFLOWS.register(name, spec)  # type: ignore[attr-defined]
         return fn
 
     return add
+
+
+def outcome_metrics(workflow: str | Workflow, outcomes: Sequence[EpisodeOutcome]) -> dict[str, float]:
+    """A batch of one workflow's episode outcomes as metrics: ``accuracy`` (the share correct),
+    ``episodes_dropped`` where episodes report ``stats["dropped"]`` (gateway episodes without a reward
+    in time), then the workflow's registered ``summary``. ``workflow``: a :class:`Workflow` or its
+    name (an unregistered name: no summary). No outcomes: no metrics."""
+    n = len(outcomes)
+    if not n:
+        return {}
+    out: dict[str, float] = {"accuracy": sum(o.correct for o in outcomes) / n}
+    if any("dropped" in o.stats for o in outcomes):
+        out["episodes_dropped"] = sum(bool(o.stats["dropped"]) for o in outcomes)
+    spec = workflow if isinstance(workflow, Workflow) else _lookup(workflow)
+    if spec is not None and spec.summary is not None:
+        summary = spec.summary(outcomes)
+        if not isinstance(summary, Mapping) or not all(isinstance(k, str) and isinstance(v, (bool, int, float))
+                                                       for k, v in summary.items()):
+            name = workflow if isinstance(workflow, str) else getattr(workflow.run, "__qualname__", repr(workflow.run))
+            raise InputError(f"workflow {name!r}: its summary returned {summary!r}; "
+                             "expected a dict of name -> number")
+        for k, v in summary.items():
+            out.setdefault(k, float(v))  # accuracy stays the episodes' own
+    return out
+
+
+def _lookup(name: str) -> Workflow | None:
+    """The workflow registered as ``name`` (or named by ``package.module:object``); None for any other name."""
+    if ":" in name:
+        return WORKFLOWS.get_entry(name, "workflow.name")
+    return WORKFLOWS.get(name)
 
 
 def default_workflow(task: Any) -> str:
@@ -194,5 +248,5 @@ def per_role_reward(sample: Sample, outcome: EpisodeOutcome) -> float:
     return own if own is not None else outcome.reward
 
 
-__all__ = ["REWARDS", "WORKFLOWS", "Baseline", "EpisodeOutcome", "Workflow", "WorkflowSettings", "check_task", "default_workflow", "eval_baselines", "register_reward",
-           "register_workflow"]
+__all__ = ["REWARDS", "WORKFLOWS", "Baseline", "EpisodeOutcome", "Workflow", "WorkflowSettings", "check_task", "default_workflow", "eval_baselines",
+           "outcome_metrics", "register_reward", "register_workflow"]

@@ -200,9 +200,14 @@ class EpisodeContext(BaseContext):
     async def sample(self, role: str, messages: Messages | str, n: int, turn: int, branch: int,
                      params: SamplingParams, tags: dict[str, Any]) -> list[Sample]:
         """Generate and record ``n`` Samples (no call is logged: samplers use this to answer a branch's calls)."""
+        try:
+            policy = self.route(role)
+        except KeyError as e:  # a role the workflow did not declare (nor a numbered instance of one)
+            raise InputError(f"workflow {self.workflow or '?'!r}, problem {self.problem_id!r}: ctx.generate({role!r}, ...): "
+                             f"{e.args[0] if e.args else e}; declare it in register_workflow(name, roles=(...)) or "
+                             "call a declared role") from None
         prompt_ids = encode_chat(self.tokenizer, messages)
         prompt_text = render_chat(self.tokenizer, messages)
-        policy = self.route(role)
         completions = await self.scheduler.generate(policy, GenerationRequest(prompt_ids, params, n=n))
         out = [Sample(
             role=role, policy=policy, problem_id=self.problem_id, prompt_ids=prompt_ids,

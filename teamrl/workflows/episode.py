@@ -29,12 +29,23 @@ ignored: a copy's **segment** is what it logged after its last scripted call ret
 
 A **step** is the set of calls pending at once when the episode is blocked: calls issued together
 with ``asyncio.gather`` are one step; a sequential workflow has one call per step.
+
+**A workflow that fails.** An exception raised by the user's own code that an episode runs (the
+workflow, its task's methods) becomes a :class:`WorkflowError`: one line naming the workflow, the
+exception, the file and line where it was raised, the problem, the episode and the role of its last
+call (``teamrl`` prints it, exit 2; ``TEAMRL_TRACEBACK=1`` prints the traceback too). A ``run`` that
+is not ``async`` is one too. An exception raised inside teamrl's own code keeps its traceback (a bug).
 """
 
 from __future__ import annotations
 
 import asyncio
+import inspect
+import os
+import sysconfig
+import traceback
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Awaitable, Callable, Sequence
 
 from teamrl.core.config import InputError
@@ -45,6 +56,58 @@ from teamrl.workflows.outcome import EpisodeOutcome, own_reward, set_own_reward
 EpisodeFn = Callable[[Any], Awaitable[Any]]  # a workflow bound to its task, problem and settings: ctx -> result
 
 QUIET_ITERATIONS = 3  # loop iterations without change before a branch counts as blocked (as the scheduler's settle)
+
+_TEAMRL_DIR = str(Path(__file__).resolve().parents[1]) + os.sep  # the teamrl package
+_LIBRARY_DIRS = tuple(sorted({os.path.realpath(sysconfig.get_paths()[k]) + os.sep
+                              for k in ("stdlib", "platstdlib", "purelib", "platlib")}))
+
+
+class WorkflowError(InputError):
+    """The user's code in an episode raised (or a workflow's ``run`` is not ``async``); one line naming
+    the workflow, the exception, where it was raised, the problem, the episode and the last call's role."""
+
+
+def _user_frame(tb: Any) -> traceback.FrameSummary | None:
+    """The innermost frame of ``tb`` in the user's code: not teamrl's, the standard library's or an installed
+    package's. None when the innermost such frame is teamrl's own (a bug in teamrl keeps its traceback)."""
+    for frame in reversed(traceback.extract_tb(tb)):
+        if frame.filename.startswith("<"):  # <frozen importlib._bootstrap>, <string>
+            continue
+        path = os.path.realpath(frame.filename)
+        if path.startswith(_TEAMRL_DIR):
+            return None
+        if not path.startswith(_LIBRARY_DIRS):
+            return frame
+    return None
+
+
+def _where(ctx: BaseContext) -> str:
+    """(problem, episode, the role of the last call) of an episode, for its errors."""
+    calls = ctx.calls
+    last = f"last call: role {calls[-1].role!r}" if calls else "before any ctx.generate call"
+    return f"problem {ctx.problem_id!r}, episode {ctx.episode}, {last}"
+
+
+async def run_workflow(start: EpisodeFn, ctx: BaseContext) -> Any:
+    """Run the episode ``start(ctx)`` and return what it returned; an error in the user's code is a
+    :class:`WorkflowError` (see the module docstring), anything else propagates unchanged."""
+    name = ctx.workflow or "?"
+    try:
+        episode = start(ctx)
+        if not inspect.isawaitable(episode):
+            raise WorkflowError(f"workflow {name!r}: its run returned {type(episode).__name__} instead of a coroutine "
+                                f"({_where(ctx)}); write it as async def run(ctx, task, problem, settings)")
+        return await episode
+    except InputError:
+        raise
+    except Exception as e:
+        frame = _user_frame(e.__traceback__)
+        if frame is None:
+            raise
+        message = " ".join(str(e).split())
+        raise WorkflowError(f"workflow {name!r} raised {type(e).__name__}{': ' + message if message else ''} at "
+                            f"{frame.filename}:{frame.lineno} in {frame.name} ({_where(ctx)}); fix it there, or set "
+                            "TEAMRL_TRACEBACK=1 to see the traceback") from e
 
 
 @dataclass
@@ -92,7 +155,7 @@ def record_own_rewards(ctx: BaseContext) -> None:
 
 async def run_episode(start: EpisodeFn, ctx: EpisodeContext) -> EpisodeResult:
     """Run one episode to its end through the recording context; own rewards recorded on its samples."""
-    result = finish(ctx, await start(ctx))
+    result = finish(ctx, await run_workflow(start, ctx))
     record_own_rewards(ctx)
     return result
 
@@ -147,7 +210,7 @@ class Branch:
         """Run the copy until it is blocked on its frontier (returned) or finished (``[]``; see :attr:`result`)."""
         scheduler = self.real.scheduler
         if self._task is None:
-            self._task = asyncio.ensure_future(self.start(self.ctx))
+            self._task = asyncio.ensure_future(run_workflow(self.start, self.ctx))
         scheduler.holds += 1
         try:
             still, last = 0, None

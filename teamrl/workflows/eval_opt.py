@@ -21,6 +21,7 @@ generator samples get the final outcome.
 from __future__ import annotations
 
 import re
+from typing import Sequence
 
 from teamrl.tasks.solve import SolveTask
 from teamrl.tasks.task import Problem
@@ -103,3 +104,21 @@ async def eval_opt(ctx: EpisodeContext, task: SolveTask, problem: Problem, setti
         "iterations": len(attempts), "first_correct": correct[0],
         "verdicts": [(v, c) for v, c in zip(verdicts, correct)],  # (verdict or None, truth) per evaluation
     })
+
+
+def summary(outcomes: Sequence[EpisodeOutcome]) -> dict[str, float]:
+    """Eval-Opt's statistics over ``outcomes`` (registered as its ``Workflow.summary``): first-attempt
+    accuracy, iterations used, and the evaluator's confusion as rates over all its evaluations
+    (``evaluator/true_correct``: judged correct and correct, ... ``evaluator/unparsed``: no verdict)."""
+    n = len(outcomes)
+    out = {"first_attempt_accuracy": sum(o.stats["first_correct"] for o in outcomes) / n,
+           "iterations_mean": sum(o.stats["iterations"] for o in outcomes) / n}
+    judged = [(v, c) for o in outcomes for v, c in o.stats["verdicts"]]
+    if judged:
+        m = len(judged)
+        out["evaluator/true_correct"] = sum(bool(v) and c for v, c in judged) / m
+        out["evaluator/false_correct"] = sum(bool(v) and not c for v, c in judged) / m
+        out["evaluator/true_incorrect"] = sum(not v and not c for v, c in judged) / m
+        out["evaluator/false_incorrect"] = sum(not v and c for v, c in judged) / m
+        out["evaluator/unparsed"] = sum(v is None for v, _ in judged) / m
+    return out

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+from typing import Sequence
 
 from teamrl.tasks.solve import SolveTask
 from teamrl.tasks.task import Problem
@@ -69,3 +70,11 @@ async def orch_workers(ctx: EpisodeContext, task: SolveTask, problem: Problem, s
     answer = task.extract(final)
     (correct,) = task.correct_many(problem, [answer])
     return EpisodeOutcome(final, answer, correct, stats={"subtasks": len(subtasks), "over_limit": False})
+
+
+def summary(outcomes: Sequence[EpisodeOutcome]) -> dict[str, float]:
+    """Orch-Workers' statistics over ``outcomes`` (registered as its ``Workflow.summary``): subtasks
+    per plan and the share of plans over ``max_subtasks``."""
+    n = len(outcomes)
+    return {"orch/subtasks_mean": sum(o.stats["subtasks"] for o in outcomes) / n,
+            "orch/over_limit": sum(o.stats["over_limit"] for o in outcomes) / n}

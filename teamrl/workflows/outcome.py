@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable, Mapping, Sequence
 
 from teamrl.core.config import option
 from teamrl.core.sample import Sample
@@ -48,6 +49,21 @@ class EpisodeOutcome:
         if self.team_reward is not None:
             return float(self.team_reward)
         return 1.0 if self.correct else 0.0
+
+
+#: A workflow's summary of a batch of its episodes' outcomes: metric name -> number (``Workflow.summary``).
+Summary = Callable[[Sequence[EpisodeOutcome]], Mapping[str, float]]
+
+
+def stat_means(outcomes: Sequence[EpisodeOutcome]) -> dict[str, float]:
+    """The mean of every ``stats`` entry that is a finite number (or a boolean) in every outcome: what
+    ``teamrl eval`` shows for a workflow that registers no summary (text entries cannot be averaged)."""
+    out: dict[str, float] = {}
+    for k in dict.fromkeys(k for o in outcomes for k in o.stats):
+        values = [o.stats.get(k) for o in outcomes]
+        if all(isinstance(v, (bool, int, float)) and math.isfinite(v) for v in values):
+            out[k] = sum(float(v) for v in values) / len(values)
+    return out
 
 
 def own_reward(sample: Sample) -> float | None:

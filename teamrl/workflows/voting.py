@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import re
 from collections import Counter
+from typing import Sequence
 
 from teamrl.tasks.solve import SolveTask
 from teamrl.tasks.task import Problem
@@ -97,3 +98,18 @@ async def voting(ctx: EpisodeContext, task: SolveTask, problem: Problem, setting
         "recovery": correct[chosen] and not majority_right,  # right although most candidates were wrong
         "choice_source": source,
     })
+
+
+def summary(outcomes: Sequence[EpisodeOutcome]) -> dict[str, float]:
+    """Voting's statistics over ``outcomes`` (registered as its ``Workflow.summary``): the share of
+    episodes whose generators were all right, all wrong or split; oracle accuracy (any candidate
+    correct); aggregator misses (a correct candidate existed, the pick was wrong) and recoveries
+    (right although most candidates were wrong); the share of choices the aggregator stated itself."""
+    n = len(outcomes)
+    agreement = Counter(o.stats["agreement"] for o in outcomes)
+    out = {f"voting/{k}": agreement[k] / n for k in ("all_right", "all_wrong", "split")}
+    out["voting/oracle_accuracy"] = sum(o.stats["oracle"] for o in outcomes) / n
+    out["voting/aggregator_miss"] = sum(o.stats["miss"] for o in outcomes) / n
+    out["voting/aggregator_recovery"] = sum(o.stats["recovery"] for o in outcomes) / n
+    out["voting/choice_parsed"] = sum(o.stats["choice_source"] == "parsed" for o in outcomes) / n
+    return out

@@ -1,0 +1,265 @@
+"""The command line under hostile input (issue 34, items 7-11a): a broken plugin, a workflow that never
+calls the model, raises, is not ``async`` or asks for an undeclared role, a role map naming a role the
+team has not, a read-only or full run directory, a truncated last checkpoint. Each ends in one line
+on stderr naming the cause and what to do, with exit code 2 (``TEAMRL_TRACEBACK=1`` adds the
+traceback). The tests drive ``teamrl.cli.main`` in this process; a subprocess where a real read-only
+or full file system (bubblewrap) is needed.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from teamrl.core.config import ConfigError
+from teamrl.workflows import WORKFLOWS, EpisodeOutcome, Workflow, register_workflow
+from tests.test_bad_input import assert_one_line_error, run_cli, tiny_train
+
+BWRAP = shutil.which("bwrap")
+# a subprocess's stderr: transformers' own FutureWarnings are not ours to count
+QUIET = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONWARNINGS": "ignore"}
+
+
+def math_train(tmp_path: Path, workflow: str, *overrides: str) -> list[str]:
+    """argv of a one-step run of ``workflow`` on math.solve with the tiny model."""
+    return tiny_train(tmp_path, "task.name=math.solve", f"workflow.name={workflow}", *overrides)
+
+
+# ---- the workflows under test --------------------------------------------------------------------
+
+async def silent(ctx, task, problem, settings):
+    """Never calls the model."""
+    return EpisodeOutcome("", None, False)
+
+
+async def raises(ctx, task, problem, settings):
+    """The user's own bug, after one call."""
+    await ctx.generate("agent", task.question(problem))
+    raise ValueError("my own bug")
+
+
+async def undeclared(ctx, task, problem, settings):
+    """Asks a role it did not declare."""
+    await ctx.generate("critic", task.question(problem))
+    return EpisodeOutcome("", None, False)
+
+
+def plain(ctx, task, problem, settings):
+    """Not ``async``."""
+    return EpisodeOutcome("", None, False)
+
+
+@pytest.fixture
+def flows(monkeypatch):
+    for name, fn in (("silent", silent), ("raises", raises), ("undeclared", undeclared), ("plain", plain)):
+        monkeypatch.setitem(WORKFLOWS, name, Workflow(fn, ("agent",)))
+
+
+# ---- 7: a plugin with a syntax error, or one that raises on import -------------------------------
+
+def test_plugin_with_a_syntax_error_is_one_line(capsys, tmp_path):
+    # old: SyntaxError escaped (a 19-line traceback, exit 1)
+    plugin = tmp_path / "broken_plugin.py"
+    plugin.write_text("from teamrl.api import register_workflow\ndef oops(:\n    pass\n")
+    rc, err = run_cli(capsys, "config", "--plugin", str(plugin))
+    assert_one_line_error(rc, err, f"{plugin}:2", "invalid syntax", "--plugin")
+    assert "teamrl_plugin_broken_plugin" not in sys.modules
+
+
+def test_plugin_that_raises_on_import_is_one_line(capsys, tmp_path):
+    plugin = tmp_path / "raising_plugin.py"
+    plugin.write_text("x = 1\nimport this_module_does_not_exist_anywhere\n")
+    rc, err = run_cli(capsys, "config", "--plugin", str(plugin))
+    assert_one_line_error(rc, err, f"{plugin}:2", "ModuleNotFoundError", "this_module_does_not_exist_anywhere")
+
+
+# ---- 8: a workflow that never calls the model -----------------------------------------------------
+
+def test_workflow_that_never_calls_the_model_is_one_line(capsys, tmp_path, flows):
+    # old: RuntimeError: max(): Expected reduction dim ... (trainer.py, exit 1)
+    rc, err = run_cli(capsys, *math_train(tmp_path, "silent"))
+    assert_one_line_error(rc, err, "'silent'", "ctx.generate", "step 1")
+
+
+# ---- 11a: a workflow that raises, asks for an undeclared role, or is not async -------------------
+
+def test_workflow_that_raises_is_one_line_naming_workflow_problem_role_and_place(capsys, tmp_path, flows):
+    # old: ValueError: my own bug at the end of a 50-line traceback naming neither workflow nor problem
+    rc, err = run_cli(capsys, *math_train(tmp_path, "raises"))
+    assert_one_line_error(rc, err, "'raises'", "ValueError: my own bug", "problem ", "role 'agent'",
+                          f"{__file__}:", "TEAMRL_TRACEBACK=1")
+
+
+def test_teamrl_traceback_shows_the_users_traceback_then_the_line(capsys, tmp_path, flows, monkeypatch):
+    monkeypatch.setenv("TEAMRL_TRACEBACK", "1")
+    rc, err = run_cli(capsys, *math_train(tmp_path, "raises"))
+    assert rc == 2, err
+    assert "Traceback (most recent call last)" in err and 'raise ValueError("my own bug")' in err
+    assert err.strip().splitlines()[-1].startswith("teamrl: workflow 'raises' raised ValueError: my own bug")
+
+
+def test_generate_with_an_undeclared_role_is_one_line(capsys, tmp_path, flows):
+    # old: KeyError naming the role at the end of a 68-line traceback
+    rc, err = run_cli(capsys, *math_train(tmp_path, "undeclared"))
+    assert_one_line_error(rc, err, "'undeclared'", "'critic'", "['agent']", "roles=")
+
+
+def test_plain_def_workflow_is_refused_at_registration():
+    # old: accepted; training then failed with TypeError: object EpisodeOutcome can't be used in 'await' expression
+    with pytest.raises(ConfigError, match=r"register_workflow 'plain_def_flow': .*async def") as e:
+        register_workflow("plain_def_flow", roles=("agent",))(plain)
+    assert len(str(e.value).splitlines()) == 1
+    assert "plain_def_flow" not in WORKFLOWS
+
+
+def test_plain_def_workflow_in_a_plugin_is_one_line(capsys, tmp_path):
+    plugin = tmp_path / "plain_plugin.py"
+    plugin.write_text("from teamrl.api import register_workflow\n\n"
+                      "@register_workflow('plain_in_plugin', roles=('agent',))\n"
+                      "def flow(ctx, task, problem, settings):\n    return None\n")
+    rc, err = run_cli(capsys, "config", "--plugin", str(plugin))
+    assert_one_line_error(rc, err, "'plain_in_plugin'", "async def")
+
+
+def test_a_workflow_object_whose_run_is_not_async_is_one_line_at_run_time(capsys, tmp_path, flows):
+    rc, err = run_cli(capsys, *math_train(tmp_path, "plain"))
+    assert_one_line_error(rc, err, "'plain'", "async def")
+
+
+def test_an_async_workflow_behind_a_functools_wraps_decorator_is_accepted():
+    import functools
+
+    def logged(fn):
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            return fn(*args, **kwargs)  # returns the coroutine
+        return wrapper
+
+    try:
+        register_workflow("wrapped_async_flow", roles=("agent",))(logged(silent))
+        assert "wrapped_async_flow" in WORKFLOWS
+    finally:
+        WORKFLOWS.pop("wrapped_async_flow", None)
+
+
+# ---- 11a: a role map naming a role the team has not ----------------------------------------------
+
+def test_role_map_with_a_role_the_team_does_not_have_is_one_line_before_any_model(capsys, tmp_path):
+    # old: accepted without a word (an extra policy built and never trained)
+    role_map = "policy.roles={agent: a, agnet: b}"
+    rc, err = run_cli(capsys, "config", "policy.mode=lora_per_role", role_map)
+    assert_one_line_error(rc, err, "policy.roles", "'agnet'", "['agent']")
+    rc, err = run_cli(capsys, *tiny_train(tmp_path, "policy.mode=lora_per_role", role_map, "model=no-such-model-here"))
+    assert_one_line_error(rc, err, "'agnet'")  # before the model name is even looked at
+
+
+def test_role_map_entries_for_declared_roles_and_instances_are_accepted(capsys):
+    # M-GRPO's single-agent baseline acts with main only; the map may still list the environment's sub
+    rc, err = run_cli(capsys, "config", "task.name=research", "algorithm=m_grpo", "m_grpo.agents=single",
+                      "policy.mode=lora_per_role", "policy.roles={main: m, sub: s}")
+    assert rc == 0, err
+    rc, err = run_cli(capsys, "config", "task.name=math.solve", "workflow.name=voting", "policy.mode=lora_per_role",
+                      "policy.roles={generator: g, generator0: g0, aggregator: a}")
+    assert rc == 0, err
+
+
+# ---- 9: a read-only run directory ----------------------------------------------------------------
+
+@pytest.mark.skipif(BWRAP is None, reason="needs bubblewrap for a read-only bind mount")
+def test_read_only_run_directory_is_one_line_before_any_model(tmp_path):
+    # old: OSError: [Errno 30] Read-only file system (a 20-line traceback, exit 1, after the model loaded)
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    r = subprocess.run([BWRAP, "--bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--ro-bind", str(ro), str(ro),
+                        sys.executable, "-m", "teamrl.cli", *tiny_train(ro, "model=no-such-model-here")],
+                       capture_output=True, text=True, timeout=120, env=QUIET)
+    assert_one_line_error(r.returncode, r.stderr, str(ro), "read-only", "run.dir")
+
+
+def test_run_dir_that_is_a_file_is_one_line(capsys, tmp_path):
+    afile = tmp_path / "a_file"
+    afile.write_text("not a folder")
+    rc, err = run_cli(capsys, *tiny_train(afile, "model=no-such-model-here"))
+    assert_one_line_error(rc, err, str(afile), "run.dir")
+
+
+# ---- 10: --resume with a truncated last checkpoint -----------------------------------------------
+
+@pytest.fixture(scope="module")
+def two_checkpoints(tmp_path_factory) -> Path:
+    """run.dir of a run named ``r`` with checkpoints step_000001 and step_000002 (tiny model)."""
+    from teamrl.cli import main
+
+    root = tmp_path_factory.mktemp("two_checkpoints")
+    assert main(tiny_train(root, "name=r", "train.steps=2", "run.save_every=1")) == 0
+    assert sorted(p.name for p in (root / "r" / "checkpoints").iterdir()) == ["step_000001", "step_000002"]
+    return root
+
+
+@pytest.mark.parametrize("broken", ["policy_shared.pt", "trainer_state.pt", "optimizer_shared.pt"])
+def test_resume_with_a_truncated_last_checkpoint_names_it_and_offers_the_intact_one(capsys, tmp_path, two_checkpoints,
+                                                                                     broken):
+    # old: RuntimeError: PytorchStreamReader failed reading zip archive (checkpoint.py:112, exit 1)
+    shutil.copytree(two_checkpoints, tmp_path, dirs_exist_ok=True)
+    last = tmp_path / "r" / "checkpoints" / "step_000002"
+    os.truncate(last / broken, 1000)
+    argv = tiny_train(tmp_path, "name=r", "train.steps=3", "run.save_every=1")
+    rc, err = run_cli(capsys, *argv, "--resume")
+    assert_one_line_error(rc, err, str(last / broken), "step_000001", "--resume-intact")
+    rc, err = run_cli(capsys, *argv, "--resume-intact")
+    assert rc == 0, err
+    assert "step_000001" in err and "step_000002" in err  # it says what it did
+    ckpts = tmp_path / "r" / "checkpoints"
+    assert sorted(p.name for p in ckpts.iterdir() if p.name.startswith("step_")) == ["step_000002", "step_000003"]
+    assert (ckpts / "unreadable_step_000002" / broken).stat().st_size == 1000  # kept aside, not deleted
+    torch.load(ckpts / "step_000002" / broken, weights_only=False)  # rewritten whole
+
+
+def test_resume_intact_without_any_intact_checkpoint_is_one_line(capsys, tmp_path, two_checkpoints):
+    shutil.copytree(two_checkpoints, tmp_path, dirs_exist_ok=True)
+    for step in ("step_000001", "step_000002"):
+        os.truncate(tmp_path / "r" / "checkpoints" / step / "policy_shared.pt", 10)
+    rc, err = run_cli(capsys, *tiny_train(tmp_path, "name=r", "train.steps=3"), "--resume-intact")
+    assert_one_line_error(rc, err, "no intact checkpoint", str(tmp_path / "r" / "checkpoints"))
+
+
+# ---- 11: disk full while writing a checkpoint ------------------------------------------------------
+
+def test_disk_full_while_writing_a_checkpoint_is_one_line_and_resume_continues(capsys, tmp_path, monkeypatch):
+    # old: a torch traceback (unexpected pos ... / basic_ios::clear), exit 1
+    real_save = torch.save
+
+    def full_disk(obj, f, *args, **kwargs):
+        where = f if isinstance(f, (str, os.PathLike)) else f.name  # a path, or a file object
+        if "step_000002" in str(where):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_save(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", full_disk)
+    argv = tiny_train(tmp_path, "name=r", "train.steps=2", "run.save_every=1")
+    rc, err = run_cli(capsys, *argv)
+    ckpts = tmp_path / "r" / "checkpoints"
+    assert_one_line_error(rc, err, str(ckpts / "step_000002"), "No space left on device", "step_000001")
+    assert [p.name for p in ckpts.iterdir()] == ["step_000001"]  # the previous one intact, no half-written folder
+    monkeypatch.setattr(torch, "save", real_save)
+    rc, err = run_cli(capsys, *argv, "--resume")
+    assert rc == 0, err
+    assert sorted(p.name for p in ckpts.iterdir()) == ["step_000001", "step_000002"]
+
+
+@pytest.mark.skipif(BWRAP is None, reason="needs bubblewrap for a small private tmpfs")
+def test_disk_full_on_a_real_small_tmpfs_is_one_line(tmp_path):
+    full = tmp_path / "full"
+    full.mkdir()
+    r = subprocess.run([BWRAP, "--bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--size", "600000", "--tmpfs",
+                        str(full), sys.executable, "-m", "teamrl.cli",
+                        *tiny_train(full, "name=r", "train.steps=2", "run.save_every=1")],
+                       capture_output=True, text=True, timeout=180, env=QUIET)
+    assert_one_line_error(r.returncode, r.stderr, str(full / "r" / "checkpoints"), "No space left on device")
