@@ -14,16 +14,34 @@ scored greedily on held-out problems (``task.split=test``, or a fresh generator 
   workflow), SP (one shared policy) and IP (one LoRA adapter per role).
 
 Writes ``--out`` (default bench/LEARNING.md): one table per comparison (held-out score, mean and
-spread over seeds; success/accuracy; valid replies; wall time; sampled episodes and trained
-tokens) and one PNG of training curves per comparison beside it. ``--quick``: the tiny random
-model, one seed, one step, two held-out problems: a smoke run of the whole grid (seconds).
+spread over seeds; success/accuracy; valid replies; the paired difference against the untrained
+team per seed; the learning signal; wall time; sampled episodes and trained tokens), one PNG of
+training curves per comparison beside it, and ``learning_results.json`` beside it (the same figures,
+machine-readable). ``--quick``: the tiny random model, one seed, one step, two held-out problems: a
+smoke run of the whole grid (seconds), written under runs/learn_quick/, never into the committed cache.
+
+**Resumable.** Each finished (comparison, arm, seed) run is cached as a small JSON file under
+``--cells`` (default bench/learning_cells/<comparison>/<arm>-seed<N>.json, committed with the
+repository), keyed by a fingerprint of everything that decides its result (settings, level, warm
+start, held-out count). A run reuses every cell whose fingerprint matches and runs only what is
+missing, so the grid can be stopped and resumed across sessions; ``--render-only`` rewrites the page
+and the JSON from the cache alone.
+
+**Calibration** (``--calibrate``): each task's difficulty levels (``Comparison.levels``) are scored
+with the embedded model, after the warm start where the comparison has one: greedy success and valid
+replies on held-out problems, and at the training temperature with the comparison's group size the
+success and the share of groups whose rewards vary (the real target: only those groups teach). The
+level whose sampled success is within 15-50% with the most varied groups is picked; the grid then
+runs at the picked level. Results go to bench/calibration.json (cached per level, resumable) and a
+table into docs/learning.md.
 
 ``--jobs N`` (default 2) runs N (arm, seed) runs at once, each in its own process at one torch
 thread. Measured here (2 cores, MAGRPO writing): a step took ~105 s in each of two 1-thread
 processes side by side and ~75 s in one 2-thread process alone, so two at a time get ~1.4x more
 done; a held-out evaluation gains nothing either way (~110 s each side by side, ~55-65 s alone).
 
-Usage: python bench/learning.py [--quick] [--seeds 2] [--jobs 2] [--only magrpo,at_grpo,m_grpo,study] [--out bench/LEARNING.md]
+Usage: python bench/learning.py [--quick] [--seeds 3] [--jobs 2] [--only magrpo,at_grpo,...] [--out bench/LEARNING.md]
+                                [--cells DIR] [--render-only] [--calibrate [--calibrate-problems N]]
 """
 
 from __future__ import annotations
@@ -31,8 +49,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import fcntl
+import hashlib
 import json
 import os
+import re
 import statistics
 import shutil
 import subprocess
@@ -43,8 +63,18 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
+CELLS = REPO / "bench" / "learning_cells"  # the committed cache: one JSON per finished (comparison, arm, seed)
+CALIBRATION = REPO / "bench" / "calibration.json"
+CALIBRATION_DOC = REPO / "docs" / "learning.md"
+QUICK_OUT = REPO / "runs" / "learn_quick" / "LEARNING.md"  # --quick writes here by default, never into bench/
+SEEDS = 3
+EVAL_PROBLEMS = 48  # held-out problems per arm: a paired difference of ~0.1 needs about this many to clear 2 standard errors
+# calibration: the band of sampled success that gives groups signal, and its defaults
+BAND = (0.15, 0.50)
+CALIBRATE_PROBLEMS = 16
 
 
 @dataclass(frozen=True)
@@ -55,6 +85,14 @@ class Arm:
     overrides: tuple[str, ...] = ()
     warm_start: bool = False
     rl: bool = True
+
+
+@dataclass(frozen=True)
+class Level:
+    """One difficulty level of a comparison's task: its label and the task options that make it."""
+
+    label: str
+    overrides: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -70,6 +108,15 @@ class Comparison:
     warm_problems: int = 4  # the warm start: the task's demonstrations of its first N training problems ...
     warm_epochs: int = 2  # ... this many passes
     flag_cliffs: bool = False  # the page flags arms whose held-out accuracy fell under the untrained team's
+    levels: tuple[Level, ...] = ()  # difficulty levels, easiest first (--calibrate picks one); () = the task has no knob here
+    default_level: str = ""  # the level the grid runs at until a calibration picks one
+    calibration_arm: int = -1  # the arm whose team (and warm start) calibration scores: the algorithm's own
+
+    def level(self, calibration: dict | None = None) -> Level | None:
+        """The level the grid runs at: the calibration's pick where it names one of ours, else the default."""
+        by = {lv.label: lv for lv in self.levels}
+        picked = ((calibration or {}).get(self.key) or {}).get("picked")
+        return by.get(picked) or by.get(self.default_level) or (self.levels[0] if self.levels else None)
 
 
 @dataclass
@@ -83,26 +130,45 @@ class ArmResult:
     episodes: int = 0
     tokens: list[float] = field(default_factory=list)
     curves: list[list[float]] = field(default_factory=list)  # training reward per step, one list per seed
+    # per seed: the held-out problems' ids and normalised returns (paired differences), the run's learning signal
+    problem_ids: list[list[str]] = field(default_factory=list)
+    problem_scores: list[list[float]] = field(default_factory=list)
+    signal: list[float | None] = field(default_factory=list)  # share of groups with a non-zero advantage over its steps
+    signal_groups: list[list[int]] = field(default_factory=list)  # [groups with signal, groups] over its steps
 
 
 def comparisons() -> list[Comparison]:
     """The grid at CPU scale (the embedded SmolLM2-135M).
 
-    Sized so that the whole grid, 2 seeds, runs in about an hour on 2 cores (two runs at a time). At
-    one thread beside another run, a MAGRPO writing step took ~105 s, an AT-GRPO Plan-Path step
-    (2 turns, 96 tokens, K=4) ~300 s, one SFT step of 8 Plan-Path demonstrations ~150 s and a
-    held-out evaluation of 12 papers ~110 s, so each comparison gets only a few steps of small
-    groups: the tables say how far that moves each arm, not what more steps would do.
+    Steps and group sizes are still those sized for an hour on 2 cores (two runs at a time). At one
+    thread beside another run, a MAGRPO writing step took ~105 s, an AT-GRPO Plan-Path step (2 turns,
+    96 tokens, K=4) ~300 s, one SFT step of 8 Plan-Path demonstrations ~150 s and a held-out
+    evaluation of 12 papers ~110 s. Every arm is scored on ``EVAL_PROBLEMS`` held-out problems (so the
+    generated tasks make at least that many, and the study holds that many out). Each task with a
+    difficulty knob lists its levels (easiest first); the grid runs at the calibration's pick
+    (bench/calibration.json), else at ``default_level``, the settings of the last full run.
     """
     lr = "train.lr=0.0005"
+    plan_path = (Level("3x3, walls 0.10", ("task.min_size=3", "task.max_size=3", "task.wall_density=0.1")),
+                 Level("4x4, walls 0.10", ("task.min_size=4", "task.max_size=4", "task.wall_density=0.1")),
+                 Level("4x4, walls 0.25", ("task.min_size=4", "task.max_size=4", "task.wall_density=0.25")),
+                 Level("5x5, walls 0.25", ("task.min_size=5", "task.max_size=5", "task.wall_density=0.25")))
+    research = (Level("2 hops (city), 4 people", ("task.kinds=city", "task.num_people=4")),
+                Level("2 hops (city), 12 people", ("task.kinds=city", "task.num_people=12")),
+                Level("2-3 hops (city, country), 12 people", ("task.kinds=city,country", "task.num_people=12")),
+                Level("2-3 hops and arithmetic (every kind), 12 people", ("task.kinds=city,country,age", "task.num_people=12")))
+    arithmetic = (Level("one operation, operands <= 5", ("task.source=generated_easy", "task.max_operand=5")),
+                  Level("one operation, operands <= 10", ("task.source=generated_easy", "task.max_operand=10")),
+                  Level("one operation, operands <= 20", ("task.source=generated_easy", "task.max_operand=20")),
+                  Level("several operations (generated)", ("task.source=generated",)))
     return [
         Comparison("magrpo", "MAGRPO, writing.tldr (the demo task and settings): two LoRA agents, held-out papers (aclsum test split)",
                    ("rollout.group_size=4", "rollout.batch_size=2", "rollout.max_new_tokens=64", "train.steps=5", lr),
                    (Arm("untrained team", rl=False), Arm("MAGRPO")),
-                   config="configs/magrpo_writing_tldr.yaml", eval_problems=12),
-        Comparison("at_grpo", "AT-GRPO, Plan-Path 4x4, 1 turn (tool + planner, one shared policy), held-out grids of a fresh seed",
-                   ("algorithm=at_grpo", "task.name=plan_path", "task.min_size=4", "task.max_size=4", "task.max_turns=1",
-                    "task.num_problems=32", "policy.mode=shared", "rollout.group_size=2", "rollout.batch_size=2",
+                   config="configs/magrpo_writing_tldr.yaml", eval_problems=EVAL_PROBLEMS),
+        Comparison("at_grpo", "AT-GRPO, Plan-Path, 1 turn (tool + planner, one shared policy), held-out grids of a fresh seed",
+                   ("algorithm=at_grpo", "task.name=plan_path", "task.max_turns=1",
+                    "task.num_problems=64", "policy.mode=shared", "rollout.group_size=2", "rollout.batch_size=2",
                     "rollout.max_new_tokens=48", "train.steps=2", lr),
                    (Arm("untrained team", rl=False), Arm("warm start only", warm_start=True, rl=False),
                     Arm("single-agent GRPO (planner alone), warm start", ("task.agents=planner", "at_grpo.grouping=trajectory"),
@@ -111,9 +177,10 @@ def comparisons() -> list[Comparison]:
                     Arm("AT-GRPO, tree grouping, warm start", ("at_grpo.grouping=tree",), warm_start=True)),
                    quick=("task.num_problems=8",),
                    # the tool's demonstration is a ~230-token BFS program, past what the tool may write here
-                   warm_roles=("planner",), warm_problems=8),
+                   warm_roles=("planner",), warm_problems=8, eval_problems=EVAL_PROBLEMS,
+                   levels=plan_path, default_level="4x4, walls 0.25"),
         Comparison("m_grpo", "M-GRPO, research environment (main + tool-using sub-agent), held-out questions of a fresh seed",
-                   ("algorithm=m_grpo", "task.name=research", "task.num_problems=32", "policy.mode=lora_per_role",
+                   ("algorithm=m_grpo", "task.name=research", "task.num_problems=64", "policy.mode=lora_per_role",
                     "rollout.group_size=2", "rollout.batch_size=2", "rollout.max_new_tokens=48", "train.steps=2", lr),
                    (Arm("untrained team", rl=False), Arm("warm start only", warm_start=True, rl=False),
                     # the task's demonstrations are of the team protocol (main + sub), so the single agent has none
@@ -121,14 +188,17 @@ def comparisons() -> list[Comparison]:
                     Arm("main + frozen sub-agent, warm start", ("m_grpo.sub_agent=frozen",), warm_start=True),
                     Arm("M-GRPO main + sub, warm start", (), warm_start=True)),
                    quick=("task.num_problems=12",),
-                   warm_problems=2, warm_epochs=1),  # ~8 demonstrations (main and sub turns) per question
-        *[Comparison(f"study_{wf}", f"Workflow study, {wf} on easy arithmetic, held-out problems (task.split=test)",
-                     ("algorithm=grpo", "task.name=math.solve", "task.source=generated_easy", "task.num_problems=80",
-                      "task.test_size=16", f"workflow.name={wf}", "rollout.group_size=4", "rollout.batch_size=2",
+                   warm_problems=2, warm_epochs=1,  # ~8 demonstrations (main and sub turns) per question
+                   eval_problems=EVAL_PROBLEMS, levels=research,
+                   default_level="2-3 hops and arithmetic (every kind), 12 people"),
+        *[Comparison(f"study_{wf}", f"Workflow study, {wf} on arithmetic, held-out problems (task.split=test)",
+                     ("algorithm=grpo", "task.name=math.solve", "task.num_problems=128",
+                      f"task.test_size={EVAL_PROBLEMS}", f"workflow.name={wf}", "rollout.group_size=4", "rollout.batch_size=2",
                       *STUDY_SIZES[wf], lr),
                      (Arm("untrained team", rl=False), Arm("SA-RL (single workflow)", ("workflow.name=single", "workflow.options={}")),
                       Arm("SP (shared policy)", ("policy.mode=shared",)), Arm("IP (LoRA per role)", ("policy.mode=lora_per_role",))),
-                     quick=("task.num_problems=12", "task.test_size=3"), flag_cliffs=True)
+                     quick=("task.num_problems=12", "task.test_size=3"), flag_cliffs=True, eval_problems=EVAL_PROBLEMS,
+                     levels=arithmetic, default_level="one operation, operands <= 20", calibration_arm=2)
           for wf in ("eval_opt", "voting")],
     ]
 
@@ -155,35 +225,37 @@ QUICK = ("model=tiny-random", "threads=1", "rollout.max_new_tokens=4", "rollout.
          "train.steps=1", "policy.lora.r=4")
 
 
-def _overrides(comp: Comparison, arm: Arm, quick: bool, one_thread: bool = False) -> list[str]:
+def _overrides(comp: Comparison, arm: Arm, quick: bool, one_thread: bool = False, level: Level | None = None) -> list[str]:
     extra = [*QUICK, *comp.quick] if quick else []
     threads = ["threads=1"] if one_thread else []
-    return [*comp.common, *arm.overrides, *extra, *threads, "run.progress=false", "run.tensorboard=false",
-            "run.log_episodes=false"]
+    return [*comp.common, *(level.overrides if level else ()), *arm.overrides, *extra, *threads, "run.progress=false",
+            "run.tensorboard=false", "run.log_episodes=false"]
 
 
 def _config(comp: Comparison, arm: Arm, quick: bool, one_thread: bool, seed: int, workdir: Path, name: str,
-            *extra: str):
-    """The run's config: the comparison's shipped config (if any) with its, the arm's and the run's settings."""
+            *extra: str, level: Level | None = None):
+    """The run's config: the comparison's shipped config (if any) with its, the level's, the arm's and the run's settings."""
     from teamrl.core.config import load_config
 
-    return load_config(comp.config and REPO / comp.config, [*_overrides(comp, arm, quick, one_thread), f"seed={seed}",
+    return load_config(comp.config and REPO / comp.config, [*_overrides(comp, arm, quick, one_thread, level), f"seed={seed}",
                                                             f"run.dir={workdir}", f"name={name}", *extra])
 
 
 def merge(into: ArmResult, one: ArmResult) -> None:
     """Add one seed's run (``one``) to the arm's result over seeds."""
-    for f in ("seeds", "scores", "success", "valid", "wall", "tokens", "curves"):
+    for f in ("seeds", "scores", "success", "valid", "wall", "tokens", "curves", "problem_ids", "problem_scores", "signal",
+              "signal_groups"):
         getattr(into, f).extend(getattr(one, f))
     into.episodes = into.episodes or one.episodes
 
 
 def run_arm_in_process(comp: Comparison, index: int, seed: int, workdir: Path, eval_problems: int, quick: bool,
-                       one_thread: bool) -> ArmResult:
-    """One (arm, seed) run in a child process of its own (``--task``), at one torch thread: its result."""
+                       one_thread: bool, level: Level | None = None) -> ArmResult:
+    """One (arm, seed) run in a child process of its own (``--run-cell``), at one torch thread: its result."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE"} if one_thread else None
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--task", comp.key, str(index), str(seed), "--workdir",
-           str(workdir), "--eval", str(eval_problems), *(["--quick"] if quick else []), *(["--one-thread"] if one_thread else [])]
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--run-cell", comp.key, str(index), str(seed), "--workdir",
+           str(workdir), "--eval", str(eval_problems), *(["--level", level.label] if level else []),
+           *(["--quick"] if quick else []), *(["--one-thread"] if one_thread else [])]
     done = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"bench --learning: {comp.key} arm {index} seed {seed} failed (exit {done.returncode}); "
@@ -191,19 +263,20 @@ def run_arm_in_process(comp: Comparison, index: int, seed: int, workdir: Path, e
     return ArmResult(**json.loads(done.stdout.strip().splitlines()[-1]))
 
 
-def shared_warm_start(comp: Comparison, seed: int, workdir: Path, quick: bool, one_thread: bool) -> tuple[Path, float]:
+def shared_warm_start(comp: Comparison, seed: int, workdir: Path, quick: bool, one_thread: bool,
+                      level: Level | None = None) -> tuple[Path, float]:
     """The comparison's warm start for ``seed`` (run directory, seconds it took): done once, by the first arm
-    that needs it (a file lock keeps parallel runs from doing it twice), on the comparison's common settings,
-    and shared by its warm-started arms, which start RL from a copy of its checkpoint."""
+    that needs it (a file lock keeps parallel runs from doing it twice), on the comparison's common settings
+    at ``level``, and shared by its warm-started arms, which start RL from a copy of its checkpoint."""
     from teamrl.tasks import make_task
     from teamrl.trainer.sft import task_demonstrations, warm_start
 
-    name = f"{comp.key}-warm-seed{seed}"
+    name = f"{comp.key}-warm-seed{seed}" + (f"-{_slug(level.label)}" if level else "")
     warm_dir = workdir / name
     with open(workdir / f"{name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (warm_dir / "seconds").is_file():
-            cfg = _config(comp, Arm("warm start"), quick, one_thread, seed, workdir, name)
+            cfg = _config(comp, Arm("warm start"), quick, one_thread, seed, workdir, name, level=level)
             t0 = time.perf_counter()
             task = make_task(cfg.task)
             demos = task_demonstrations(task, task.problems()[:WARM_PROBLEMS_QUICK if quick else comp.warm_problems])
@@ -214,18 +287,18 @@ def shared_warm_start(comp: Comparison, seed: int, workdir: Path, quick: bool, o
 
 
 def run_arm(comp: Comparison, index: int, seed: int, workdir: Path, eval_problems: int, quick: bool, result: ArmResult,
-            one_thread: bool = False) -> None:
+            one_thread: bool = False, level: Level | None = None) -> None:
     """Warm start (if the arm has one), RL (if it trains), then the greedy held-out score; into ``result``."""
     from teamrl.trainer.evaluate import evaluate, held_out_config
     from teamrl.trainer.trainer import Trainer
 
     arm = comp.arms[index]
     name = f"{comp.key}-arm{index}-seed{seed}"
-    cfg = _config(comp, arm, quick, one_thread, seed, workdir, name, f"run.save_every={10**6}")
+    cfg = _config(comp, arm, quick, one_thread, seed, workdir, name, f"run.save_every={10**6}", level=level)
     t0 = time.perf_counter()
     warm_seconds = 0.0
     if arm.warm_start:
-        warm_dir, warm_seconds = shared_warm_start(comp, seed, workdir, quick, one_thread)
+        warm_dir, warm_seconds = shared_warm_start(comp, seed, workdir, quick, one_thread, level)
         shutil.copytree(warm_dir / "checkpoints", workdir / name / "checkpoints")
         (workdir / name / "metrics.jsonl").touch()
     trained_tokens = 0.0
@@ -235,6 +308,13 @@ def run_arm(comp: Comparison, index: int, seed: int, workdir: Path, eval_problem
         result.curves.append([m.get("normalised_return", m["reward_mean"]) for m in steps])
         trained_tokens = sum(v for m in steps for k, v in m.items() if k.startswith("tokens/"))
         result.episodes = cfg.train.steps * cfg.rollout.batch_size * cfg.rollout.group_size
+        with_signal = [m for m in steps if "signal/groups" in m]  # the trainer's per-step learning signal
+        groups = [int(sum(m["signal/groups_with_signal"] for m in with_signal)), int(sum(m["signal/groups"] for m in with_signal))]
+        result.signal.append(groups[0] / groups[1] if groups[1] else None)
+        result.signal_groups.append(groups)
+    else:
+        result.signal.append(None)
+        result.signal_groups.append([0, 0])
     held, _ = held_out_config(cfg)
     method = "team" if (arm.rl or arm.warm_start) else "untrained"
     (row,) = evaluate(held, [method], checkpoint=workdir / name if method == "team" else None, limit=eval_problems,
@@ -243,10 +323,91 @@ def run_arm(comp: Comparison, index: int, seed: int, workdir: Path, eval_problem
     result.wall.append(time.perf_counter() - t0 + warm_seconds)  # each warm-started arm carries the warm start's cost
     result.scores.append(row.mean)
     result.tokens.append(trained_tokens)
+    result.problem_ids.append([str(e["problem_id"]) for e in row.episodes])
+    result.problem_scores.append(list(row.scores))
     if row.pass_at_1 is not None:
         result.success.append(row.pass_at_1)
     if row.valid is not None:
         result.valid.append(row.valid)
+
+
+# ---- the cache of finished runs ----------------------------------------------------------------
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")[:60]
+
+
+def cell_path(cells: Path, comp: Comparison, index: int, seed: int) -> Path:
+    """Where the (comparison, arm, seed) run's result is cached."""
+    return cells / comp.key / f"{_slug(comp.arms[index].label)}-seed{seed}.json"
+
+
+def cell_fingerprint(comp: Comparison, index: int, eval_problems: int, quick: bool, level: Level | None) -> str:
+    """A digest of everything that decides a run's result: another setting, level, warm start or held-out
+    count is another cell (an old cell is then run again, not reused)."""
+    arm = comp.arms[index]
+    what = {"config": comp.config, "overrides": _overrides(comp, arm, quick, False, level), "eval": eval_problems,
+            "rl": arm.rl, "warm": [arm.warm_start, list(comp.warm_roles), comp.warm_problems, comp.warm_epochs, WARM_LR]
+            if arm.warm_start else None}
+    return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def read_cell(path: Path, fingerprint: str) -> ArmResult | None:
+    """The cached one-seed result at ``path`` if it is there and of these settings, else None."""
+    try:
+        cell = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if cell.get("fingerprint") != fingerprint:
+        return None
+    names = {f.name for f in dataclasses.fields(ArmResult)}
+    return ArmResult(**{k: v for k, v in cell["result"].items() if k in names})
+
+
+def write_cell(path: Path, fingerprint: str, comp: Comparison, level: Level | None, one: ArmResult) -> None:
+    """Cache one finished run (written whole, then renamed: a stopped run never leaves half a cell)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    cell = {"comparison": comp.key, "arm": one.label, "seed": one.seeds[0], "level": level.label if level else None,
+            "fingerprint": fingerprint, "written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "result": dataclasses.asdict(one)}
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(cell, indent=1) + "\n")
+    tmp.replace(path)
+
+
+# ---- the statistics: paired differences against the untrained team ------------------------------
+
+def paired_vs_untrained(untrained: ArmResult, arm: ArmResult) -> dict[int, dict[str, Any]]:
+    """Per seed both ran on the same held-out problems: the paired difference of ``arm`` - ``untrained``
+    in normalised return (:func:`teamrl.trainer.evaluate.compare`), its standard error and whether it
+    exceeds 2 standard errors."""
+    from teamrl.trainer.evaluate import EvalRow, compare
+
+    base = {s: (ids, sc) for s, ids, sc in zip(untrained.seeds, untrained.problem_ids, untrained.problem_scores)}
+    out = {}
+    for seed, ids, scores in zip(arm.seeds, arm.problem_ids, arm.problem_scores):
+        if seed not in base or base[seed][0] != ids or not ids:
+            continue  # not the same problems (or no untrained run of this seed yet): nothing to pair
+
+        def row(method: str, values: list[float]) -> EvalRow:
+            return EvalRow(method, statistics.mean(values), 0.0, len(values), 0.0, 0.0, scores=values)
+        c = compare([row("team", scores), row("untrained", base[seed][1])])
+        out[seed] = {"difference": c.difference, "stderr": c.stderr, "problems": c.problems, "beyond_noise": c.beyond_noise}
+    return out
+
+
+def _paired_cell(paired: dict[int, dict[str, Any]]) -> str:
+    return "; ".join(f"s{seed}: {p['difference']:+.3f} +/- {p['stderr']:.3f}{' *' if p['beyond_noise'] else ''}"
+                     for seed, p in sorted(paired.items())) or "-"
+
+
+def _signal_cell(r: ArmResult) -> str:
+    shares = [x for x in r.signal if x is not None]
+    if not shares:
+        return "-"
+    varied = sum(g[0] for g in r.signal_groups)
+    total = sum(g[1] for g in r.signal_groups)
+    return f"{100 * varied / total:.0f}% ({varied} of {total})" + (" **no learning signal**" if varied == 0 else "")
 
 
 def _spread(values: list[float]) -> str:
@@ -257,19 +418,24 @@ def _spread(values: list[float]) -> str:
     return f"{statistics.mean(values):.3f} ({min(values):.3f}..{max(values):.3f})"
 
 
-def render(comp: Comparison, results: list[ArmResult], seeds: list[int], eval_problems: int, png: str | None) -> str:
+def render(comp: Comparison, results: list[ArmResult], seeds: list[int], eval_problems: int, png: str | None,
+           level: Level | None = None) -> str:
     """The comparison's Markdown section: the table (mean and range over seeds) and its curve plot."""
+    at = f" Level: {level.label} (`{' '.join(level.overrides)}`)." if level else ""
     lines = [f"### {comp.title}", "",
-             f"Seeds {seeds}; {eval_problems} held-out problems, greedy. Equal budget: every RL arm samples the same "
+             f"Seeds {seeds}; {eval_problems} held-out problems, greedy.{at} Equal budget: every RL arm samples the same "
              "episodes (steps x problems per step x group size).", "",
              "| arm | held-out normalised return | success / accuracy | valid replies | wall s (mean) | episodes sampled (steps x problems x G) | "
-             "trained tokens (mean) |", "|---|---|---|---|---|---|---|"]
+             "trained tokens (mean) | paired difference vs untrained, per seed (* beyond 2 s.e.) | learning signal: groups varied |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         if not r.scores:  # not run yet (a partial page)
-            lines.append(f"| {r.label} | not run yet | | | | | |")
+            lines.append(f"| {r.label} | not run yet | | | | | | | |")
             continue
+        paired = _paired_cell(paired_vs_untrained(results[0], r)) if r is not results[0] else ""
         lines.append(f"| {r.label} | {_spread(r.scores)} | {_spread(r.success)} | {_spread(r.valid)} | "
-                     f"{statistics.mean(r.wall):.0f} | {r.episodes or '-'} | {statistics.mean(r.tokens):.0f} |")
+                     f"{statistics.mean(r.wall):.0f} | {r.episodes or '-'} | {statistics.mean(r.tokens):.0f} | {paired} | "
+                     f"{_signal_cell(r)} |")
     if comp.flag_cliffs:
         lines += ["", held_out_cliffs(results)]
     if png:
@@ -311,32 +477,240 @@ def plot(comp: Comparison, results: list[ArmResult], path: Path) -> bool:
     return True
 
 
+def results_json(grid: list[Comparison], results: dict[str, list[ArmResult]], levels: dict[str, Level | None],
+                 eval_problems: dict[str, int], mode: str) -> dict[str, Any]:
+    """The machine-readable ``learning_results.json``: per comparison and arm, the seeds run, the held-out
+    problem count, the mean held-out score and, per seed, the paired difference against the untrained team
+    (the first arm) with its standard error, and the learning signal of its training."""
+    sections = []
+    for comp in grid:
+        arms = []
+        base = results[comp.key][0]
+        for r in results[comp.key]:
+            paired = paired_vs_untrained(base, r) if r is not base else {}
+            arms.append({
+                "arm": r.label, "seeds": r.seeds, "held_out_problems": [len(ids) for ids in r.problem_ids],
+                "mean": statistics.mean(r.scores) if r.scores else None,
+                "success": statistics.mean(r.success) if r.success else None,
+                "valid": statistics.mean(r.valid) if r.valid else None,
+                "paired_vs_untrained": {str(k): v for k, v in sorted(paired.items())},
+                # the acceptance of issue 31: beyond 2 standard errors, above the untrained team, on every seed run
+                "beats_untrained_on_every_seed": bool(paired) and len(paired) == len(r.seeds) and all(
+                    p["beyond_noise"] and p["difference"] > 0 for p in paired.values()),
+                "signal_groups_varied": [g[0] for g in r.signal_groups], "signal_groups": [g[1] for g in r.signal_groups],
+                "episodes_sampled": r.episodes, "wall_s": r.wall,
+            })
+        level = levels.get(comp.key)
+        sections.append({"key": comp.key, "title": comp.title, "eval_problems": eval_problems[comp.key],
+                         "level": {"label": level.label, "overrides": list(level.overrides)} if level else None,
+                         "arms": arms})
+    return {"mode": mode, "written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "sections": sections}
+
+
+# ---- calibration ----------------------------------------------------------------------------------
+
+def _sampled_signal(cfg, resume: bool, problems: int) -> dict[str, Any]:
+    """At the training temperature and group size, on ``problems`` training problems: the rollouts and
+    advantages of training steps, without the update (the trainer's own sampler, groups and advantages)."""
+    from teamrl.core.seeding import derive_seed
+    from teamrl.rollout.scheduler import GenerationScheduler
+    from teamrl.trainer.diagnostics import learning_signal
+    from teamrl.trainer.trainer import Trainer
+    from teamrl.workflows.context import EpisodeContext
+
+    trainer = Trainer(cfg, resume=resume)
+    varied = groups = 0
+    success: list[float] = []
+    rewards: list[float] = []
+    try:
+        for step in range(max(1, -(-problems // cfg.rollout.batch_size))):
+            batch = trainer._next_problems()
+            scheduler = GenerationScheduler(trainer.engine, seed=derive_seed(cfg.seed, step + 1, 1))
+
+            def make_ctx(problem, episode: int, tags: dict, scheduler=scheduler) -> EpisodeContext:
+                params = trainer.greedy_params if tags.get("greedy") else trainer.params
+                return EpisodeContext(scheduler, trainer.route, trainer.tokenizer, params, problem.id, episode, tags)
+
+            samples = trainer._rollout(batch, make_ctx, scheduler)
+            train = trainer._assign_advantages(samples)
+            sig = learning_signal(train, trainer.roles)
+            varied += int(sig.get("signal/groups_with_signal", 0))
+            groups += int(sig.get("signal/groups", 0))
+            rewards += [s.reward for s in train]
+            m = trainer.algorithm.metrics(train)
+            rate = m.get("success_rate", m.get("accuracy"))
+            if rate is not None:
+                success.append(rate)
+    finally:
+        trainer.shutdown()
+    return {"sampled_success": statistics.mean(success) if success else None,
+            "sampled_reward": statistics.mean(rewards) if rewards else None,
+            "groups_varied": varied / groups if groups else 0.0, "groups": groups, "groups_with_signal": varied}
+
+
+def calibrate_level(comp: Comparison, level: Level, quick: bool, workdir: Path, problems: int, seed: int = 0) -> dict[str, Any]:
+    """One level's row: greedy success and valid replies on held-out problems and, at the training temperature
+    with the comparison's group size, success and the share of groups that vary; after the warm start where
+    the calibrated arm has one."""
+    from teamrl.trainer.evaluate import evaluate, held_out_config
+
+    arm = comp.arms[comp.calibration_arm]
+    name = f"{comp.key}-calibrate-{_slug(level.label)}"
+    t0 = time.perf_counter()
+    cfg = _config(comp, arm, quick, False, seed, workdir, name, f"run.save_every={10**6}", level=level)
+    if arm.warm_start:
+        warm_dir, _ = shared_warm_start(comp, seed, workdir, quick, False, level)
+        shutil.copytree(warm_dir / "checkpoints", workdir / name / "checkpoints")
+        (workdir / name / "metrics.jsonl").touch()
+    held, _ = held_out_config(cfg)
+    method = "team" if arm.warm_start else "untrained"
+    (row,) = evaluate(held, [method], checkpoint=workdir / name if arm.warm_start else None, limit=problems, progress=False)
+    out = {"settings": list(level.overrides), "warm_start": arm.warm_start, "problems": row.problems,
+           "greedy_success": row.pass_at_1, "greedy_return": row.mean, "valid": row.valid,
+           "temperature": cfg.rollout.temperature, "group_size": cfg.rollout.group_size}
+    out.update(_sampled_signal(cfg, arm.warm_start, problems))
+    out["seconds"] = round(time.perf_counter() - t0, 1)
+    return out
+
+
+def pick_level(rows: dict[str, dict[str, Any]], band: tuple[float, float] = BAND) -> tuple[str | None, str]:
+    """(the level to run at, why): of the levels whose sampled success (greedy where none was sampled) is in
+    ``band`` and whose groups varied, the one with the most varied groups; failing that, the level with the
+    most varied groups (said so); None when no level was measured."""
+    if not rows:
+        return None, "no level measured"
+
+    def rate(r: dict[str, Any]) -> float | None:
+        return r["sampled_success"] if r.get("sampled_success") is not None else r.get("greedy_success")
+    inside = {k: r for k, r in rows.items() if rate(r) is not None and band[0] <= rate(r) <= band[1] and r["groups_varied"] > 0}
+    if inside:
+        best = max(inside, key=lambda k: inside[k]["groups_varied"])
+        return best, f"success {rate(inside[best]):.2f} within {band[0]:.2f}-{band[1]:.2f}, the most varied groups of those"
+    best = max(rows, key=lambda k: (rows[k]["groups_varied"], rate(rows[k]) or 0.0))
+    return best, (f"no level within {band[0]:.2f}-{band[1]:.2f} success with varied groups: the most varied groups "
+                  f"({100 * rows[best]['groups_varied']:.0f}%)")
+
+
+def _fmt(x: Any, pct: bool = True) -> str:
+    return "-" if x is None else (f"{100 * x:.0f}%" if pct else f"{x:.3f}")
+
+
+def calibration_markdown(calibration: dict[str, Any], grid: list[Comparison]) -> str:
+    """The calibration table (Markdown) of every comparison calibrated."""
+    lines = ["| comparison | level | settings | warm start | problems | greedy success | valid replies | "
+             "sampled success (T, G) | groups varied | picked |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for comp in grid:
+        entry = calibration.get(comp.key)
+        if not entry:
+            continue
+        for lv in comp.levels:
+            r = entry["levels"].get(lv.label)
+            if r is None:
+                continue
+            lines.append(f"| {comp.key} | {lv.label} | `{' '.join(r['settings'])}` | {'yes' if r['warm_start'] else 'no'} | "
+                         f"{r['problems']} | {_fmt(r['greedy_success'])} | {_fmt(r['valid'])} | "
+                         f"{_fmt(r['sampled_success'])} (T={r['temperature']:g}, G={r['group_size']}) | "
+                         f"{_fmt(r['groups_varied'])} ({r['groups_with_signal']} of {r['groups']}) | "
+                         f"{'**yes**' if entry.get('picked') == lv.label else ''} |")
+    picks = [f"- {c.key}: {calibration[c.key]['picked']} ({calibration[c.key]['why']})" for c in grid
+             if calibration.get(c.key, {}).get("picked")]
+    return "\n".join(lines + [""] + picks) + "\n"
+
+
+MARK_START, MARK_END = "<!-- calibration table: written by bench/learning.py --calibrate -->", "<!-- end of calibration table -->"
+
+
+def write_calibration_doc(doc: Path, table: str, mode: str) -> None:
+    """Put ``table`` between the markers of ``doc`` (appended under a heading the first time)."""
+    text = doc.read_text() if doc.is_file() else ""
+    block = f"{MARK_START}\n\n_{mode}; table written {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}_\n\n{table}\n{MARK_END}"
+    if MARK_START in text and MARK_END in text:
+        text = text[:text.index(MARK_START)] + block + text[text.index(MARK_END) + len(MARK_END):]
+    else:
+        text = text.rstrip("\n") + ("\n\n" if text else "") + "### The calibration table\n\n" + block + "\n"
+    doc.write_text(text)
+
+
+def calibrate(grid: list[Comparison], quick: bool, path: Path, doc: Path | None, problems: int, workdir: Path,
+              redo: bool = False, measure: bool = True) -> dict[str, Any]:
+    """Measure each comparison's levels (those already in ``path`` with the same settings are kept: resumable),
+    pick one per comparison, write ``path`` after every level and the table into ``doc``; ``measure=False``:
+    only the table, from ``path``."""
+    calibration = json.loads(path.read_text()) if path.is_file() else {}
+    mode = "--quick (tiny random model: says nothing about the embedded model)" if quick else "SmolLM2-135M"
+    for comp in grid:
+        levels = comp.levels[:2] if quick else comp.levels
+        if not levels or not measure:
+            continue
+        entry = calibration.setdefault(comp.key, {"levels": {}})
+        for lv in levels:
+            key = hashlib.sha256(json.dumps([_overrides(comp, comp.arms[comp.calibration_arm], quick, False, lv), problems,
+                                             comp.warm_roles, comp.warm_problems, comp.warm_epochs]).encode()).hexdigest()[:16]
+            if not redo and entry["levels"].get(lv.label, {}).get("fingerprint") == key:
+                continue
+            row = calibrate_level(comp, lv, quick, workdir, problems)
+            entry["levels"][lv.label] = {**row, "fingerprint": key}
+            entry["picked"], entry["why"] = pick_level(entry["levels"])
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(calibration, indent=1) + "\n")  # after every level: a stopped run keeps it
+            print(f"[calibrate] {comp.key} / {lv.label}: greedy {_fmt(row['greedy_success'])}, sampled "
+                  f"{_fmt(row['sampled_success'])}, groups varied {_fmt(row['groups_varied'])} ({row['seconds']:.0f} s)",
+                  file=sys.stderr, flush=True)
+        entry["picked"], entry["why"] = pick_level(entry["levels"])
+    calibration = {k: v for k, v in calibration.items() if v.get("levels")}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(calibration, indent=1) + "\n")
+    table = calibration_markdown(calibration, grid)
+    if doc is not None:
+        write_calibration_doc(doc, table, mode)
+    print(table)
+    return calibration
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="smoke run: tiny random model, 1 seed, 1 step, 2 held-out problems")
-    ap.add_argument("--seeds", type=int, default=None, help="seeds per arm (default 2; --quick: 1)")
-    ap.add_argument("--eval", type=int, default=None, help="held-out problems per arm (default: the comparison's, 6 or 12; --quick: 2)")
+    ap.add_argument("--seeds", type=int, default=None, help=f"seeds per arm (default {SEEDS}; --quick: 1)")
+    ap.add_argument("--eval", type=int, default=None, help=f"held-out problems per arm (default {EVAL_PROBLEMS}; --quick: 2)")
     ap.add_argument("--only", default="", help="comma-separated comparison keys (magrpo, at_grpo, m_grpo, study_eval_opt, "
                                                "study_voting); default all")
-    ap.add_argument("--out", default=str(REPO / "bench" / "LEARNING.md"), help="Markdown file to write (PNGs beside it)")
+    ap.add_argument("--out", default=None, help="Markdown file to write (PNGs and learning_results.json beside it; default "
+                                                "bench/LEARNING.md, --quick: runs/learn_quick/LEARNING.md)")
+    ap.add_argument("--cells", default=None, help="cache of finished runs (default bench/learning_cells; --quick: a temporary folder)")
+    ap.add_argument("--render-only", action="store_true", help="run nothing: rewrite the page and the JSON from the cache "
+                                                               "(with --calibrate: the calibration table from its file)")
     ap.add_argument("--jobs", type=int, default=None, help="(arm, seed) runs at once, one process and one torch thread "
                                                            "each (default 2; --quick: 1, in this process)")
-    ap.add_argument("--task", nargs=3, metavar=("KEY", "ARM", "SEED"), help=argparse.SUPPRESS)  # one run, in a child
+    ap.add_argument("--calibrate", action="store_true", help="measure each task's difficulty levels and pick one (see above)")
+    ap.add_argument("--calibrate-problems", type=int, default=None,
+                    help=f"problems per level (default {CALIBRATE_PROBLEMS}; --quick: 2)")
+    ap.add_argument("--calibration", default=None, help="calibration file (default bench/calibration.json; --quick: temporary)")
+    ap.add_argument("--calibration-doc", default=None, help="Markdown file the calibration table goes into (default "
+                                                            "docs/learning.md; --quick: none)")
+    ap.add_argument("--recalibrate", action="store_true", help="with --calibrate: measure levels already in the file again")
+    ap.add_argument("--run-cell", nargs=3, metavar=("KEY", "ARM", "SEED"), help=argparse.SUPPRESS)  # one run, in a child
+    ap.add_argument("--level", help=argparse.SUPPRESS)
     ap.add_argument("--workdir", help=argparse.SUPPRESS)
     ap.add_argument("--one-thread", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    if args.task:  # a child of --jobs: one (arm, seed) run; its result as the last line of stdout
-        key, index, seed = args.task[0], int(args.task[1]), int(args.task[2])
+    if args.run_cell:  # a child of --jobs: one (arm, seed) run; its result as the last line of stdout
+        key, index, seed = args.run_cell[0], int(args.run_cell[1]), int(args.run_cell[2])
         comp = next(c for c in comparisons() if c.key == key)
+        level = next((lv for lv in comp.levels if lv.label == args.level), None)
         one = ArmResult(comp.arms[index].label)
-        run_arm(comp, index, seed, Path(args.workdir), args.eval, args.quick, one, args.one_thread)
+        run_arm(comp, index, seed, Path(args.workdir), args.eval, args.quick, one, args.one_thread, level)
         print(json.dumps(dataclasses.asdict(one)), flush=True)
         return 0
     jobs = args.jobs if args.jobs is not None else (1 if args.quick else 2)
     if jobs < 1:
         print(f"bench --learning: --jobs {jobs} must be >= 1", file=sys.stderr)
         return 2
-    seeds = list(range(args.seeds or (1 if args.quick else 2)))
+    for flag in ("seeds", "eval", "calibrate_problems"):
+        value = getattr(args, flag)
+        if value is not None and value < 1:
+            print(f"bench --learning: --{flag.replace('_', '-')} {value} must be >= 1", file=sys.stderr)
+            return 2
+    seeds = list(range(args.seeds or (1 if args.quick else SEEDS)))
 
     def eval_problems(comp: Comparison) -> int:
         return args.eval or (2 if args.quick else comp.eval_problems)
@@ -348,47 +722,86 @@ def main(argv: list[str] | None = None) -> int:
             print(f"bench --learning: --only {unknown[0]!r} is not a comparison; choose from {[c.key for c in grid]}", file=sys.stderr)
             return 2
         grid = [c for c in grid if c.key in keys]
-    out = Path(args.out)
+    with tempfile.TemporaryDirectory() as d:
+        calibration_file = Path(args.calibration) if args.calibration else (Path(d) / "calibration.json" if args.quick
+                                                                            else CALIBRATION)
+        if args.calibrate:
+            doc = Path(args.calibration_doc) if args.calibration_doc else (None if args.quick else CALIBRATION_DOC)
+            calibrate(grid, args.quick, calibration_file, doc, args.calibrate_problems or (2 if args.quick else CALIBRATE_PROBLEMS),
+                      Path(d), redo=args.recalibrate, measure=not args.render_only)
+            return 0
+        try:
+            calibration = json.loads(calibration_file.read_text()) if calibration_file.is_file() else {}
+        except ValueError as e:
+            print(f"bench --learning: {calibration_file} is not JSON ({e}); delete it or run --calibrate again", file=sys.stderr)
+            return 2
+        return _grid(args, grid, seeds, eval_problems, calibration, jobs, Path(d))
+
+
+def _grid(args, grid: list[Comparison], seeds: list[int], eval_problems, calibration: dict, jobs: int, d: Path) -> int:
+    """Run the (comparison, arm, seed) runs missing from the cache, then write the page and the JSON."""
+    out = Path(args.out) if args.out else (QUICK_OUT if args.quick else REPO / "bench" / "LEARNING.md")
+    cells = Path(args.cells) if args.cells else (d / "cells" if args.quick else CELLS)
     out.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     mode = "--quick smoke run (tiny random model: the numbers say nothing about learning)" if args.quick else "full run"
     lock = threading.Lock()
-    with tempfile.TemporaryDirectory() as d:
-        results = {c.key: [ArmResult(a.label) for a in c.arms] for c in grid}
-        runs = [(c, i, s) for c in grid for i in range(len(c.arms)) for s in seeds]
+    levels = {c.key: c.level(calibration) for c in grid}
+    results = {c.key: [ArmResult(a.label) for a in c.arms] for c in grid}
+    runs, cached = [], 0
+    for c in grid:
+        for i in range(len(c.arms)):
+            for s in seeds:
+                fp = cell_fingerprint(c, i, eval_problems(c), args.quick, levels[c.key])
+                one = read_cell(cell_path(cells, c, i, s), fp)
+                if one is not None:
+                    merge(results[c.key][i], one)
+                    cached += 1
+                else:
+                    runs.append((c, i, s, fp))
+    total = cached + len(runs)
+    if args.render_only:
+        runs = []
 
-        def publish() -> str:
-            """Write the page from the runs finished so far (after every run: a run that is stopped
-            still leaves what it measured); returns it."""
-            sections = []
-            for comp in grid:  # seeds finish in any order: the table gives mean and range, the plot the mean
-                if not any(r.scores for r in results[comp.key]):
-                    continue
-                png = out.with_name(f"{out.stem}_{comp.key}.png")
-                sections.append(render(comp, results[comp.key], seeds, eval_problems(comp),
-                                       png.name if plot(comp, results[comp.key], png) else None))
-            finished = sum(len(r.scores) for arms in results.values() for r in arms)
-            state = "" if finished == len(runs) else f"; partial: {finished} of {len(runs)} runs finished so far"
-            page = (f"# Learning benchmark\n\nWritten by `bench/learning.py` ({mode}); wall time "
-                    f"{time.perf_counter() - t0:.0f} s{state}.\n\n" + "\n".join(sections))
-            out.write_text(page)
-            return page
+    def publish() -> str:
+        """Write the page and the JSON from the runs finished so far (after every run: a run that is stopped
+        still leaves what it measured); returns the page."""
+        sections = []
+        for comp in grid:  # seeds finish in any order: the table gives mean and range, the plot the mean
+            if not any(r.scores for r in results[comp.key]):
+                continue
+            png = out.with_name(f"{out.stem}_{comp.key}.png")
+            sections.append(render(comp, results[comp.key], seeds, eval_problems(comp),
+                                   png.name if plot(comp, results[comp.key], png) else None, levels[comp.key]))
+        finished = sum(len(r.scores) for arms in results.values() for r in arms)
+        state = "" if finished == total else f"; partial: {finished} of {total} runs finished so far"
+        page = (f"# Learning benchmark\n\nWritten by `bench/learning.py` ({mode}); wall time "
+                f"{time.perf_counter() - t0:.0f} s{state}; {cached} runs read from the cache ({cells.name}/).\n\n"
+                "Paired difference: the arm's held-out normalised return minus the untrained team's, problem by problem, "
+                "on the same seed, +/- its standard error; `*`: beyond 2 standard errors. Learning signal: the share of the "
+                "arm's training groups whose advantages were not all 0 (only those teach).\n\n" + "\n".join(sections))
+        out.write_text(page)
+        summary = results_json(grid, results, levels, {c.key: eval_problems(c) for c in grid}, mode)
+        out.with_name("learning_results.json").write_text(json.dumps(summary, indent=1) + "\n")
+        return page
 
-        def one_run(run: tuple[Comparison, int, int]) -> None:
-            comp, index, seed = run
-            if jobs == 1:
-                one = ArmResult(comp.arms[index].label)
-                run_arm(comp, index, seed, Path(d), eval_problems(comp), args.quick, one)
-            else:
-                one = run_arm_in_process(comp, index, seed, Path(d), eval_problems(comp), args.quick, one_thread=True)
-            with lock:
-                merge(results[comp.key][index], one)
-                publish()
-            print(f"[learn] {time.perf_counter() - t0:.0f} s: {comp.key} / {one.label} / seed {seed}: held-out "
-                  f"{one.scores[0]:.3f}, {one.wall[0]:.0f} s", file=sys.stderr, flush=True)
+    def one_run(run: tuple[Comparison, int, int, str]) -> None:
+        comp, index, seed, fp = run
+        level = levels[comp.key]
+        if jobs == 1:
+            one = ArmResult(comp.arms[index].label)
+            run_arm(comp, index, seed, d, eval_problems(comp), args.quick, one, level=level)
+        else:
+            one = run_arm_in_process(comp, index, seed, d, eval_problems(comp), args.quick, one_thread=True, level=level)
+        with lock:
+            write_cell(cell_path(cells, comp, index, seed), fp, comp, level, one)
+            merge(results[comp.key][index], one)
+            publish()
+        print(f"[learn] {time.perf_counter() - t0:.0f} s: {comp.key} / {one.label} / seed {seed}: held-out "
+              f"{one.scores[0]:.3f}, {one.wall[0]:.0f} s", file=sys.stderr, flush=True)
 
-        with ThreadPoolExecutor(jobs) as pool:
-            list(pool.map(one_run, runs))  # list(): re-raise the first failure
+    with ThreadPoolExecutor(jobs) as pool:
+        list(pool.map(one_run, runs))  # list(): re-raise the first failure
     print(publish())
     return 0
 

@@ -21,7 +21,10 @@ def _learning():
 def test_quick_learning_run_writes_every_table_and_curve(tmp_path):
     learning = _learning()
     out = tmp_path / "LEARNING.md"
+    committed = sorted(learning.CELLS.rglob("*")) if learning.CELLS.exists() else []
     assert learning.main(["--quick", "--out", str(out)]) == 0
+    # --quick caches its runs in a temporary folder, never in the committed cache
+    assert (sorted(learning.CELLS.rglob("*")) if learning.CELLS.exists() else []) == committed
     page = out.read_text()
     assert "--quick smoke run" in page and re.search(r"wall time \d+ s", page)
     for comp in learning.comparisons():
@@ -76,12 +79,17 @@ def test_a_stopped_run_leaves_the_runs_it_finished(tmp_path, monkeypatch):
         return real(*args, **kwargs)
 
     monkeypatch.setattr(learning, "run_arm", stops_at_the_second_run)
-    out = tmp_path / "LEARNING.md"
+    out, cells = tmp_path / "LEARNING.md", tmp_path / "cells"
     with pytest.raises(RuntimeError, match="stopped"):
-        learning.main(["--quick", "--only", "magrpo", "--out", str(out)])
+        learning.main(["--quick", "--only", "magrpo", "--out", str(out), "--cells", str(cells)])
     page = out.read_text()
     assert "partial: 1 of 2 runs finished so far" in page
     assert re.search(r"^\| untrained team \| \d\.\d{3} \|", page, re.M) and "| MAGRPO | not run yet |" in page
+    # resumed on the same cache: only the run that was missing runs
+    calls.clear()
+    monkeypatch.setattr(learning, "run_arm", lambda *args, **kwargs: (calls.append(1), real(*args, **kwargs))[1])
+    assert learning.main(["--quick", "--only", "magrpo", "--out", str(out), "--cells", str(cells)]) == 0
+    assert len(calls) == 1 and "partial" not in out.read_text() and "1 runs read from the cache" in out.read_text()
 
 
 def test_held_out_cliffs_pair_each_arm_with_the_untrained_team_of_its_seed():
@@ -92,3 +100,136 @@ def test_held_out_cliffs_pair_each_arm_with_the_untrained_team_of_its_seed():
     line = learning.held_out_cliffs([untrained, steady, fell])
     assert line.endswith("IP (seed 1: 25% vs 50%).") and "SP" not in line
     assert learning.held_out_cliffs([untrained, steady]).endswith(": none.")
+
+
+def test_the_cache_resumes_the_grid_and_renders_the_page_and_json_alone(tmp_path, monkeypatch):
+    """Each finished (comparison, arm, seed) is a JSON cell; a second run reuses every cell of the same settings,
+    --render-only rewrites the page and learning_results.json from the cells alone, and a cell of other
+    settings (its fingerprint) is run again."""
+    import json
+
+    learning = _learning()
+    out, cells = tmp_path / "a" / "LEARNING.md", tmp_path / "cells"
+    args = ["--quick", "--only", "magrpo", "--out", str(out), "--cells", str(cells)]
+    real_run = learning.run_arm
+    assert learning.main(args) == 0
+    files = sorted(p.name for p in (cells / "magrpo").iterdir())
+    assert files == ["magrpo-seed0.json", "untrained-team-seed0.json"]
+    summary = json.loads((out.parent / "learning_results.json").read_text())
+    (section,) = summary["sections"]
+    untrained, magrpo = section["arms"]
+    assert section["key"] == "magrpo" and section["eval_problems"] == 2
+    assert untrained["seeds"] == [0] and untrained["held_out_problems"] == [2] and untrained["paired_vs_untrained"] == {}
+    paired = magrpo["paired_vs_untrained"]["0"]
+    assert paired["problems"] == 2 and paired["stderr"] >= 0 and magrpo["signal_groups"] == [2]  # one group per agent
+
+    def no_run(*a, **k):
+        raise AssertionError("a cached run ran again")
+    monkeypatch.setattr(learning, "run_arm", no_run)
+    page = out.read_text()
+    out2 = tmp_path / "b" / "LEARNING.md"
+    assert learning.main([*args[:-4], "--out", str(out2), "--cells", str(cells), "--render-only"]) == 0
+    again = out2.read_text()
+    assert "2 runs read from the cache" in again and "partial" not in again
+    table = [line for line in page.splitlines() if line.startswith("| ")]
+    assert [line.split("|")[1:5] for line in table] == [line.split("|")[1:5] for line in again.splitlines() if line.startswith("| ")]
+    assert json.loads((out2.parent / "learning_results.json").read_text())["sections"] == summary["sections"]
+    # another setting is another cell: the stale one runs again
+    cell = cells / "magrpo" / "magrpo-seed0.json"
+    stale = json.loads(cell.read_text())
+    cell.write_text(json.dumps({**stale, "fingerprint": "other settings"}))
+    ran = []
+    monkeypatch.setattr(learning, "run_arm", lambda *a, **k: ran.append(a[1]) or real_run(*a, **k))
+    assert learning.main(args) == 0
+    assert ran == [1] and json.loads(cell.read_text())["fingerprint"] == stale["fingerprint"]
+
+
+def test_paired_differences_pair_the_same_seed_and_problems():
+    learning = _learning()
+    untrained = learning.ArmResult("untrained team", seeds=[0, 1], problem_ids=[["a", "b", "c"], ["d", "e", "f"]],
+                                   problem_scores=[[0.0, 0.5, 0.0], [0.0, 0.0, 0.0]])
+    arm = learning.ArmResult("trained", seeds=[1, 0, 2], problem_ids=[["d", "e", "f"], ["a", "b", "c"], ["x", "y", "z"]],
+                             problem_scores=[[1.0, 1.0, 1.0], [0.5, 0.5, 0.5]])
+    paired = learning.paired_vs_untrained(untrained, arm)
+    assert sorted(paired) == [0, 1]  # seed 2 has no untrained run: not paired
+    assert paired[1] == {"difference": 1.0, "stderr": 0.0, "problems": 3, "beyond_noise": True}
+    assert abs(paired[0]["difference"] - (0.5 + 0.0 + 0.5) / 3) < 1e-12 and paired[0]["stderr"] > 0
+    moved = learning.ArmResult("other problems", seeds=[0], problem_ids=[["a", "b", "q"]], problem_scores=[[1.0, 1.0, 1.0]])
+    assert learning.paired_vs_untrained(untrained, moved) == {}
+
+
+def test_pick_level_takes_the_band_with_the_most_varied_groups():
+    learning = _learning()
+    row = lambda sampled, varied: {"sampled_success": sampled, "greedy_success": None, "groups_varied": varied}  # noqa: E731
+    rows = {"easy": row(0.8, 0.5), "mid": row(0.3, 0.6), "mid2": row(0.2, 0.4), "hard": row(0.0, 0.0)}
+    assert learning.pick_level(rows)[0] == "mid"
+    picked, why = learning.pick_level({"hard": row(0.0, 0.0), "harder": row(0.0, 0.0)})
+    assert picked == "hard" and why.startswith("no level within 0.15-0.50")
+    assert learning.pick_level({}) == (None, "no level measured")
+
+
+def test_quick_calibration_writes_the_table_and_resumes(tmp_path, monkeypatch):
+    """--calibrate --quick: two levels per task on the tiny model (after the warm start where the arm has one),
+    into the calibration file and a Markdown table; a second call measures nothing again."""
+    import json
+
+    learning = _learning()
+    cal, doc = tmp_path / "calibration.json", tmp_path / "learning.md"
+    doc.write_text("# page\n\ntext above\n")
+    args = ["--quick", "--calibrate", "--only", "at_grpo,study_voting", "--calibration", str(cal), "--calibration-doc", str(doc)]
+    assert learning.main(args) == 0
+    data = json.loads(cal.read_text())
+    comps = {c.key: c for c in learning.comparisons()}
+    for key in ("at_grpo", "study_voting"):
+        levels = data[key]["levels"]
+        assert list(levels) == [lv.label for lv in comps[key].levels[:2]]
+        for r in levels.values():
+            assert r["problems"] == 2 and 0 <= r["groups_varied"] <= 1 and r["groups"] > 0
+            assert r["warm_start"] == (key == "at_grpo")
+        assert data[key]["picked"] in levels
+    text = doc.read_text()
+    assert text.startswith("# page\n\ntext above") and text.count(learning.MARK_START) == 1
+    assert "| at_grpo | 3x3, walls 0.10 |" in text and "| study_voting | one operation, operands <= 5 |" in text
+
+    def no_level(*a, **k):
+        raise AssertionError("a calibrated level was measured again")
+    monkeypatch.setattr(learning, "calibrate_level", no_level)
+    assert learning.main(args) == 0
+    assert doc.read_text().count(learning.MARK_START) == 1  # the table is replaced, not added twice
+    # --render-only: the table from the file, nothing measured (m_grpo, never calibrated, stays out)
+    assert learning.main([*args[:3], "at_grpo,study_voting,m_grpo", *args[4:], "--render-only"]) == 0
+    assert "m_grpo" not in json.loads(cal.read_text()) and "| m_grpo |" not in doc.read_text()
+
+
+def test_every_level_is_a_valid_config_and_turns_its_knob(tmp_path):
+    """The difficulty knobs: each comparison's levels load as configs and make the task they say."""
+    from teamrl.tasks import make_task
+
+    learning = _learning()
+    for comp in learning.comparisons():
+        assert (comp.default_level in {lv.label for lv in comp.levels}) == bool(comp.levels), comp.key
+        for lv in comp.levels:
+            cfg = learning._config(comp, comp.arms[comp.calibration_arm], False, False, 0, tmp_path, "x", level=lv)
+            task = make_task(cfg.task)
+            p = task.problems()[0]
+            if comp.key == "at_grpo":
+                assert len(p.data["grid"]) == cfg.task["min_size"], lv
+            elif comp.key == "m_grpo":
+                kinds = cfg.task["kinds"].split(",")
+                assert {q.data["kind"] for q in task.problems()} == set(kinds), lv
+            else:
+                assert len(task.problems()) == 128 - learning.EVAL_PROBLEMS
+    assert learning.comparisons()[0].level() is None  # writing has no knob here
+
+
+def test_the_arithmetic_knob_bounds_the_operands_and_keeps_the_default_problems():
+    import re as _re
+
+    from teamrl.tasks.math_env import generate_arithmetic
+
+    default = generate_arithmetic(30, seed=1, easy=True)
+    assert [p.id for p in default][:2] == ["math/generated_easy/1/0", "math/generated_easy/1/1"]
+    assert [p.data for p in generate_arithmetic(30, seed=1, easy=True, max_operand=20)] == [p.data for p in default]
+    small = generate_arithmetic(60, seed=1, easy=True, max_operand=5)
+    assert all(int(n) <= 5 for p in small for n in _re.findall(r"\d+", p.data["expression"]))
+    assert small[0].id == "math/generated_easy-5/1/0"

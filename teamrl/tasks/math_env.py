@@ -87,6 +87,8 @@ class MathOptions:
     num_problems: int = option(0, ge=0, doc="first N problems of a file (0 = all); generators make N (0 = 64)")
     max_turns: int = option(2, ge=1, doc="turns (reasoner and tool) per episode")
     seed: int = option(0, doc="seed of the generators")
+    max_operand: int = option(20, ge=2, le=1000, doc="generated_easy: the largest operand of a sum or difference (a "
+                                                     "difficulty knob; a product's factors go up to 9 * max_operand // 20, at least 2)")
     wall_seconds: float = option(5.0, gt=0, doc="sandbox wall-clock (and CPU) limit per tool program")
     final: str = option("agreed", choices=("agreed", "reasoner"),
                         doc="team reward without agreement: agreed = 0; reasoner = the reasoner's latest answer decides")
@@ -357,29 +359,33 @@ def _eval_int(expression: str) -> int:
     return ev(ast.parse(expression, mode="eval"))
 
 
-def _easy_template(rng: random.Random) -> tuple[str, str]:
-    """(question, expression): one addition, subtraction or multiplication of numbers up to 20."""
+def _easy_template(rng: random.Random, max_operand: int = 20) -> tuple[str, str]:
+    """(question, expression): one addition, subtraction or multiplication of numbers up to ``max_operand``
+    (factors of a product up to ``9 * max_operand // 20``: 9 at the default 20)."""
     name, item = rng.choice(_NAMES), rng.choice(_ITEMS)
-    a, b = rng.randint(2, 20), rng.randint(2, 20)
+    a, b = rng.randint(2, max_operand), rng.randint(2, max_operand)
     kind = rng.randrange(3)
     if kind == 0:
         return f"{name} has {a} {item} and gets {b} more. How many {item} does {name} have now?", f"{a} + {b}"
     if kind == 1:
         a, b = max(a, b), min(a, b)
         return f"{name} has {a} {item} and gives away {b}. How many {item} are left?", f"{a} - {b}"
-    a, b = min(a, 9), min(b, 9)
+    cap = max(2, 9 * max_operand // 20)
+    a, b = min(a, cap), min(b, cap)
     return f"There are {a} bags with {b} {item} in each. How many {item} are there?", f"{a} * {b}"
 
 
-def generate_arithmetic(n: int, seed: int = 0, easy: bool = False) -> list[Problem]:
+def generate_arithmetic(n: int, seed: int = 0, easy: bool = False, max_operand: int = 20) -> list[Problem]:
     """``n`` seeded arithmetic word problems (problem i depends only on ``seed`` and i); ``easy``:
-    one operation on numbers up to 20 (source ``generated_easy``)."""
+    one operation on numbers up to ``max_operand`` (source ``generated_easy``)."""
     source = "generated_easy" if easy else "generated"
+    # another operand range is another problem set: its ids say so (the default keeps the ids it always had)
+    tag = source if not easy or max_operand == 20 else f"{source}-{max_operand}"
     problems = []
     for i in range(n):
         rng = random.Random(f"math:{source}:{seed}:{i}")
-        question, expression = (_easy_template if easy else _template)(rng)
-        problems.append(Problem(f"math/{source}/{seed}/{i}", {"question": question, "answer": str(_eval_int(expression)),
+        question, expression = (_easy_template(rng, max_operand) if easy else _template(rng))
+        problems.append(Problem(f"math/{tag}/{seed}/{i}", {"question": question, "answer": str(_eval_int(expression)),
                                                              "expression": expression, "source": source}))
     return problems
 
@@ -401,7 +407,7 @@ def load_math_problems(opts: MathOptions) -> list[Problem]:
     """The problems ``opts`` names (see :class:`MathOptions`)."""
     src, n = opts.source, opts.num_problems
     if src in ("generated", "generated_easy"):
-        return generate_arithmetic(n or GENERATED_DEFAULT, opts.seed, easy=src == "generated_easy")
+        return generate_arithmetic(n or GENERATED_DEFAULT, opts.seed, easy=src == "generated_easy", max_operand=opts.max_operand)
     if src.startswith("reasoning_gym:") and src.split(":", 1)[1]:
         return load_reasoning_gym(src.split(":", 1)[1], n or GENERATED_DEFAULT, opts.seed)
     if src in ("gsm8k", "math"):

@@ -63,6 +63,8 @@ class ResearchOptions:
     num_problems: int = option(32, ge=1, doc="questions (generated), or the first N of qa_path")
     num_people: int = option(12, ge=2, doc="generated: people (companies and cities scale with it)")
     seed: int = option(0, doc="seed of the generated corpus and questions")
+    kinds: str = option("city,country,age", doc="generated: the question kinds, comma-separated, asked in turn (a "
+                        "difficulty knob): city (2 hops), country (3 hops), age (2 hops and a subtraction)")
     max_sub_calls: int = option(2, ge=0, doc="sub-agent calls the main agent may make per episode")
     max_sub_turns: int = option(3, ge=1, doc="replies per sub-agent call (tool loop length); also the single agent's limit")
     reward_correct: float = option(1.0, doc="main reward for a correct answer")
@@ -184,10 +186,18 @@ def generate_corpus(num_people: int, seed: int) -> tuple[dict[str, Page], list[d
     return pages, facts
 
 
-def generate_questions(facts: list[dict[str, Any]], n: int, seed: int) -> list[Problem]:
-    """``n`` multi-hop questions with exact answers (city: 2 hops; country: 3; age at founding: 2 + arithmetic)."""
+QUESTION_KINDS = ("city", "country", "age")
+
+
+def generate_questions(facts: list[dict[str, Any]], n: int, seed: int, kinds: Sequence[str] = QUESTION_KINDS) -> list[Problem]:
+    """``n`` multi-hop questions with exact answers (city: 2 hops; country: 3; age at founding: 2 + arithmetic),
+    of ``kinds`` in turn."""
     rng = random.Random(seed + 1)
-    kinds = ("city", "country", "age")
+    kinds = tuple(kinds)
+    bad = [k for k in kinds if k not in QUESTION_KINDS]
+    if bad or not kinds:
+        raise ConfigError(f"task.kinds: {','.join(kinds)!r} is not a comma-separated list of question kinds; "
+                          f"choose from {','.join(QUESTION_KINDS)} (e.g. city for the 2-hop questions only)")
     out = []
     for i in range(n):
         f = facts[rng.randrange(len(facts))]
@@ -287,7 +297,7 @@ class ResearchEnv:
             self._problems = load_questions(o.qa_path, o.num_problems)
         else:
             self.pages, facts = generate_corpus(o.num_people, o.seed)
-            self._problems = generate_questions(facts, o.num_problems, o.seed)
+            self._problems = generate_questions(facts, o.num_problems, o.seed, [k.strip() for k in o.kinds.split(",")])
         self.limits = SandboxLimits(wall_seconds=o.wall_seconds, cpu_seconds=o.wall_seconds)
 
     def problems(self) -> list[Problem]:

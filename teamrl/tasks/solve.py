@@ -95,6 +95,7 @@ class MathSolveOptions:
     path: str = MathOptions.__dataclass_fields__["path"]
     num_problems: int = MathOptions.__dataclass_fields__["num_problems"]
     seed: int = MathOptions.__dataclass_fields__["seed"]
+    max_operand: int = MathOptions.__dataclass_fields__["max_operand"]
     split: str = option("train", choices=SPLITS, doc="train: all but the last test_size problems; test: those")
     test_size: int = option(16, ge=0, doc="problems held out for evaluation")
     last_number: bool = option(True, doc="without an `Answer:` line or \\boxed{}, read the last number in the text")
@@ -118,7 +119,8 @@ class MathSolve(SolveTask):
 
     def __init__(self, opts: MathSolveOptions | None = None) -> None:
         self.opts = opts or MathSolveOptions()
-        data = MathOptions(source=self.opts.source, path=self.opts.path, num_problems=self.opts.num_problems, seed=self.opts.seed)
+        data = MathOptions(source=self.opts.source, path=self.opts.path, num_problems=self.opts.num_problems, seed=self.opts.seed,
+                           max_operand=self.opts.max_operand)
         self._problems = split_problems(load_math_problems(data), self.opts.split, self.opts.test_size, "math.solve")
 
     def problems(self) -> list[Problem]:

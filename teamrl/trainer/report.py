@@ -28,6 +28,8 @@ PLOTS = (
     ("loss", "loss per policy", ("loss/",)),
     ("grad_norm", "gradient norm per policy (before clipping)", ("grad_norm/",)),
     ("kl", "KL to the reference per policy", ("kl/",)),
+    ("signal", "learning signal: share of groups with a non-zero advantage (per role), of samples in the loss",
+     ("signal/groups_varied", "signal/samples_in_loss")),
     ("accuracy", "episode accuracy (train) and held-out greedy accuracy", ("accuracy", "first_attempt_accuracy", "eval/accuracy", "eval/peak_accuracy")),
     ("role_grad_norm", "gradient norm per role type", ("role_grad_norm/",)),
     ("role_capture", "role capture: share of the summed gradient norm", ("role_capture/",)),
@@ -245,7 +247,7 @@ def _figure(series: Series, title: str) -> str:
 
 def _curves(everything: list[dict]) -> str:
     """A chart per :data:`PLOTS` group, then one per any other logged per-step metric (grouped by the
-    part of its name before '/': ``signal_share/<role>`` is one chart)."""
+    part of its name before '/': ``zero_var_groups/<role>/<turn>`` is one chart)."""
     figures, covered = [], set()
     for _stem, title, prefixes in PLOTS:
         series = _series(everything, prefixes)
