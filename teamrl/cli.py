@@ -231,7 +231,7 @@ def _main(argv: list[str]) -> int:
         return 2
     try:
         everything = trainer.train()
-    except (WorkerFailed, NonFiniteReward) as e:
+    except (WorkerFailed, NonFiniteReward, ServerError) as e:  # ServerError: a sync check failed, or the server went away
         print(f"teamrl: {e}", file=sys.stderr)
         return 1
     from teamrl.core.metrics import accuracy_summary, training_records
@@ -246,6 +246,11 @@ def _main(argv: list[str]) -> int:
     print(f"mean {label}, first {k} steps: {first:.3f}")
     print(f"mean {label}, last {k} steps:  {last:.3f}")
     print(f"seconds per step: {secs:.1f}")
+    from teamrl.trainer.diagnostics import signal_summary
+
+    signal = signal_summary(metrics)  # a run whose groups never varied learned nothing from its rewards: say so
+    if signal:
+        print(signal)
     acc = accuracy_summary(everything)
     if acc:
         print(f"held-out accuracy: first {acc['untrained']:.3f}, peak {acc['peak']:.3f} (step {acc['peak_step']}), "

@@ -112,3 +112,21 @@ def test_work_line_gives_the_share_of_peak_run_and_needed():
     assert "2.00 TFLOP (rollout 0.50, update 1.50)" in line and "40 GFLOP/s" in line and "80% of the peak (50 GFLOP/s)" in line
     assert "(30.0 s per iteration) would take 67 GFLOP/s, 133% of the peak" in line and "50 GFLOP/s, 100%." in line
     assert "the rollout 25 GFLOP/s in 20.0 s, 50%; the update 50 GFLOP/s in 30.0 s, 100%" in line
+
+
+def test_render_reads_the_vllm_rollout_result_as_vllm_rollout_bench_writes_it():
+    """(f)'s rows come from ``bench/vllm_rollout_bench.py --json`` as it is (a smoke run's output, 8 tokens)."""
+    import argparse
+
+    anchors = _module("anchors")
+    workload = {"kind": "grpo", "policies": 1, "rows": 32, "tokens": 256, "shape": "4 x 8",
+                "times": {"teamrl": [2.0, 2.5, 3.0], "vllm": [5.0, 6.0, 8.0]}, "median": {"teamrl": 2.5, "vllm": 6.0},
+                "sanity": {"teamrl": "ok: 32 completions of 8 tokens", "vllm": "FAILED: 1 empty; 32 completions of 8 tokens"}}
+    result = {"tokens": 8, "repeats": 3, "threads": 2, "vllm_bind": "auto", "cores": 2, "workloads": [workload],
+              "vllm_start_s": 43.8, "vllm_version": "0.32.0", "vllm_exit": 0}
+    args = argparse.Namespace(threads=2, steps=1, rounds=3, magrpo_tokens=[32], grpo_tokens=[64], only="f")
+    table = anchors.render({"anchors": [], "vllm": result}, args)
+    row = next(line for line in table.splitlines() if line.startswith("| (f)"))
+    assert "vLLM 0.32.0" in row and "2.5 s (2.0-3.0 s, n=3; 102 tok/s)" in row and "6.0 s (5.0-8.0 s, n=3; 43 tok/s)" in row
+    assert "2.40x (1.67-4.00x)" in row and row.endswith("| ok / FAILED |")
+    assert "started in 44 s (not timed) and exited with status 0" in table

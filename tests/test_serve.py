@@ -227,9 +227,14 @@ def test_training_through_the_server_equals_training_in_process(server, tmp_path
         return [(e["role"], e["completion"], e["completion_tokens"], e["finish_reason"]) for e in map(json.loads, (tmp_path / name / "episodes" / "step_000002.jsonl").read_text().splitlines())]
 
     assert episodes("local") == episodes("remote")  # step 2 sampled from the updated, synced adapters
+    name = remote.engine.served["shared"]  # named per run and process: shared@remote-<6 hex>
+    assert name.startswith("shared@remote-") and len(name) == len("shared@remote-") + 6
     served = {m["id"] for m in json.loads(urllib.request.urlopen(server.url + "/v1/models", timeout=30).read())["data"]}
-    assert "shared" in served
-    assert [p.name for p in (tmp_path / "remote" / "served_adapters" / "shared").iterdir()] == ["v000003"]  # initial + 2 updates
+    assert name in served
+    assert [p.name for p in (tmp_path / "remote" / "served_adapters" / name).iterdir()] == ["v000003"]  # initial + 2 updates
+    remote.shutdown()  # the end of a run unloads its adapters
+    served = {m["id"] for m in json.loads(urllib.request.urlopen(server.url + "/v1/models", timeout=30).read())["data"]}
+    assert served == {"tiny-random"}
 
 
 def test_http_engine_needs_lora_and_a_url():

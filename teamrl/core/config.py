@@ -93,6 +93,35 @@ class PolicyConfig:
                                                    "error naming it")
 
 
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the --max-lora-rank values vLLM 0.32 accepts
+
+
+@dataclass
+class VllmConfig:
+    """``rollout.engine=vllm``: the vLLM server teamrl starts for the run (teamrl/rollout/vllm_server.py)."""
+
+    python: str = option("", doc="the Python that has vLLM (runs -m vllm.entrypoints.openai.api_server); empty: "
+                                 ".venv-vllm/bin/python of the current folder, else of the teamrl checkout (make setup-vllm)")
+    command: list[str] = option(factory=list, doc="instead of python: the command that starts vLLM's OpenAI server, "
+                                                  "e.g. [vllm, serve] or [/opt/vllm/bin/python, -m, "
+                                                  "vllm.entrypoints.openai.api_server]; teamrl appends --model and the flags")
+    host: str = option("127.0.0.1", doc="address the server binds (and teamrl connects to)")
+    port: int = option(0, ge=0, le=65535, doc="the server's port; 0: a free one")
+    max_loras: int = option(0, ge=0, doc="--max-loras, adapters decoded together; 0: the run's number of policies "
+                                         "(vLLM's default of 1 would make the roles take turns)")
+    max_lora_rank: int = option(0, ge=0, doc="--max-lora-rank; 0: policy.lora.r rounded up to a rank vLLM takes "
+                                             f"({', '.join(map(str, VLLM_LORA_RANKS))})")
+    max_model_len: int = option(2048, ge=1, doc="--max-model-len: prompt plus completion tokens the server holds")
+    kvcache_gb: int = option(2, ge=1, doc="CPU only: GB of KV cache (VLLM_CPU_KVCACHE_SPACE)")
+    gpu_memory_utilization: float = option(0.5, gt=0, le=1, doc="CUDA only: --gpu-memory-utilization, the share of the "
+                                                                "GPU vLLM takes (the trainer needs the rest)")
+    extra_args: list[str] = option(factory=list, doc="more vLLM flags, appended as given (e.g. [--enforce-eager])")
+    env: dict[str, str] = option(factory=dict, doc="more environment variables for the server "
+                                                   "(e.g. {VLLM_CPU_OMP_THREADS_BIND: '1'})")
+    startup_timeout_s: float = option(600.0, gt=0, doc="seconds to wait for the server to answer before failing "
+                                                       "(28-71 s on 2 shared CPU cores)")
+
+
 @dataclass
 class RolloutConfig:
     group_size: int = option(8, ge=1, doc="samples per prompt (G)")
@@ -104,16 +133,23 @@ class RolloutConfig:
     stop: list[str] = option(factory=list, doc="stop strings (the completion is cut after the first one)")
     ignore_eos: bool = option(False, doc="generate exactly max_new_tokens, ignoring EOS (benchmarks)")
     min_new_tokens: int = option(0, ge=0, doc="EOS cannot be drawn before this many tokens (HF min_new_tokens, vLLM min_tokens)")
-    engine: str = option("hf", choices=("hf", "http"),
-                         doc="hf: generate in this process; http: send rollouts to an OpenAI-compatible server (teamrl serve, vLLM, SGLang)")
+    engine: str = option("hf", choices=("hf", "http", "vllm"),
+                         doc="hf: generate in this process; http: send rollouts to an OpenAI-compatible server (teamrl serve, vLLM, "
+                             "SGLang) at server_url; vllm: start a vLLM server for the run (rollout.vllm), stop it with the run")
     server_url: str = option("http://127.0.0.1:8000", doc="base URL of the server used by engine http")
     adapter_dir: str = option("", doc="engine http: folder the server can read where adapters are saved after each update; empty: RUN_DIR/served_adapters")
     server_dialect: str = option("auto", choices=("auto", "vllm", "sglang", "teamrl"),
                                  doc="engine http: the server's API (paths, seeding, limits); auto reads owned_by of /v1/models")
     server_check: bool = option(True, doc="engine http: before training, sample one group of a probe prompt and refuse to train if "
-                                          "its samples are identical or the server's log-probs differ from the trainer's")
-    server_check_tolerance: float = option(0.02, gt=0, doc="engine http: the start-up check's largest mean absolute "
-                                                           "difference per token between server and trainer log-probs")
+                                          "its samples are identical or the server's log-probs differ from the trainer's "
+                                          "(under the run's temperature, top-k and top-p)")
+    server_sync_check: bool = option(True, doc="engine http: after every adapter load, check on a short greedy probe that the server's "
+                                               "log-probs equal the trainer's for that version; a mismatch fails the step naming "
+                                               "the policy and version")
+    server_check_tolerance: float = option(1e-3, gt=0, doc="engine http: the largest absolute difference of one token's log-prob "
+                                                           "between server and trainer that the start-up and sync checks accept "
+                                                           "(fp32 vLLM on CPU measured <= 6e-5; raise it for bf16)")
+    vllm: VllmConfig = option(factory=VllmConfig, doc="engine vllm: the server teamrl starts and stops")
 
 
 @dataclass
@@ -470,12 +506,14 @@ def validate(cfg: Config) -> None:
         if not torch.cuda.is_available():
             raise ConfigError(f"policy.device: {dev!r}, but torch sees no CUDA GPU (torch {torch.__version__}, "
                               f"CUDA build {torch.version.cuda}); use auto or cpu")
-    if cfg.rollout.engine == "http":
-        if not cfg.rollout.server_url.startswith(("http://", "https://")):
-            raise ConfigError(f"rollout.server_url: {cfg.rollout.server_url!r} must start with http:// or https://")
+    if cfg.rollout.engine == "http" and not cfg.rollout.server_url.startswith(("http://", "https://")):
+        raise ConfigError(f"rollout.server_url: {cfg.rollout.server_url!r} must start with http:// or https://")
+    if cfg.rollout.engine in ("http", "vllm"):
         if cfg.policy.lora is None:
-            raise ConfigError("rollout.engine: http sends LoRA adapters to the server after each update; "
+            raise ConfigError(f"rollout.engine: {cfg.rollout.engine} sends LoRA adapters to the server after each update; "
                               "policy.lora is null (full weights). Use engine hf, or train LoRA adapters")
+    if cfg.rollout.engine == "vllm":
+        _check_vllm(cfg)
     for key, names in CHOICES.items():
         allowed = names()
         if getattr(cfg, key) not in allowed:
@@ -489,6 +527,26 @@ def validate(cfg: Config) -> None:
     _check_placement(cfg.policy)
     if cfg.train.advantage in ("group", "rloo", "batch", "mean", "none") and cfg.rollout.group_size < 2:
         raise ConfigError(f"rollout.group_size: {cfg.rollout.group_size} gives groups of one, whose advantage is 0; must be >= 2 (or use train.advantage=max)")
+
+
+def _check_vllm(cfg: Config) -> None:
+    """``rollout.vllm`` fits the run before anything starts: the adapters' rank within ``--max-lora-rank``."""
+    v = cfg.rollout.vllm
+    if v.max_lora_rank and v.max_lora_rank not in VLLM_LORA_RANKS:
+        raise ConfigError(f"rollout.vllm.max_lora_rank: {v.max_lora_rank} is not a rank vLLM takes; choose one of "
+                          f"{list(VLLM_LORA_RANKS)} or 0 (policy.lora.r rounded up)")
+    r = cfg.policy.lora.r if cfg.policy.lora is not None else 0
+    if v.max_lora_rank and r > v.max_lora_rank:
+        raise ConfigError(f"rollout.vllm.max_lora_rank: {v.max_lora_rank} is smaller than the adapters' rank policy.lora.r="
+                          f"{r}, so the server would refuse to load them; give at least {r} or 0 (follows policy.lora.r)")
+    if r > VLLM_LORA_RANKS[-1]:
+        raise ConfigError(f"policy.lora.r: {r} is over the largest LoRA rank vLLM serves ({VLLM_LORA_RANKS[-1]}); "
+                          "lower it or use rollout.engine=hf")
+    if v.command and not all(isinstance(c, str) and c for c in v.command):
+        raise ConfigError(f"rollout.vllm.command: expected a list of non-empty strings, got {v.command!r}")
+    bad = [k for k, val in v.env.items() if not isinstance(val, (str, int, float)) or isinstance(val, bool)]
+    if bad:
+        raise ConfigError(f"rollout.vllm.env.{bad[0]}: expected a string, got {v.env[bad[0]]!r}")
 
 
 def _check_placement(p: PolicyConfig) -> None:

@@ -75,6 +75,32 @@ def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, temperature: f
     return logp, entropy
 
 
+def truncated_token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, temperature: float, top_k: int = 0,
+                             top_p: float = 1.0) -> torch.Tensor:
+    """Log-probs [..., T] of ``token_ids`` under the distribution a server samples from with top-k/top-p: ``logits /
+    temperature`` cut to the top ``top_k`` (ties with the k-th kept) and then to the smallest top set whose mass
+    reaches ``top_p`` (on the top-k-renormalised distribution), renormalised over what is left.
+
+    That is vLLM's ``--logprobs-mode processed_logprobs`` (its ``apply_top_k_top_p``: masks ``logits < k-th
+    largest``, then, in ascending order, every token whose cumulative probability is ``<= 1 - top_p`` but the
+    largest); a token outside the set gets ``-inf``. ``temperature`` 0 means 1 (greedy requests).
+    """
+    x = logits.float()
+    if temperature not in (0.0, 1.0):
+        x = x / temperature
+    V = x.shape[-1]
+    if 0 < top_k < V:
+        kth = x.topk(top_k, dim=-1).values[..., -1:]
+        x = x.masked_fill(x < kth, float("-inf"))
+    if top_p < 1:
+        ascending, order = x.sort(dim=-1)
+        cumulative = ascending.softmax(-1).cumsum(-1)
+        drop = cumulative <= 1 - top_p
+        drop[..., -1] = False
+        x = x.scatter(-1, order, ascending.masked_fill(drop, float("-inf")))
+    return torch.log_softmax(x, -1).gather(-1, token_ids.unsqueeze(-1)).squeeze(-1)
+
+
 @dataclass
 class SharedPrefixBatch:
     """Completions that share prompts: each distinct prompt is run once and its KV cache reused.

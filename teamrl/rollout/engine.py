@@ -67,8 +67,11 @@ class Completion:
 
     ``logprobs[i]`` is the log-prob of ``token_ids[i]`` under ``softmax(logits / temperature)``
     (before top-k/top-p filtering), the distribution the trainer recomputes. For greedy
-    requests it is the log-prob under temperature 1. ``token_ids`` include the EOS token when
-    ``finish_reason == "eos"``; ``text`` is decoded without special tokens.
+    requests it is the log-prob under temperature 1. Through a vLLM server (``HTTPEngine``,
+    ``--logprobs-mode processed_logprobs``) it is vLLM's: after top-k/top-p, renormalised over the
+    kept tokens (the same without them); the loss never uses these (it recomputes its own), the
+    server checks compare them with the trainer's truncated distribution. ``token_ids`` include
+    the EOS token when ``finish_reason == "eos"``; ``text`` is decoded without special tokens.
     """
 
     token_ids: list[int]

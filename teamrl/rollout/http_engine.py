@@ -21,15 +21,27 @@ backend (``rollout.server_dialect``; ``auto`` reads ``owned_by`` of ``GET /v1/mo
   in-process engine's samples exactly.
 
 Log-probs are whatever the server returns. vLLM returns the raw model's (temperature 1) unless
-started with ``--logprobs-mode processed_logprobs``; :meth:`HTTPEngine.startup_check` compares
-them with the trainer's on a probe and refuses to train when they disagree. ``finish_reason`` is
-mapped back to teamrl's three: a stop string is ``stop``; EOS or another stop token id is ``eos``.
+started with ``--logprobs-mode processed_logprobs``, and then those of the distribution it sampled
+from: temperature-scaled and renormalised over the top-k/top-p set. :meth:`HTTPEngine.startup_check`
+compares them with the trainer's log-probs of that same distribution on a probe and refuses to
+train when they disagree. ``finish_reason`` is mapped back to teamrl's three: a stop string is
+``stop``; EOS or another stop token id is ``eos``.
+
+A server may hold adapters of other runs (or of an earlier process of this one): with an
+``adapter_tag`` each policy is served under ``<policy>@<tag>`` (the trainer's tag is
+``<run name>-<6 hex>``, new for every process), :meth:`HTTPEngine.release_stale` unloads what an
+earlier process of the same run left behind, and :meth:`HTTPEngine.close` unloads this engine's
+adapters. With ``verify_logprobs`` every adapter load is followed by :meth:`HTTPEngine.verify_sync`:
+a short greedy completion of fixed probe prompts whose served log-probs must equal the trainer's
+for that version, or the sync fails in one line naming the policy and version.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import shutil
+import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -64,6 +76,8 @@ DIALECT_SPECS = {
 # Sampling fields that must not be left to the server's generation_config defaults.
 NEUTRAL_FIELDS = {"repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0, "min_p": 0.0,
                   "min_tokens": 0, "skip_special_tokens": True, "return_token_ids": True}
+# The sync check's probe: greedy tokens per probe prompt (few: it runs after every adapter load).
+SYNC_PROBE_TOKENS = 8
 
 
 class ServerError(RuntimeError):
@@ -74,18 +88,28 @@ class HTTPEngine(Engine):
     """The :class:`Engine` interface against a completions server at ``base_url``.
 
     ``dialect`` is one of :data:`DIALECTS`; ``auto`` asks the server (``owned_by`` in ``/v1/models``).
-    ``generate`` groups requests as the dialect needs (module docstring). ``sync_weights(policy)``
-    calls ``save_adapter(policy, folder)`` to write the policy's current LoRA adapter to
-    ``adapter_dir/<policy>/v<N>`` (a folder the server must be able to read: same machine or a
-    shared file system), then unloads the previous version on the server and loads the new one
-    under the policy's name. Older version folders are deleted.
+    ``generate`` groups requests as the dialect needs (module docstring); ``generate_many`` sends the
+    calls of different policies together (each on its own thread), as the in-process engine
+    batches them. ``sync_weights(policy)`` calls ``save_adapter(policy, folder)`` to write the
+    policy's current LoRA adapter to ``adapter_dir/<served name>/v<N>`` (a folder the server must
+    be able to read: same machine or a shared file system), then unloads the previous version on
+    the server and loads the new one under the policy's served name: ``<policy>@<adapter_tag>``, or
+    the policy's own name without a tag. Older version folders are deleted. With
+    ``verify_logprobs`` (the trainer's ``logprobs_of(policy, prompts, completions, temperature)``,
+    ``prompts`` one per completion) each load is checked by :meth:`verify_sync` against
+    ``verify_tolerance`` on ``probe_prompts``; ``log`` gets one line per check.
     """
 
     def __init__(self, base_url: str, tokenizer: Any = None, adapter_dir: str | Path | None = None,
                  save_adapter: Callable[[str, Path], Any] | None = None, timeout: float = 600.0,
-                 api_key: str | None = None, dialect: str = "auto", max_concurrent: int = 64) -> None:
+                 api_key: str | None = None, dialect: str = "auto", max_concurrent: int = 64,
+                 adapter_tag: str | None = None,
+                 verify_logprobs: Callable[..., list[list[float]]] | None = None, verify_tolerance: float = 1e-3,
+                 probe_prompts: Sequence[Sequence[int]] = (), log: Callable[[str], Any] | None = None) -> None:
         if dialect not in DIALECTS:
             raise ValueError(f"dialect {dialect!r}: choose one of {list(DIALECTS)}")
+        if verify_logprobs is not None and not probe_prompts:
+            raise ValueError("HTTPEngine: verify_logprobs needs probe_prompts (token ids of the sync check's prompts)")
         self.base_url = base_url.rstrip("/")
         self.tokenizer = tokenizer
         self.adapter_dir = Path(adapter_dir) if adapter_dir is not None else None
@@ -95,12 +119,20 @@ class HTTPEngine(Engine):
         self.versions: dict[str, int] = {}
         self.max_concurrent = max_concurrent
         self.merge_groups = True  # False: send a group's copies as separate prompts (the old shape; tests only)
+        self.adapter_tag = adapter_tag
+        self.served: dict[str, str] = {}  # policy -> the adapter name it is loaded under on the server now
+        self.verify_logprobs = verify_logprobs
+        self.verify_tolerance = verify_tolerance
+        self.probe_prompts = [list(p) for p in probe_prompts]
+        self.log = log
+        self.sync_figures: dict[str, dict[str, float]] = {}  # policy -> figures of its last sync check
+        self._probes: dict[str, list[Completion]] = {}  # policy -> what the server answered the last sync check
         self._dialect = None if dialect == "auto" else dialect
         self._base_model: str | None = None
         self._max_model_len: int | None = None
 
     # ---- HTTP -------------------------------------------------------------------------
-    def request(self, method: str, path: str, body: Any = None) -> Any:
+    def request(self, method: str, path: str, body: Any = None, timeout: float | None = None) -> Any:
         """Send one request; return the decoded JSON answer (or text), raise :class:`ServerError` on an error status."""
         url = self.base_url + path
         data = None if body is None else json.dumps(body).encode()
@@ -109,7 +141,7 @@ class HTTPEngine(Engine):
             headers["Authorization"] = f"Bearer {self.api_key}"
         req = urllib.request.Request(url, data=data, method=method, headers=headers)
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+            with urllib.request.urlopen(req, timeout=self.timeout if timeout is None else timeout) as resp:
                 raw = resp.read()
         except urllib.error.HTTPError as e:
             raw = e.read()
@@ -163,13 +195,31 @@ class HTTPEngine(Engine):
         self._base_model = name
         self._max_model_len = next((m.get("max_model_len") for m in cards if m["id"] == name), None)
 
+    def adapter_name(self, policy: str) -> str:
+        """The name ``policy``'s adapter is loaded under: ``<policy>@<adapter_tag>`` (one run's own), or ``policy``."""
+        return f"{policy}@{self.adapter_tag}" if self.adapter_tag else policy
+
+    def served_name(self, policy: str) -> str:
+        """The server's model for ``policy``: its loaded adapter's name, or ``policy`` itself (the base model)."""
+        return self.served.get(policy, policy)
+
     def _model_field(self, policy: str) -> str:
-        """The request's ``model`` for ``policy``: its name, or SGLang's ``base:adapter``."""
-        if self.dialect == "sglang" and self._base_model is not None and policy != self._base_model:
-            return f"{self._base_model}:{policy}"
-        return policy
+        """The request's ``model`` for ``policy``: its served name, or SGLang's ``base:adapter``."""
+        name = self.served_name(policy)
+        if self.dialect == "sglang" and self._base_model is not None and name != self._base_model:
+            return f"{self._base_model}:{name}"
+        return name
 
     # ---- Engine -----------------------------------------------------------------------
+    def generate_many(self, calls: Sequence[tuple[str, Sequence[GenerationRequest], int | None]]) -> list[list[list[Completion]]]:
+        """Each policy's ``generate`` at once, on its own thread: the server decodes the policies' requests
+        together (vLLM batches adapters), as the in-process engine decodes them in one batch. Each
+        call carries its own seeds, so the answers are those of one call after another."""
+        if len(calls) < 2:
+            return [self.generate(policy, requests, seed) for policy, requests, seed in calls]
+        with ThreadPoolExecutor(max_workers=len(calls)) as pool:
+            return list(pool.map(lambda c: self.generate(*c), calls))
+
     def generate(self, policy: str, requests: Sequence[GenerationRequest], seed: int | None = None) -> list[list[Completion]]:
         """Completions for ``requests`` from the server's model ``policy``."""
         if not requests:
@@ -245,10 +295,10 @@ class HTTPEngine(Engine):
             "n": n, "max_tokens": params.max_new_tokens, "temperature": params.temperature, "top_p": params.top_p,
             "top_k": params.top_k if params.top_k > 0 else -1, "stop": list(params.stop), "ignore_eos": params.ignore_eos,
             "logprobs": 0, "return_tokens_as_token_ids": True, "include_stop_str_in_output": True}
-        if params.min_new_tokens:
-            body["min_tokens"] = params.min_new_tokens  # vLLM's and SGLang's name
         if spec.explicit_fields:
             body.update(NEUTRAL_FIELDS)
+        if params.min_new_tokens:  # after the neutral fields, whose min_tokens 0 would overwrite it
+            body["min_tokens"] = params.min_new_tokens  # vLLM's and SGLang's name
         if seed is not None:
             body["seed"] = seed
         resp = self.request("POST", "/v1/completions", body)
@@ -263,36 +313,132 @@ class HTTPEngine(Engine):
         return completions
 
     def sync_weights(self, policy: str) -> None:
-        """Save ``policy``'s adapter to a new version folder and have the server load it under the policy's name."""
+        """Save ``policy``'s adapter to a new version folder and have the server load it under the policy's
+        served name (:meth:`adapter_name`); then, with ``verify_logprobs``, check it (:meth:`verify_sync`)."""
         if self.save_adapter is None or self.adapter_dir is None:
             raise ValueError("HTTPEngine.sync_weights needs save_adapter and adapter_dir (a folder the server can read)")
+        name = self.adapter_name(policy)
         version = self.versions.get(policy, 0) + 1
-        folder = self.adapter_dir / policy / f"v{version:06d}"
+        folder = self.adapter_dir / name / f"v{version:06d}"
         self.save_adapter(policy, folder)
         prefix = self.spec.lora_prefix
-        if policy in self.versions:
+        if policy in self.served:
             # vLLM refuses to load a name twice (and older versions have no load_inplace): unload, then load.
-            self.request("POST", f"{prefix}/unload_lora_adapter", {"lora_name": policy})
-        self.request("POST", f"{prefix}/load_lora_adapter", {"lora_name": policy, "lora_path": str(folder.resolve())})
+            self.request("POST", f"{prefix}/unload_lora_adapter", {"lora_name": self.served.pop(policy)})
+        self.request("POST", f"{prefix}/load_lora_adapter", {"lora_name": name, "lora_path": str(folder.resolve())})
+        self.served[policy] = name
         self.versions[policy] = version
-        for old in (self.adapter_dir / policy).glob("v*"):
+        for old in (self.adapter_dir / name).glob("v*"):
             if old != folder:  # the server may reload from disk (vLLM's LRU cache), so keep the current one
                 shutil.rmtree(old, ignore_errors=True)
+        if self.verify_logprobs is not None:
+            self.verify_sync(policy)
+
+    def verify_sync(self, policy: str) -> dict[str, float]:
+        """Check that the server samples from ``policy``'s version just loaded; raise :class:`ServerError` (one
+        line naming the policy and version) when it does not.
+
+        Each probe prompt gets a greedy completion of :data:`SYNC_PROBE_TOKENS` tokens from the server;
+        its log-probs (temperature 1, no top-k/top-p: those of the weights alone) must equal
+        ``verify_logprobs``' (the trainer's, for the current weights) to ``verify_tolerance`` per token.
+        The last check's probe, scored under the new weights, says how far the update moved the
+        probe (``moved``): a stale adapter can only be told apart when that exceeds the tolerance.
+        Returns (and keeps in ``sync_figures[policy]``) ``max_logprob_gap``, ``mean_logprob_gap``,
+        ``moved`` (NaN at the first load), ``tokens``, ``version``, ``check_s`` (seconds in all) and
+        ``server_s`` (of them, waiting for the server's probe completions).
+        """
+        assert self.verify_logprobs is not None
+        t0 = time.perf_counter()
+        version = self.versions.get(policy, 0)
+        greedy = SamplingParams(max_new_tokens=SYNC_PROBE_TOKENS, temperature=0.0, ignore_eos=True)
+        answers = [c for (c,) in self.generate(policy, [GenerationRequest(list(p), greedy) for p in self.probe_prompts], seed=0)]
+        served_s = time.perf_counter() - t0
+        before = self._probes.get(policy)
+        # one call (one forward: reading the weights is most of its cost on a CPU) for every probe row, this check's
+        # and the last one's
+        rows = answers + (before or [])
+        reference = self.verify_logprobs(policy, [list(p) for p in self.probe_prompts] * (2 if before else 1), rows, 0.0)
+        gaps = [abs(a - b) for c, r in zip(answers, reference) for a, b in zip(c.logprobs, r)]
+        moved = [abs(a - b) for c, r in zip(before or [], reference[len(answers):]) for a, b in zip(c.logprobs, r)]
+        gap = _worst(gaps)
+        name = self.served_name(policy)
+        if not gap <= self.verify_tolerance:  # NaN fails too
+            stale = ""
+            if before is not None and all(a.token_ids == b.token_ids for a, b in zip(answers, before)):
+                same = max((abs(a - b) for x, y in zip(answers, before) for a, b in zip(x.logprobs, y.logprobs)), default=0.0)
+                if same <= self.verify_tolerance:
+                    stale = f"; it still answers as version {version - 1} did (to {same:.1e})"
+            raise ServerError(f"sync check: policy {policy!r} version {version} (adapter {name!r} at {self.base_url}): the "
+                              f"server's log-probs differ from the trainer's by up to {gap:.3g} on {len(gaps)} probe tokens "
+                              f"(tolerance {self.verify_tolerance:g}){stale}; the server is not sampling from the adapter "
+                              "just loaded")
+        self._probes[policy] = answers
+        figures = {"max_logprob_gap": gap, "mean_logprob_gap": sum(gaps) / max(len(gaps), 1),
+                   "moved": max(moved) if moved else math.nan, "tokens": float(len(gaps)), "version": float(version),
+                   "check_s": time.perf_counter() - t0, "server_s": served_s}
+        self.sync_figures[policy] = figures
+        if self.log is not None:
+            shift = "first load" if not moved else f"the update moved them by up to {figures['moved']:.1e}"
+            if moved and figures["moved"] <= self.verify_tolerance:
+                shift += " (under the tolerance: a stale adapter could not be told apart)"
+            self.log(f"sync check: {policy} v{version} ({name}): served log-probs = trainer's to {gap:.1e} (max over "
+                     f"{len(gaps)} probe tokens, tolerance {self.verify_tolerance:g}); {shift}; {figures['check_s']:.2f} s "
+                     f"({served_s:.2f} s of it on the server)")
+        return figures
+
+    def release_stale(self) -> list[str]:
+        """Unload the adapters an earlier process of this run left on the server (it crashed or was killed):
+        those named ``<policy>@<run>-<id>`` with this engine's ``<run>`` but another id, loaded from a
+        folder under ``adapter_dir`` (so another run's adapters are never touched). Returns their names."""
+        if not self.adapter_tag or self.adapter_dir is None or "-" not in self.adapter_tag:
+            return []
+        run = self.adapter_tag.rsplit("-", 1)[0]
+        mine = str(self.adapter_dir.resolve()) + "/"
+        stale = []
+        for card in self.model_cards():
+            name, root = str(card.get("id", "")), card.get("root")
+            policy, _, tag = name.partition("@")
+            if (policy and tag.startswith(f"{run}-") and tag != self.adapter_tag and isinstance(root, str)
+                    and root.startswith(mine)):
+                self.request("POST", f"{self.spec.lora_prefix}/unload_lora_adapter", {"lora_name": name})
+                shutil.rmtree(self.adapter_dir / name, ignore_errors=True)
+                stale.append(name)
+        return stale
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Unload this engine's adapters from the server (the end of a run, a failed check). A server that is
+        gone or answers with an error is left as it is: there is nothing more to release."""
+        for policy, name in list(self.served.items()):
+            try:
+                self.request("POST", f"{self.spec.lora_prefix}/unload_lora_adapter", {"lora_name": name}, timeout=timeout)
+            except (ServerError, OSError):
+                pass
+            self.served.pop(policy, None)
 
     # ---- start-up check ---------------------------------------------------------------
+    @property
+    def processed_logprobs(self) -> bool:
+        """Whether the server's log-probs are those of the distribution it sampled from after top-k/top-p (vLLM with
+        ``--logprobs-mode processed_logprobs``, and SGLang as teamrl's imitation of it assumes), not before (teamrl serve)."""
+        return self.dialect != "teamrl"
+
     def startup_check(self, base_model: str, policies: Sequence[str], params: SamplingParams, group_size: int,
-                      prompt_ids: list[int], logprobs_of: Callable[[str, list[int], list[Completion], float], list[list[float]]],
-                      tolerance: float = 0.02, seed: int = 1234) -> dict[str, float]:
+                      prompt_ids: list[int], logprobs_of: Callable[..., list[list[float]]],
+                      tolerance: float = 1e-3, seed: int = 1234) -> dict[str, float]:
         """Probe the server before training; raise :class:`ServerError` (one line) when it would train off-policy.
 
         Checks that the server serves ``base_model`` and every policy (load them first with
         :meth:`sync_weights`), then for each policy (the base when ``policies`` is empty) samples
         one group of ``max(group_size, 2)`` copies of ``prompt_ids`` with ``params`` (EOS ignored,
         so samples are long) and a fixed seed, the way a rollout sends it. Refuses when a sampled
-        group's completions are all identical, or when the server's log-probs differ from
-        ``logprobs_of(policy, prompt_ids, completions, temperature)`` (the trainer's) by more than
-        ``tolerance`` (mean absolute difference per token). Returns the figures of the last probe:
-        ``distinct`` completions and ``logprob_gap`` (largest per-token difference).
+        group's completions are all identical, or when any token's log-prob from the server differs
+        from the trainer's by more than ``tolerance``. The trainer's are
+        ``logprobs_of(policy, prompt_ids, completions, temperature)``, and for a server that reports
+        log-probs after top-k/top-p (:attr:`processed_logprobs`) with ``top_k``/``top_p`` on,
+        ``logprobs_of(..., temperature, top_k=K, top_p=P)``: the distribution truncated and
+        renormalised the way the server sampled, so a truncation cannot hide in the tolerance.
+        Returns ``distinct`` (fewest distinct samples of a group), ``group``, ``tokens`` compared,
+        ``logprob_gap`` (largest per-token difference), ``logprob_mean_gap`` and ``tolerance``.
         """
         self.check_base_model(base_model)
         try:  # the run's own settings within the server's limits (stop strings, context length)
@@ -300,29 +446,44 @@ class HTTPEngine(Engine):
         except ValueError as e:
             raise ServerError(f"start-up check: {e}") from None
         served = self.models()
-        missing = [p for p in policies if p not in served and self._model_field(p) not in served and self.dialect != "sglang"]
+        missing = [p for p in policies if self.served_name(p) not in served and self._model_field(p) not in served
+                   and self.dialect != "sglang"]
         if missing:
             raise ServerError(f"server {self.base_url} does not serve policies {missing}; it serves {served}")
         G = max(group_size, 2)
         probe = SamplingParams(max_new_tokens=params.max_new_tokens, temperature=params.temperature, top_p=params.top_p,
                                top_k=params.top_k, ignore_eos=True)
-        figures: dict[str, float] = {}
+        truncated = self.processed_logprobs and params.temperature > 0 and (params.top_k > 0 or params.top_p < 1)
+        filters = {"top_k": params.top_k, "top_p": params.top_p} if truncated else {}
+        settings = f"temperature {params.temperature}" + "".join(f", {k} {v}" for k, v in filters.items())
+        all_gaps: list[float] = []
+        fewest = G
         for policy in list(policies) or [base_model]:
             group = [c for (c,) in self.generate(policy, [GenerationRequest(list(prompt_ids), probe, n=1) for _ in range(G)], seed=seed)]
             distinct = len({tuple(c.token_ids) for c in group})
             if params.temperature > 0 and distinct == 1:
                 raise ServerError(f"start-up check: the {G} samples of one group from {self.base_url} ({self.dialect} dialect, "
                                   f"policy {policy!r}) are identical; the server's seeding would make every advantage 0")
-            reference = logprobs_of(policy, list(prompt_ids), group, params.temperature)
+            reference = logprobs_of(policy, list(prompt_ids), group, params.temperature, **filters)
             gaps = [abs(a - b) for c, r in zip(group, reference) for a, b in zip(c.logprobs, r)]
-            mean_gap = sum(gaps) / max(len(gaps), 1)
-            if not mean_gap <= tolerance:
-                raise ServerError(f"start-up check: the server's log-probs ({self.dialect} dialect, policy {policy!r}, temperature "
-                                  f"{params.temperature}) differ from the trainer's by {mean_gap:.4f} per token on average (max "
-                                  f"{max(gaps):.4f}, tolerance {tolerance}); start vLLM with --logprobs-mode processed_logprobs "
-                                  "and no top-k/top-p, or use the same model and dtype")
-            figures = {"distinct": float(distinct), "logprob_gap": max(gaps, default=0.0), "logprob_mean_gap": mean_gap}
-        return figures
+            worst = _worst(gaps)
+            if not worst <= tolerance:  # NaN fails too
+                hint = ("start vLLM with --logprobs-mode processed_logprobs" if self.processed_logprobs else
+                        "the server must report log-probs before top-k/top-p, as teamrl serve does")
+                raise ServerError(f"start-up check: the server's log-probs ({self.dialect} dialect, policy {policy!r}, {settings}) "
+                                  f"differ from the trainer's by up to {worst:.3g} per token (mean {sum(gaps) / len(gaps):.3g} over "
+                                  f"{len(gaps)} tokens; tolerance {tolerance:g}, rollout.server_check_tolerance); {hint}, "
+                                  "and use the same model and dtype")
+            all_gaps += gaps
+            fewest = min(fewest, distinct)
+        return {"distinct": float(fewest), "group": float(G), "tokens": float(len(all_gaps)),
+                "logprob_gap": max(all_gaps, default=0.0), "logprob_mean_gap": sum(all_gaps) / max(len(all_gaps), 1),
+                "tolerance": tolerance}
+
+
+def _worst(gaps: Sequence[float]) -> float:
+    """The largest gap; NaN when any is NaN (``max`` would skip it depending on where it stands)."""
+    return math.nan if any(math.isnan(g) for g in gaps) else max(gaps, default=0.0)
 
 
 def _completion(choice: dict[str, Any]) -> Completion:

@@ -104,8 +104,9 @@ class ModelServer:
         if name == self.base_name:
             raise RequestError(400, f"lora_name: {name!r} is the base model's name; choose another name", "lora_name")
         if name in self.adapters and not load_inplace:
-            raise RequestError(400, f"The lora adapter {name!r} has already been loaded; unload it first or pass load_inplace: true",
-                               "lora_name")
+            # vLLM's words (0.32.0, a real server): unload it first, or load_inplace
+            raise RequestError(400, f"The lora adapter {name!r} has already been loaded. If you want to load the adapter in "
+                               "place, set 'load_inplace' to True.", "lora_name")
         folder = Path(path)
         if not (folder / "adapter_config.json").is_file():
             raise RequestError(400, f"lora_path: {path!r} is not a PEFT adapter folder (no adapter_config.json in it)", "lora_path")

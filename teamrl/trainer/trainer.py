@@ -7,6 +7,7 @@ import json
 import random
 import sys
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -21,20 +22,20 @@ from teamrl.core.sample import Sample, check_steering_tags
 from teamrl.core.seeding import derive_seed, seed_everything
 from teamrl.losses import group_ids_from_keys, trajectory_advantages, trajectory_ids
 from teamrl.policies.chat import encode_chat
-from teamrl.policies.logprobs import build_token_batch, completion_logprobs
+from teamrl.policies.logprobs import build_token_batch, completion_logprobs, truncated_token_logprobs
 from teamrl.policies.models import generation_eos_ids
 from teamrl.policies.multi_lora import SharedBaseAdapters
 from teamrl.policies.router import check_role_map, declared_role
-from teamrl.rollout.engine import Engine, SamplingParams
+from teamrl.rollout.engine import Engine, GenerationRequest, SamplingParams
 from teamrl.rollout.hf_engine import HFEngine
 from teamrl.rollout.scheduler import GenerationScheduler
 from teamrl.tasks import Problem, make_task
 from teamrl.tasks.solve import SolveTask
 from teamrl.trainer.checkpoint import (check_run_dir, checkpoint_to_resume, list_checkpoints, load_checkpoint, run_dir_writes,
                                        save_checkpoint)
-from teamrl.trainer.diagnostics import CliffDetector, role_capture
+from teamrl.trainer.diagnostics import CliffDetector, learning_signal, role_capture
 from teamrl.trainer.evaluate import workflow_stats
-from teamrl.trainer.update import NonFiniteReward, _to_device, make_update_settings, nonfinite_reward_groups
+from teamrl.trainer.update import NonFiniteReward, _contributes, _to_device, make_update_settings, nonfinite_reward_groups
 from teamrl.trainer.workers import PolicyPlacement, make_router
 from teamrl.workflows import WORKFLOWS, default_workflow
 from teamrl.workflows.context import EpisodeContext
@@ -91,6 +92,9 @@ def check_policy_roles(cfg: Config, task: Any, algorithm: Any) -> None:
 
 # The prompt of the HTTP engine's start-up check (any prompt works: it only needs long, sampled completions).
 STARTUP_PROBE = "Write a few words about the weather."
+# The prompts of the sync check after every adapter load: fixed (each check also scores the last one's tokens) and
+# short, without the chat template (any tokens exercise the adapter; the trainer's forward is most of the check's cost)
+SYNC_PROBES = ("The weather today is", "Three colours I like are")
 
 
 class Trainer:
@@ -168,31 +172,99 @@ class Trainer:
         return task
 
     def _make_engine(self) -> Engine:
-        """The in-process engine, or (``rollout.engine=http``) a client of a ``teamrl serve`` / vLLM / SGLang server."""
+        """The in-process engine, or (``rollout.engine=http``) a client of a ``teamrl serve`` / vLLM / SGLang server, or
+        (``rollout.engine=vllm``) a client of a vLLM server started here for the run (stopped by :meth:`shutdown`)."""
         if self.cfg.rollout.engine == "hf":
             # LoRA policies on one base decode together through it, each row with its own adapter (no merged copies)
             return HFEngine(lambda name: self.router.policies[name].generation_model(), self.tokenizer, device=self.router.device,
                             extra_eos_ids=self.eos_ids, row_models=SharedBaseAdapters(self.router.policies))
-        from teamrl.rollout.http_engine import HTTPEngine
+        from tqdm import tqdm
+
+        from teamrl.rollout.http_engine import HTTPEngine, ServerError
+        from teamrl.rollout.vllm_server import check_lora_slots, check_served_model, explain_lora_error
 
         r = self.cfg.rollout
         adapter_dir = (Path(r.adapter_dir) if r.adapter_dir else self.run_dir / "served_adapters").resolve()
-        engine = HTTPEngine(r.server_url, self.tokenizer, adapter_dir=adapter_dir, dialect=r.server_dialect,
-                            save_adapter=lambda name, folder: self.router.policies[name].save_adapter(folder))
-        engine.check_base_model(self.cfg.model)
-        for name in self.router.policies:  # the server starts with the base only: send the initial adapters
-            engine.sync_weights(name)
-        if r.server_check:
-            engine.startup_check(self.cfg.model, list(self.router.policies), self.params, r.group_size,
-                                 encode_chat(self.tokenizer, STARTUP_PROBE), self._probe_logprobs, tolerance=r.server_check_tolerance,
-                                 seed=derive_seed(self.cfg.seed, 0, 3))
+        # adapters named per process (<policy>@<run>-<id>): a second run, a resume or another run on the same server
+        # never meets a name already loaded there
+        url, dialect = r.server_url, r.server_dialect
+        if r.engine == "vllm":
+            from teamrl.rollout.vllm_server import ManagedVLLMServer
+
+            self.vllm_server = ManagedVLLMServer.from_config(self.cfg, self.run_dir, len(self.router.policies))
+            url, dialect = self.vllm_server.start(log=lambda line: tqdm.write(line, file=sys.stderr)), "vllm"
+        engine = HTTPEngine(url, self.tokenizer, adapter_dir=adapter_dir, dialect=dialect,
+                            save_adapter=lambda name, folder: self.router.policies[name].save_adapter(folder),
+                            adapter_tag=f"{self.cfg.name}-{uuid.uuid4().hex[:6]}",
+                            verify_logprobs=self._probe_logprobs if r.server_sync_check else None,
+                            verify_tolerance=r.server_check_tolerance,
+                            probe_prompts=[self.tokenizer(p, add_special_tokens=False)["input_ids"] for p in SYNC_PROBES],
+                            log=tqdm.write)
+        try:
+            if engine.dialect == "vllm":
+                check_served_model(engine, self.cfg.model)  # one line naming --served-model-name
+            engine.check_base_model(self.cfg.model)
+            stale = engine.release_stale()
+            if stale:
+                print(f"teamrl: unloaded {len(stale)} adapter(s) an earlier process of this run left on {engine.base_url}: "
+                      f"{', '.join(stale)}", file=sys.stderr)
+            for name in self.router.policies:  # the server holds none of this run's adapters yet: send the initial ones
+                engine.sync_weights(name)
+            if r.server_check:
+                truncated = engine.processed_logprobs and self.params.temperature > 0 and (r.top_k > 0 or r.top_p < 1)
+                f = engine.startup_check(self.cfg.model, list(self.router.policies), self.params, r.group_size,
+                                         encode_chat(self.tokenizer, STARTUP_PROBE), self._probe_logprobs,
+                                         tolerance=r.server_check_tolerance, seed=derive_seed(self.cfg.seed, 0, 3))
+                print(f"teamrl: start-up check of {engine.base_url} ({engine.dialect}): {f['distinct']:.0f} of {f['group']:.0f} "
+                      f"samples distinct (fewest over {len(self.router.policies)} policies); log-probs vs the trainer's under "
+                      f"temperature {self.params.temperature}, top_k {self.params.top_k}, top_p {self.params.top_p}"
+                      f"{' (truncated and renormalised as the server samples)' if truncated else ''}: "
+                      f"max gap {f['logprob_gap']:.2e}, mean {f['logprob_mean_gap']:.2e} over {f['tokens']:.0f} tokens; "
+                      f"tolerance {f['tolerance']:g}", flush=True)
+            if engine.dialect == "vllm":  # one line naming --max-loras when the policies cannot all be served at once
+                check_lora_slots(engine, list(self.router.policies), probe=lambda: engine.generate(
+                    self.cfg.model, [GenerationRequest(encode_chat(self.tokenizer, STARTUP_PROBE), SamplingParams(max_new_tokens=1))]))
+        except ServerError as e:  # an adapter the server would not load: name the vLLM flag that would
+            try:
+                engine.close()
+            finally:
+                self._stop_vllm_server()
+            lora = self.cfg.policy.lora
+            raise explain_lora_error(e, lora.r if lora is not None else 0) from None
+        except BaseException:
+            try:
+                engine.close()  # a failed check leaves nothing of this run on the server
+            finally:
+                self._stop_vllm_server()
+            raise
         return engine
 
-    def _probe_logprobs(self, policy: str, prompt_ids: list[int], completions: list, temperature: float) -> list[list[float]]:
-        """The trainer's log-probs of ``completions`` of ``prompt_ids`` (the start-up check compares the server's with them)."""
-        batch = build_token_batch([prompt_ids] * len(completions), [c.token_ids for c in completions], self.tokenizer.pad_token_id)
+    def _stop_vllm_server(self) -> None:
+        """Stop the vLLM server this run started (``rollout.engine=vllm``), if any."""
+        from tqdm import tqdm
+
+        server = getattr(self, "vllm_server", None)
+        if server is not None:
+            server.stop(log=lambda line: tqdm.write(line, file=sys.stderr))
+
+    def _probe_logprobs(self, policy: str, prompt_ids: list[int] | list[list[int]], completions: list, temperature: float,
+                        top_k: int = 0, top_p: float = 1.0) -> list[list[float]]:
+        """The trainer's log-probs of ``completions`` of ``prompt_ids`` (one prompt, or one per completion) under
+        ``policy``'s current weights, in one forward (the start-up and sync checks compare the server's with them); with
+        ``top_k``/``top_p``, those of the truncated and renormalised distribution a server samples from
+        (:func:`truncated_token_logprobs`)."""
+        prompts = prompt_ids if prompt_ids and isinstance(prompt_ids[0], list) else [prompt_ids] * len(completions)
+        batch = build_token_batch(prompts, [c.token_ids for c in completions], self.tokenizer.pad_token_id)
         with self.router.policies[policy].generation_model() as model, torch.no_grad():
-            lp, _ = completion_logprobs(model, _to_device(batch, next(model.parameters()).device), temperature or 1.0)
+            batch = _to_device(batch, next(model.parameters()).device)
+            if top_k <= 0 and top_p >= 1:
+                lp, _ = completion_logprobs(model, batch, temperature or 1.0)
+            else:
+                out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids,
+                            use_cache=False, logits_to_keep=batch.completion_len + 1)
+                # one row at a time: the sort of top-p over the vocabulary at every position is large
+                lp = torch.stack([truncated_token_logprobs(out.logits[i, :-1], batch.completion_ids[i], temperature, top_k, top_p)
+                                  for i in range(len(completions))])
         return [lp[i, :len(c.token_ids)].tolist() for i, c in enumerate(completions)]
 
     def _build_policies(self) -> None:
@@ -353,6 +425,8 @@ class Trainer:
         """Advantages and the updates (stats into ``record``, per-role statistics into
         ``last_role_stats``); returns (samples to log, trained samples)."""
         train_samples = self._assign_advantages(samples)
+        # how much of the batch can teach anything: groups with a non-zero advantage, samples the update computes
+        record.update(learning_signal(train_samples, self.roles, lambda s: _contributes(s, self.update_settings.loss)))
         if self.cfg.train.nonfinite_reward == "drop_group":
             record["nonfinite_groups_dropped"] = self.nonfinite_groups_dropped
         role_stats: dict[str, list[float]] = {}
@@ -375,6 +449,9 @@ class Trainer:
                         record[f"{k}/{name}"] = v
             record[f"optimizer_steps/{name}"] = len([p for p in parts if p]) - int(record.get(f"skipped_steps/{name}", 0))
             self.engine.sync_weights(name)
+            for k, v in getattr(self.engine, "sync_figures", {}).get(name, {}).items():  # the server's sync check
+                if k != "version":
+                    record[f"sync/{name}/{k}"] = v
         # per-role statistics add up over the instances' steps (entropy: their mean)
         self.last_role_stats = {k: (sum(v) / len(v) if k.startswith("entropy@") else sum(v)) for k, v in role_stats.items()}
         return samples, train_samples
@@ -419,7 +496,14 @@ class Trainer:
             self.shutdown()
 
     def shutdown(self) -> None:
-        """Stop the policy workers (Ray actors); the run directory and its checkpoints stay as they are."""
+        """Stop the policy workers (Ray actors), unload this run's adapters from a rollout server and stop the vLLM
+        server the run started (``rollout.engine=vllm``); the run directory and its checkpoints stay as they are."""
+        close = getattr(getattr(self, "engine", None), "close", None)
+        try:
+            if close is not None:
+                close()
+        finally:
+            self._stop_vllm_server()  # after the adapters are unloaded from it
         self.placement.shutdown()
 
     def _train_loop(self) -> list[dict[str, Any]]:
