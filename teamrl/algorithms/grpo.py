@@ -72,7 +72,6 @@ class GRPO(Algorithm):
         self.greedy_baseline = greedy_baseline
         self.settings = settings
         self.reward_mode = reward
-        self.outcomes: list[EpisodeOutcome] = []  # of the last rollout, when its workflow returns outcomes
         self._workflow_run = workflow or ""
 
     @property
@@ -105,7 +104,6 @@ class GRPO(Algorithm):
         extra = [(p, -1, {"greedy": True}) for p in problems] if self.greedy_baseline else []
         ctxs, results = self.episodes(problems, task, make_ctx, run, self.group_size, extra)
         per_problem = self.workflow is None and self._workflow_run == "single"
-        self.outcomes = [r.outcome for c, r in zip(ctxs, results) if r.outcome is not None and c.episode != -1]
         self.finished = [FinishedEpisode(c.problem_id, c.episode, r) for c, r in zip(ctxs, results) if c.episode != -1]
         if self.outcomes and all(o.stats.get("dropped") for o in self.outcomes):  # gateway episodes: none reported a reward in time
             raise InputError(f"workflow {self._workflow_run!r}: all {len(self.outcomes)} episodes of this step were dropped (no "
@@ -127,6 +125,11 @@ class GRPO(Algorithm):
         accuracy and the workflow's diagnostics. Trains nothing and keeps no state."""
         _, results = self.episodes(problems, task, make_ctx, run, 1)
         return outcome_metrics(self._workflow_run, [r.outcome for r in results if r.outcome is not None])
+
+    @property
+    def outcomes(self) -> list[EpisodeOutcome]:
+        """The outcomes of the last rollout's episodes (greedy baselines left out)."""
+        return [e.result.outcome for e in self.finished if e.result.outcome is not None]
 
     def metrics(self, samples: Sequence[Sample]) -> dict[str, float]:
         """Episode correctness and the workflow's diagnostics over the last rollout (none without outcomes)."""
