@@ -242,7 +242,9 @@ def _main(argv: list[str]) -> int:
     values = [m[key] for m in metrics if key in m]  # a step whose turn-0 groups were all dropped has no normalised_return
     k = min(3, len(values))
     first, last = sum(values[:k]) / k, sum(values[-k:]) / k
-    secs = sum(m["rollout_s"] + m["update_s"] for m in metrics) / len(metrics)
+    # the asynchronous loop's rollouts overlap the updates: a step costs its update and the wait for its rollout
+    secs = sum(m["update_s"] + (m["async/trainer_wait_s"] if "async/trainer_wait_s" in m else m["rollout_s"])
+               for m in metrics) / len(metrics)
     print(f"mean {label}, first {k} steps: {first:.3f}")
     print(f"mean {label}, last {k} steps:  {last:.3f}")
     print(f"seconds per step: {secs:.1f}")

@@ -120,6 +120,14 @@ class VllmConfig:
                                                    "(e.g. {VLLM_CPU_OMP_THREADS_BIND: '1'})")
     startup_timeout_s: float = option(600.0, gt=0, doc="seconds to wait for the server to answer before failing "
                                                        "(28-71 s on 2 shared CPU cores)")
+    servers: int = option(1, ge=1, doc="how many servers to start (a pool: each policy's requests spread over them, "
+                                       "every server synced after each update); each has its own port (port + i when "
+                                       "port is set), KV cache, --max-loras and log RUN_DIR/vllm_server_<i>.log")
+    resources: dict[str, Any] = option(factory=lambda: {"num_cpus": 1},
+                                       doc="policy.placement ray: the Ray resources of each server's actor "
+                                           f"({', '.join(WORKER_RESOURCES)}), e.g. {{num_gpus: 1}}")
+    spread: bool = option(False, doc="policy.placement ray: one server per node (a STRICT_SPREAD placement group); "
+                                     "the run fails in one line when the cluster has fewer nodes than servers")
 
 
 @dataclass
@@ -133,10 +141,20 @@ class RolloutConfig:
     stop: list[str] = option(factory=list, doc="stop strings (the completion is cut after the first one)")
     ignore_eos: bool = option(False, doc="generate exactly max_new_tokens, ignoring EOS (benchmarks)")
     min_new_tokens: int = option(0, ge=0, doc="EOS cannot be drawn before this many tokens (HF min_new_tokens, vLLM min_tokens)")
+    max_staleness: int = option(0, ge=0, doc="k: the rollouts of the next k steps are sampled while a step trains, each with "
+                                             "weights at most k updates behind the ones it is trained against; 0: rollout, "
+                                             "update and weight sync one after another (docs/rollout_and_serving.md)")
     engine: str = option("hf", choices=("hf", "http", "vllm"),
                          doc="hf: generate in this process; http: send rollouts to an OpenAI-compatible server (teamrl serve, vLLM, "
                              "SGLang) at server_url; vllm: start a vLLM server for the run (rollout.vllm), stop it with the run")
     server_url: str = option("http://127.0.0.1:8000", doc="base URL of the server used by engine http")
+    server_urls: list[str] = option(factory=list, doc="engine http: several servers' base URLs (a pool: each policy's "
+                                                      "requests spread over them, every one synced after each update); "
+                                                      "when given, server_url is not used")
+    on_endpoint_failure: str = option("continue", choices=("continue", "stop"),
+                                      doc="a pool endpoint that stops answering (refused, reset, timed out, its process "
+                                          "gone): continue on the others (its requests re-sent), or stop the run; "
+                                          "either way one line names it")
     adapter_dir: str = option("", doc="engine http: folder the server can read where adapters are saved after each update; empty: RUN_DIR/served_adapters")
     server_dialect: str = option("auto", choices=("auto", "vllm", "sglang", "teamrl"),
                                  doc="engine http: the server's API (paths, seeding, limits); auto reads owned_by of /v1/models")
@@ -165,6 +183,18 @@ class LossSettings:
                           hints={"dapo": "TRL's 'dapo' is 'token_mean' here", "grpo": "TRL's 'grpo' is 'seq_mean_token_mean' here",
                                  "bnpo": "TRL's 'bnpo' (mean of each micro-batch's token mean) is not offered; "
                                          "'token_mean' is TRL's 'dapo'"})
+    importance_correction: str = option(
+        "auto", choices=("auto", "token", "sequence", "none"),
+        doc="multiply each token's clipped policy loss (not the KL) by the truncated importance weight "
+            "min(exp(old - sampling log-prob), importance_cap): per token, or one per sample from the summed "
+            "log-ratio (sequence); auto: token when rollout.max_staleness > 0, else none",
+        hints={"token_truncate": "TRL's 'token_truncate' is 'token' here",
+               "sequence_truncate": "TRL's 'sequence_truncate' is 'sequence' here",
+               "token_mask": "TRL's 'token_mask' (drop tokens over the cap) is not offered",
+               "sequence_mask": "TRL's 'sequence_mask' (drop samples over the cap) is not offered"})
+    importance_cap: float = option(2.0, gt=0, doc="upper bound of the importance weight (truncation; verl's "
+                                                  "rollout_is_threshold, TRL's vllm_importance_sampling_cap, "
+                                                  "now _clip_max); docs/algorithms.md")
 
 
 @dataclass
@@ -506,8 +536,10 @@ def validate(cfg: Config) -> None:
         if not torch.cuda.is_available():
             raise ConfigError(f"policy.device: {dev!r}, but torch sees no CUDA GPU (torch {torch.__version__}, "
                               f"CUDA build {torch.version.cuda}); use auto or cpu")
-    if cfg.rollout.engine == "http" and not cfg.rollout.server_url.startswith(("http://", "https://")):
+    if cfg.rollout.engine == "http" and not cfg.rollout.server_urls and not cfg.rollout.server_url.startswith(("http://", "https://")):
         raise ConfigError(f"rollout.server_url: {cfg.rollout.server_url!r} must start with http:// or https://")
+    if cfg.rollout.engine == "http":
+        _check_server_urls(cfg.rollout.server_urls)
     if cfg.rollout.engine in ("http", "vllm"):
         if cfg.policy.lora is None:
             raise ConfigError(f"rollout.engine: {cfg.rollout.engine} sends LoRA adapters to the server after each update; "
@@ -529,9 +561,26 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"rollout.group_size: {cfg.rollout.group_size} gives groups of one, whose advantage is 0; must be >= 2 (or use train.advantage=max)")
 
 
+def _check_server_urls(urls: list[str]) -> None:
+    """``rollout.server_urls``: each an http(s) URL, none twice (two clients of one server would unload each other's
+    adapters as an earlier process's)."""
+    for i, url in enumerate(urls):
+        if not url.startswith(("http://", "https://")):
+            raise ConfigError(f"rollout.server_urls[{i}]: {url!r} must start with http:// or https://")
+    seen = [u.rstrip("/") for u in urls]
+    twice = [u for i, u in enumerate(seen) if u in seen[:i]]
+    if twice:
+        raise ConfigError(f"rollout.server_urls: {twice[0]!r} is listed twice; list each server once")
+
+
 def _check_vllm(cfg: Config) -> None:
-    """``rollout.vllm`` fits the run before anything starts: the adapters' rank within ``--max-lora-rank``."""
+    """``rollout.vllm`` fits the run before anything starts: the adapters' rank within ``--max-lora-rank``; the
+    servers' Ray resources and spread."""
     v = cfg.rollout.vllm
+    _check_ray_resources("rollout.vllm.resources", v.resources)
+    if v.spread and cfg.policy.placement != "ray":
+        raise ConfigError("rollout.vllm.spread: true places the vLLM servers with Ray, one per node; it needs "
+                          "policy.placement=ray (or set spread false)")
     if v.max_lora_rank and v.max_lora_rank not in VLLM_LORA_RANKS:
         raise ConfigError(f"rollout.vllm.max_lora_rank: {v.max_lora_rank} is not a rank vLLM takes; choose one of "
                           f"{list(VLLM_LORA_RANKS)} or 0 (policy.lora.r rounded up)")
@@ -566,19 +615,24 @@ def _check_placement(p: PolicyConfig) -> None:
                                   "policy one worker")
             seen[n] = worker
     for worker, res in p.resources.items():
-        if not isinstance(res, dict):
-            raise ConfigError(f"policy.resources.{worker}: expected a mapping of {list(WORKER_RESOURCES)}, got {res!r}")
-        bad = [k for k in res if k not in WORKER_RESOURCES]
-        if bad:
-            raise ConfigError(f"policy.resources.{worker}.{bad[0]}: unknown key; allowed keys are {list(WORKER_RESOURCES)}")
-        for k, v in res.items():
-            if k == "resources":
-                if not isinstance(v, dict) or not all(isinstance(x, (int, float)) and not isinstance(x, bool) and x >= 0
-                                                      for x in v.values()):
-                    raise ConfigError(f"policy.resources.{worker}.resources: expected a mapping of custom resource "
-                                      f"name -> amount >= 0, got {v!r}")
-            elif isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
-                raise ConfigError(f"policy.resources.{worker}.{k}: expected a number >= 0, got {v!r}")
+        _check_ray_resources(f"policy.resources.{worker}", res)
+
+
+def _check_ray_resources(key: str, res: Any) -> None:
+    """A Ray actor's resources (``policy.resources.<worker>``, ``rollout.vllm.resources``): the keys of
+    :data:`WORKER_RESOURCES`, each a number >= 0 (``resources``: custom name -> amount)."""
+    if not isinstance(res, dict):
+        raise ConfigError(f"{key}: expected a mapping of {list(WORKER_RESOURCES)}, got {res!r}")
+    bad = [k for k in res if k not in WORKER_RESOURCES]
+    if bad:
+        raise ConfigError(f"{key}.{bad[0]}: unknown key; allowed keys are {list(WORKER_RESOURCES)}")
+    for k, v in res.items():
+        if k == "resources":
+            if not isinstance(v, dict) or not all(isinstance(x, (int, float)) and not isinstance(x, bool) and x >= 0
+                                                  for x in v.values()):
+                raise ConfigError(f"{key}.resources: expected a mapping of custom resource name -> amount >= 0, got {v!r}")
+        elif isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
+            raise ConfigError(f"{key}.{k}: expected a number >= 0, got {v!r}")
 
 
 def config_to_dict(cfg: Any) -> Any:

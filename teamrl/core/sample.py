@@ -33,6 +33,11 @@ class Sample:
     - ``trajectory``: samples with one trajectory key count once in their group's statistics
       (the turns of one rollout; one aligned sub-trajectory slot); None: the sample alone.
 
+    ``policy_version`` is the version of the policy that sampled it: the number of weight updates
+    of ``policy`` the engine had received when the sample was generated (the trainer publishes
+    every policy once per training step, so it is the number of steps trained before the rollout
+    that sampled it; see ``rollout.max_staleness``).
+
     ``tags`` holds free-form diagnostics (logged; metrics may read them, training never does);
     the old steering keys (:data:`STEERING_TAGS`) are refused there. ``slots``: a misspelt field
     is an error.
@@ -59,6 +64,7 @@ class Sample:
     role_reward: float | None = None
     trajectory: Hashable | None = None
     tags: dict[str, Any] = field(default_factory=dict)
+    policy_version: int = 0
 
     def __post_init__(self) -> None:
         check_steering_tags([self])
@@ -83,6 +89,7 @@ class Sample:
             "baseline": self.baseline,
             "role_reward": self.role_reward,
             "trajectory": None if self.trajectory is None else repr(self.trajectory),
+            "policy_version": self.policy_version,
             **({"tags": self.tags} if self.tags else {}),
         }
 

@@ -3,7 +3,9 @@
 One loss serves every algorithm: the per-token clipped surrogate of PPO/GRPO, optionally with
 the dual clip of Ye et al. (2020) for negative advantages and a k3 KL penalty to a reference
 policy (optionally bias-corrected by the importance ratio), reduced over tokens by one of
-``AGGREGATIONS`` (``TRL_LOSS_TYPES`` maps TRL's ``loss_type`` names to them).
+``AGGREGATIONS`` (``TRL_LOSS_TYPES`` maps TRL's ``loss_type`` names to them). Samples drawn by a
+policy other than the one ``old_logprobs`` come from (a stale rollout, a server whose numbers differ)
+can be reweighted by a truncated importance weight (:func:`importance_weights`, ``IMPORTANCE_CORRECTIONS``).
 
 Masked positions (prompt, padding, everything after the first EOS) never contribute loss or
 gradient: their inputs are replaced with ``torch.where`` *before* any ``exp``, so even garbage
@@ -18,7 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["AGGREGATIONS", "TRL_LOSS_TYPES", "LossConfig", "completion_mask", "policy_loss"]
+__all__ = ["AGGREGATIONS", "IMPORTANCE_CORRECTIONS", "TRL_LOSS_TYPES", "LossConfig", "completion_mask",
+           "importance_weights", "policy_loss"]
 
 AGGREGATIONS: tuple[str, ...] = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "dr_grpo")
 
@@ -28,6 +31,12 @@ AGGREGATIONS: tuple[str, ...] = ("token_mean", "seq_mean_token_mean", "seq_mean_
 # depends on the micro-batch size; it is not offered.
 TRL_LOSS_TYPES: dict[str, str | None] = {"dapo": "token_mean", "grpo": "seq_mean_token_mean", "dr_grpo": "dr_grpo",
                                          "bnpo": None}
+
+# How the truncated importance weight old / sampling is taken: not at all, per token, or one per sample.
+IMPORTANCE_CORRECTIONS: tuple[str, ...] = ("none", "token", "sequence")
+# TRL GRPOTrainer's vllm_importance_sampling_mode names -> the mode here (None: not offered)
+TRL_IMPORTANCE_MODES: dict[str, str | None] = {"token_truncate": "token", "sequence_truncate": "sequence",
+                                               "token_mask": None, "sequence_mask": None}
 
 
 def completion_mask(
@@ -90,6 +99,10 @@ class LossConfig:
             GRPO paper. It changes the gradient even on-policy, where the ratio's value is 1.
         aggregation: one of ``AGGREGATIONS``.
         max_completion_length: the constant denominator of ``"dr_grpo"`` (required there).
+        importance_correction: one of ``IMPORTANCE_CORRECTIONS``; ``"token"`` or ``"sequence"`` multiply each
+            token's clipped policy term by the truncated importance weight of :func:`importance_weights`
+            (``policy_loss`` then needs ``sampling_logprobs``); ``"none"`` (the default) is the loss without it.
+        importance_cap: the weight's upper bound (truncation), ``> 0``; read only when the correction is on.
     """
 
     eps_low: float = 0.2
@@ -99,6 +112,8 @@ class LossConfig:
     kl_bias_correction: bool = False
     aggregation: str = "token_mean"
     max_completion_length: int | None = None
+    importance_correction: str = "none"
+    importance_cap: float = 2.0
 
     def __post_init__(self) -> None:
         def finite(name: str, value: object) -> float:
@@ -134,6 +149,14 @@ class LossConfig:
             )
         if self.aggregation == "dr_grpo" and self.max_completion_length is None:
             raise ValueError("LossConfig.max_completion_length is required when aggregation is 'dr_grpo'")
+        if self.importance_correction not in IMPORTANCE_CORRECTIONS:
+            ours = TRL_IMPORTANCE_MODES.get(self.importance_correction, "")
+            hint = (f" (TRL's {self.importance_correction!r} is {ours!r} here)" if ours else
+                    f" (TRL's {self.importance_correction!r} is not offered)" if ours is None else "")
+            raise ValueError(f"LossConfig.importance_correction must be one of {', '.join(IMPORTANCE_CORRECTIONS)}; "
+                             f"got {self.importance_correction!r}{hint}")
+        if finite("importance_cap", self.importance_cap) <= 0.0:
+            raise ValueError(f"LossConfig.importance_cap must be > 0; got {self.importance_cap!r}")
 
 
 def _check_shapes(
@@ -157,6 +180,45 @@ def _check_shapes(
         raise ValueError(f"advantages must be [B] = {tuple(shape[:1])}; got shape {tuple(advantages.shape)}")
 
 
+def importance_weights(
+    old_logprobs: torch.Tensor,
+    sampling_logprobs: torch.Tensor,
+    mask: torch.Tensor,
+    mode: str,
+    cap: float,
+) -> torch.Tensor:
+    """The truncated importance weight of each completion token (a constant: no gradient).
+
+    ``token``: ``w_t = min(exp(old_t - sampling_t), cap)``; ``sequence``: one weight per completion,
+    ``min(exp(sum_t (old_t - sampling_t)), cap)`` over its masked tokens, on every token of it. ``old``
+    is the policy the PPO ratio is measured against, ``sampling`` the one that drew the tokens, so ``w``
+    moves the expectation from the sampling policy to ``old`` (TRL GRPOTrainer's and verl's truncated
+    importance sampling). A log-ratio too large for ``exp`` gives ``cap``, too small gives 0; never inf or NaN
+    from finite inputs.
+
+    Args:
+        old_logprobs: float ``[B, T]``.
+        sampling_logprobs: float ``[B, T]``; read only where ``mask`` is True.
+        mask: bool ``[B, T]``, True where the token carries loss.
+        mode: ``"token"`` or ``"sequence"``.
+        cap: the upper bound, ``> 0``.
+
+    Returns:
+        float ``[B, T]``: the weights; 1 where ``mask`` is False (those tokens carry no loss anyway).
+    """
+    if mode not in ("token", "sequence"):
+        raise ValueError(f"importance_weights: mode must be token or sequence; got {mode!r}")
+    m = mask.to(torch.bool)
+    zero = torch.zeros((), dtype=old_logprobs.dtype, device=old_logprobs.device)
+    with torch.no_grad():
+        # select before exp, as in policy_loss: garbage at a masked position never meets exp
+        log_w = torch.where(m, old_logprobs.detach() - sampling_logprobs.detach().to(old_logprobs.dtype), zero)
+        if mode == "sequence":
+            log_w = log_w.sum(dim=1, keepdim=True).expand_as(log_w)
+        w = torch.clamp(torch.exp(log_w), max=cap)
+        return torch.where(m, w, torch.ones_like(w))
+
+
 def policy_loss(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -164,6 +226,7 @@ def policy_loss(
     mask: torch.Tensor,
     cfg: LossConfig,
     ref_logprobs: torch.Tensor | None = None,
+    sampling_logprobs: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Clipped policy-gradient loss over a batch of completions.
 
@@ -172,6 +235,7 @@ def policy_loss(
         ratio   = exp(logprobs - old_logprobs)
         loss_t  = -min(ratio * A, clamp(ratio, 1 - eps_low, 1 + eps_high) * A)
         loss_t  = min(loss_t, -dual_clip * A)          where A < 0, if dual_clip is set
+        loss_t  = w_t * loss_t                     importance_correction token / sequence (w: importance_weights)
         k3      = exp(ref - logprobs) - (ref - logprobs) - 1
         loss_t += kl_coef * k3                     (kl_bias_correction False, the default)
         loss_t += kl_coef * ratio * k3             (kl_bias_correction True: TRL 1.16's default)
@@ -192,6 +256,9 @@ def policy_loss(
         mask: bool or 0/1 float ``[B, T]``; True where the token carries loss.
         cfg: the loss settings.
         ref_logprobs: float ``[B, T]`` reference-policy log-probs; required when ``cfg.kl_coef > 0``.
+        sampling_logprobs: float ``[B, T]`` log-probs of the policy that drew the completions (the engine's),
+            treated as constants; required when ``cfg.importance_correction`` is not ``"none"``, never read
+            when it is.
 
     Returns:
         ``(loss, stats)``: the scalar loss and python floats ``"loss"``, ``"clip_frac"`` (fraction of
@@ -199,13 +266,27 @@ def policy_loss(
         ``1 + eps_high`` with ``A > 0`` or below ``1 - eps_low`` with ``A < 0``, as TRL's
         ``clip_ratio``), ``"kl"`` (masked mean of the KL estimate used, k3 or ratio * k3, as TRL logs
         it; 0.0 without ``ref_logprobs``) and
-        ``"ratio_mean"`` (masked mean ratio).
+        ``"ratio_mean"`` (masked mean ratio). With the importance correction on, also the weights'
+        ``"is_weight_mean"``, ``"is_weight_max"``, ``"is_weight_min"``, ``"is_truncated_frac"`` (share at
+        the cap) and ``"is_weight_count"`` (how many there are), over the masked tokens (``token``) or the
+        completions with at least one masked token (``sequence``).
+
+    The weight multiplies the clipped policy term only, not the KL term: it corrects the policy-gradient
+    estimate for where the tokens came from (as TRL and verl do), while the KL penalty's strength does not
+    depend on how stale a sample is.
 
     Positions where ``mask`` is False contribute neither loss nor gradient, whatever their values.
     """
     _check_shapes(logprobs, old_logprobs, advantages, mask, ref_logprobs)
     if cfg.kl_coef > 0 and ref_logprobs is None:
         raise ValueError(f"LossConfig.kl_coef={cfg.kl_coef} > 0 needs ref_logprobs")
+    weighted = cfg.importance_correction != "none"
+    if weighted:
+        if sampling_logprobs is None:
+            raise ValueError(f"LossConfig.importance_correction={cfg.importance_correction!r} needs sampling_logprobs")
+        if sampling_logprobs.shape != logprobs.shape:
+            raise ValueError(f"sampling_logprobs shape {tuple(sampling_logprobs.shape)} does not match logprobs shape "
+                             f"{tuple(logprobs.shape)}")
 
     batch_size = logprobs.shape[0]
     m = mask.to(torch.bool)
@@ -223,6 +304,10 @@ def policy_loss(
     if cfg.dual_clip is not None:
         # For A < 0 a huge ratio makes -ratio*A unbounded; cap it at -c*A (gradient 0 there).
         loss_t = torch.where(adv < 0, torch.minimum(loss_t, -cfg.dual_clip * adv), loss_t)
+    if weighted:
+        assert sampling_logprobs is not None  # checked above
+        is_w = importance_weights(old_logprobs, sampling_logprobs, m, cfg.importance_correction, cfg.importance_cap)
+        loss_t = loss_t * is_w
 
     if ref_logprobs is not None:
         delta = torch.where(m, ref_logprobs.detach() - logprobs, zero)
@@ -263,4 +348,17 @@ def policy_loss(
             "kl": 0.0 if kl_t is None else float((torch.where(m, kl_t, zero).sum() / n_tokens).item()),
             "ratio_mean": float((torch.where(m, ratio, zero).sum() / n_tokens).item()),
         }
+        if weighted:
+            # one weight per masked token, or per completion that has a masked token (read at its first one)
+            if cfg.importance_correction == "token":
+                values = is_w[m]
+            else:
+                rows = m.any(dim=1)
+                values = is_w[torch.arange(batch_size, device=m.device), m.to(torch.int8).argmax(dim=1)][rows]
+            count = int(values.numel())
+            stats.update({"is_weight_count": float(count),
+                          "is_weight_mean": float(values.mean()) if count else 0.0,
+                          "is_weight_max": float(values.max()) if count else 0.0,
+                          "is_weight_min": float(values.min()) if count else 0.0,
+                          "is_truncated_frac": float((values >= cfg.importance_cap).sum()) / count if count else 0.0})
     return loss, stats

@@ -12,6 +12,9 @@ killed API server; measured with vLLM 0.32) when
 - teamrl's process dies in any way, SIGKILL included: the kernel sends the guard SIGTERM
   (``prctl(PR_SET_PDEATHSIG)``), and the same shutdown follows.
 
+- the guard itself is killed outright (SIGKILL; Ray does that to an actor's child processes when the
+  actor dies): a watcher process the guard forks sees it gone and ends the group the same way.
+
 It exits with the server's exit status (128 + N for a signal N). Only the standard library, so
 that it starts in milliseconds; Linux only (``prctl``).
 """
@@ -45,6 +48,31 @@ def _kill_group(pgid: int, sig: int) -> bool:
         return False
 
 
+def _start_sentinel(pgid: int, grace: float) -> None:
+    """Fork a watcher that ends the server's group should this guard be killed outright (SIGKILL cannot be handled
+    here): Ray, for one, SIGKILLs an actor's child processes when the actor dies. The server would then get its own
+    parent-death signal, but what it started (vLLM's engine core) would not. The watcher polls for the guard's death
+    and ends the group as the guard would (SIGTERM, ``grace`` seconds, SIGKILL); after an orderly stop the group is
+    already gone and it just exits."""
+    guard = os.getpid()
+    if os.fork() != 0:
+        return
+    try:
+        for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+            signal.signal(sig, signal.SIG_IGN)  # signals meant for the guard (its process group) are not for it
+        devnull = os.open(os.devnull, os.O_RDWR)
+        os.dup2(devnull, 1)  # the trainer reads the server's pid from the guard's stdout: hold no end of that pipe
+        while os.getppid() == guard:
+            time.sleep(0.2)
+        if _kill_group(pgid, signal.SIGTERM):
+            deadline = time.monotonic() + grace
+            while _kill_group(pgid, 0) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            _kill_group(pgid, signal.SIGKILL)
+    finally:
+        os._exit(0)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the guard (see the module docstring); returns the server's exit status."""
     p = argparse.ArgumentParser(prog="python -m teamrl.rollout._server_guard")
@@ -68,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         server = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                   start_new_session=True, preexec_fn=lambda: _die_with_parent(signal.SIGTERM))
     print(server.pid, flush=True)
+    _start_sentinel(server.pid, ns.grace)
     while server.poll() is None and not stop:
         time.sleep(0.2)
     # a server that exited by itself: 5 s for what it started to follow; one told to stop: its whole grace

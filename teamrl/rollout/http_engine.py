@@ -38,6 +38,7 @@ for that version, or the sync fails in one line naming the policy and version.
 
 from __future__ import annotations
 
+import http.client
 import json
 import math
 import shutil
@@ -82,6 +83,15 @@ SYNC_PROBE_TOKENS = 8
 
 class ServerError(RuntimeError):
     """The server answered with an error, or could not be reached; the message says which and why."""
+
+
+class ServerUnreachable(ServerError):
+    """The server could not be reached: connection refused or reset, or no answer within the timeout.
+    ``reason``: the request and why, in a few words (``POST /v1/completions: [Errno 111] Connection refused``)."""
+
+    def __init__(self, message: str, reason: str = "") -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 class HTTPEngine(Engine):
@@ -152,14 +162,20 @@ class HTTPEngine(Engine):
             except (json.JSONDecodeError, AttributeError):
                 msg = raw.decode(errors="replace")
             raise ServerError(f"{method} {url}: HTTP {e.code}: {msg}") from None
-        except (urllib.error.URLError, ConnectionError, TimeoutError) as e:
-            reason = getattr(e, "reason", e)
-            raise ServerError(f"{method} {url}: could not reach the server ({reason}); is `teamrl serve` (or vLLM/SGLang) "
-                              f"running at {self.base_url}?") from None
+        except (urllib.error.URLError, ConnectionError, TimeoutError, http.client.HTTPException) as e:
+            # HTTPException: a server killed while answering (IncompleteRead, a bad status line)
+            reason = str(getattr(e, "reason", e)) or type(e).__name__
+            raise ServerUnreachable(f"{method} {url}: could not reach the server ({reason}); is `teamrl serve` (or vLLM/SGLang) "
+                                    f"running at {self.base_url}?", reason=f"{method} {path}: {reason}") from None
         try:
             return json.loads(raw)
         except json.JSONDecodeError:
             return raw.decode(errors="replace")  # vLLM answers the LoRA endpoints in plain text
+
+    def health(self, timeout: float = 3.0) -> None:
+        """``GET /health`` within ``timeout`` seconds (vLLM, SGLang and teamrl serve answer it at once, even while
+        generating); raises :class:`ServerUnreachable` when the server does not answer, :class:`ServerError` on an error."""
+        self.request("GET", "/health", timeout=timeout)
 
     def model_cards(self) -> list[dict[str, Any]]:
         """The entries of ``GET /v1/models``."""

@@ -456,7 +456,8 @@ def summary(metrics: list[dict]) -> tuple[str, int, float, float, float]:
     k = min(3, len(values))
     first = sum(values[:k]) / k if k else float("nan")
     last = sum(values[-k:]) / k if k else float("nan")
-    secs = sum(m.get("rollout_s", 0) + m.get("update_s", 0) for m in metrics)
+    # the asynchronous loop's rollouts overlap the updates: a step costs its update and the wait for its rollout
+    secs = sum(m.get("update_s", 0) + m.get("async/trainer_wait_s", m.get("rollout_s", 0)) for m in metrics)
     return main, k, first, last, secs / len(metrics)
 
 

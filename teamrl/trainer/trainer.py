@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import random
@@ -35,7 +36,9 @@ from teamrl.trainer.checkpoint import (check_run_dir, checkpoint_to_resume, list
                                        save_checkpoint)
 from teamrl.trainer.diagnostics import CliffDetector, learning_signal, role_capture
 from teamrl.trainer.evaluate import workflow_stats
-from teamrl.trainer.update import NonFiniteReward, _contributes, _to_device, make_update_settings, nonfinite_reward_groups
+from teamrl.trainer.pipeline import Rollout, RolloutPipeline
+from teamrl.trainer.update import (NonFiniteReward, _contributes, _to_device, check_sampling_logprobs, make_update_settings,
+                                   nonfinite_reward_groups)
 from teamrl.trainer.workers import PolicyPlacement, make_router
 from teamrl.workflows import WORKFLOWS, default_workflow
 from teamrl.workflows.context import EpisodeContext
@@ -100,6 +103,10 @@ SYNC_PROBES = ("The weather today is", "Three colours I like are")
 class Trainer:
     """Trains the policies of a workflow on a task, as configured by a validated :class:`Config`."""
 
+    # Run the asynchronous loop (rollout producer thread, separate weight copies) even at rollout.max_staleness=0;
+    # only tests set it: at 0 the loop must give what the synchronous one gives.
+    force_pipeline = False
+
     def __init__(self, cfg: Config, resume: bool = False, resume_intact: bool = False) -> None:
         """``resume``: continue from the newest checkpoint (refused, naming the file, when it does not read
         whole); ``resume_intact``: continue from the newest checkpoint that reads whole, keeping the
@@ -120,6 +127,10 @@ class Trainer:
         # the roles that act (a study workflow's role types; M-GRPO's single-agent baseline drops the sub-agent)
         self.roles = list(self.algorithm.roles or self.task.roles)
         check_policy_roles(cfg, self.task, self.algorithm)
+        # rollout.max_staleness > 0: the rollouts of the next steps are sampled while a step trains (teamrl.trainer.pipeline)
+        self.max_staleness = cfg.rollout.max_staleness
+        self.pipelined = self.max_staleness > 0 or self.force_pipeline
+        self._pipeline: RolloutPipeline | None = None
         # checked before any model loads: a truncated last checkpoint is named at once
         resume_from, set_aside = checkpoint_to_resume(self.ckpt_dir, intact=resume_intact) if resume else (None, [])
         for ckpt, target in set_aside:
@@ -143,7 +154,7 @@ class Trainer:
         self.cliffs = CliffDetector(cfg.train.cliff_points)
         self.stopped_at_cliff = False
         self.step = 0
-        self.data_position = 0
+        self.data_position = 0  # of the last trained step (the producer of the asynchronous loop keeps its own)
         if resume_from is not None:
             state = load_checkpoint(resume_from, self.placement)
             self.step, self.data_position = state["step"], state["data_position"]
@@ -153,6 +164,9 @@ class Trainer:
             for rec in read_metrics(self.run_dir / "metrics.jsonl"):  # replay the evaluations for the running peak
                 if "eval/accuracy" in rec and rec["step"] <= self.step:
                     self.cliffs.update(rec["step"], rec["eval/accuracy"])
+        # updates of each policy published to the engine: one per trained step (every policy is published after every
+        # step, changed or not), so a resumed run knows them from its step
+        self.policy_versions: dict[str, int] = {name: self.step for name in self.router.policies}
         self.engine = self._make_engine()  # after a resume, so a server gets the restored adapters
         with run_dir_writes(self.run_dir):
             self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -173,7 +187,9 @@ class Trainer:
 
     def _make_engine(self) -> Engine:
         """The in-process engine, or (``rollout.engine=http``) a client of a ``teamrl serve`` / vLLM / SGLang server, or
-        (``rollout.engine=vllm``) a client of a vLLM server started here for the run (stopped by :meth:`shutdown`)."""
+        (``rollout.engine=vllm``) a client of a vLLM server started here for the run (stopped by :meth:`shutdown`).
+        Several servers (``rollout.server_urls``, ``rollout.vllm.servers``, or servers placed by Ray) make a pool
+        (:class:`~teamrl.rollout.pool.EnginePool`), each endpoint checked and synced as one server is."""
         if self.cfg.rollout.engine == "hf":
             # LoRA policies on one base decode together through it, each row with its own adapter (no merged copies)
             return HFEngine(lambda name: self.router.policies[name].generation_model(), self.tokenizer, device=self.router.device,
@@ -181,49 +197,63 @@ class Trainer:
         from tqdm import tqdm
 
         from teamrl.rollout.http_engine import HTTPEngine, ServerError
+        from teamrl.rollout.pool import EnginePool
         from teamrl.rollout.vllm_server import check_lora_slots, check_served_model, explain_lora_error
 
         r = self.cfg.rollout
         adapter_dir = (Path(r.adapter_dir) if r.adapter_dir else self.run_dir / "served_adapters").resolve()
         # adapters named per process (<policy>@<run>-<id>): a second run, a resume or another run on the same server
         # never meets a name already loaded there
-        url, dialect = r.server_url, r.server_dialect
+        urls, dialect = list(r.server_urls) or [r.server_url], r.server_dialect
+        exited: list = [None] * len(urls)
         if r.engine == "vllm":
-            from teamrl.rollout.vllm_server import ManagedVLLMServer
+            from teamrl.rollout.vllm_server import start_servers
 
-            self.vllm_server = ManagedVLLMServer.from_config(self.cfg, self.run_dir, len(self.router.policies))
-            url, dialect = self.vllm_server.start(log=lambda line: tqdm.write(line, file=sys.stderr)), "vllm"
-        engine = HTTPEngine(url, self.tokenizer, adapter_dir=adapter_dir, dialect=dialect,
-                            save_adapter=lambda name, folder: self.router.policies[name].save_adapter(folder),
-                            adapter_tag=f"{self.cfg.name}-{uuid.uuid4().hex[:6]}",
-                            verify_logprobs=self._probe_logprobs if r.server_sync_check else None,
-                            verify_tolerance=r.server_check_tolerance,
-                            probe_prompts=[self.tokenizer(p, add_special_tokens=False)["input_ids"] for p in SYNC_PROBES],
-                            log=tqdm.write)
+            self.vllm_servers = start_servers(self.cfg, self.run_dir, len(self.router.policies),
+                                              log=lambda line: tqdm.write(line, file=sys.stderr))
+            self.vllm_server = self.vllm_servers[0]
+            urls, dialect = [s.url for s in self.vllm_servers], "vllm"
+            exited = [s.exit_reason for s in self.vllm_servers]
+        tag = f"{self.cfg.name}-{uuid.uuid4().hex[:6]}"
+        # in a pool each endpoint has its own adapter names (and so its own adapter folders): _e1, _e2, ... (no "." or
+        # "-": PEFT refuses dots in adapter names, and release_stale reads the run name up to the last "-")
+        engines = [HTTPEngine(url, self.tokenizer, adapter_dir=adapter_dir, dialect=dialect,
+                              save_adapter=lambda name, folder: self.router.policies[name].save_adapter(folder),
+                              adapter_tag=tag if len(urls) == 1 else f"{tag}_e{i + 1}",
+                              verify_logprobs=self._probe_logprobs if r.server_sync_check else None,
+                              verify_tolerance=r.server_check_tolerance,
+                              probe_prompts=[self.tokenizer(p, add_special_tokens=False)["input_ids"] for p in SYNC_PROBES],
+                              log=tqdm.write) for i, url in enumerate(urls)]
+        engine: Engine = engines[0] if len(engines) == 1 else EnginePool(
+            engines, names=urls, on_failure=r.on_endpoint_failure, log=lambda line: tqdm.write(line, file=sys.stderr),
+            exited=exited)
         try:
-            if engine.dialect == "vllm":
-                check_served_model(engine, self.cfg.model)  # one line naming --served-model-name
-            engine.check_base_model(self.cfg.model)
-            stale = engine.release_stale()
-            if stale:
-                print(f"teamrl: unloaded {len(stale)} adapter(s) an earlier process of this run left on {engine.base_url}: "
-                      f"{', '.join(stale)}", file=sys.stderr)
+            for e in engines:
+                if e.dialect == "vllm":
+                    check_served_model(e, self.cfg.model)  # one line naming --served-model-name
+                e.check_base_model(self.cfg.model)
+                stale = e.release_stale()
+                if stale:
+                    print(f"teamrl: unloaded {len(stale)} adapter(s) an earlier process of this run left on {e.base_url}: "
+                          f"{', '.join(stale)}", file=sys.stderr)
             for name in self.router.policies:  # the server holds none of this run's adapters yet: send the initial ones
                 engine.sync_weights(name)
             if r.server_check:
-                truncated = engine.processed_logprobs and self.params.temperature > 0 and (r.top_k > 0 or r.top_p < 1)
-                f = engine.startup_check(self.cfg.model, list(self.router.policies), self.params, r.group_size,
-                                         encode_chat(self.tokenizer, STARTUP_PROBE), self._probe_logprobs,
-                                         tolerance=r.server_check_tolerance, seed=derive_seed(self.cfg.seed, 0, 3))
-                print(f"teamrl: start-up check of {engine.base_url} ({engine.dialect}): {f['distinct']:.0f} of {f['group']:.0f} "
-                      f"samples distinct (fewest over {len(self.router.policies)} policies); log-probs vs the trainer's under "
-                      f"temperature {self.params.temperature}, top_k {self.params.top_k}, top_p {self.params.top_p}"
-                      f"{' (truncated and renormalised as the server samples)' if truncated else ''}: "
-                      f"max gap {f['logprob_gap']:.2e}, mean {f['logprob_mean_gap']:.2e} over {f['tokens']:.0f} tokens; "
-                      f"tolerance {f['tolerance']:g}", flush=True)
-            if engine.dialect == "vllm":  # one line naming --max-loras when the policies cannot all be served at once
-                check_lora_slots(engine, list(self.router.policies), probe=lambda: engine.generate(
-                    self.cfg.model, [GenerationRequest(encode_chat(self.tokenizer, STARTUP_PROBE), SamplingParams(max_new_tokens=1))]))
+                for e in engines:
+                    truncated = e.processed_logprobs and self.params.temperature > 0 and (r.top_k > 0 or r.top_p < 1)
+                    f = e.startup_check(self.cfg.model, list(self.router.policies), self.params, r.group_size,
+                                        encode_chat(self.tokenizer, STARTUP_PROBE), self._probe_logprobs,
+                                        tolerance=r.server_check_tolerance, seed=derive_seed(self.cfg.seed, 0, 3))
+                    print(f"teamrl: start-up check of {e.base_url} ({e.dialect}): {f['distinct']:.0f} of {f['group']:.0f} "
+                          f"samples distinct (fewest over {len(self.router.policies)} policies); log-probs vs the trainer's under "
+                          f"temperature {self.params.temperature}, top_k {self.params.top_k}, top_p {self.params.top_p}"
+                          f"{' (truncated and renormalised as the server samples)' if truncated else ''}: "
+                          f"max gap {f['logprob_gap']:.2e}, mean {f['logprob_mean_gap']:.2e} over {f['tokens']:.0f} tokens; "
+                          f"tolerance {f['tolerance']:g}", flush=True)
+            for e in engines:
+                if e.dialect == "vllm":  # one line naming --max-loras when the policies cannot all be served at once
+                    check_lora_slots(e, list(self.router.policies), probe=lambda e=e: e.generate(
+                        self.cfg.model, [GenerationRequest(encode_chat(self.tokenizer, STARTUP_PROBE), SamplingParams(max_new_tokens=1))]))
         except ServerError as e:  # an adapter the server would not load: name the vLLM flag that would
             try:
                 engine.close()
@@ -237,15 +267,25 @@ class Trainer:
             finally:
                 self._stop_vllm_server()
             raise
+        if len(engines) > 1:
+            print(f"teamrl: a pool of {len(engines)} rollout endpoints ({', '.join(urls)}); each policy's requests are "
+                  f"spread over them; on a failed endpoint: {r.on_endpoint_failure} (rollout.on_endpoint_failure)",
+                  file=sys.stderr)
         return engine
 
     def _stop_vllm_server(self) -> None:
-        """Stop the vLLM server this run started (``rollout.engine=vllm``), if any."""
+        """Stop the vLLM server(s) this run started (``rollout.engine=vllm``; on Ray: the servers, then their actors)."""
         from tqdm import tqdm
 
-        server = getattr(self, "vllm_server", None)
-        if server is not None:
-            server.stop(log=lambda line: tqdm.write(line, file=sys.stderr))
+        servers = getattr(self, "vllm_servers", None) or [s for s in [getattr(self, "vllm_server", None)] if s is not None]
+        errors = []
+        for server in servers:
+            try:
+                server.stop(log=lambda line: tqdm.write(line, file=sys.stderr))
+            except Exception as e:  # stop the others all the same
+                errors.append(e)
+        if errors:
+            raise errors[0]
 
     def _probe_logprobs(self, policy: str, prompt_ids: list[int] | list[list[int]], completions: list, temperature: float,
                         top_k: int = 0, top_p: float = 1.0) -> list[list[float]]:
@@ -273,27 +313,47 @@ class Trainer:
         self.router = make_router(self.cfg, self.roles)
         self.tokenizer = self.router.tokenizer
         self.route = self.router.policy_name
-        self.placement = PolicyPlacement(self.cfg, self.router, self.roles)
+        self.placement = PolicyPlacement(self.cfg, self.router, self.roles, deferred=self.pipelined)
 
     # ---- data -------------------------------------------------------------------------
     def _next_problems(self) -> list[Problem]:
         """The next batch in a per-epoch shuffled order that depends only on (seed, position)."""
+        out, self.data_position = self._problems_at(self.data_position)
+        return out
+
+    def _problems_at(self, position: int) -> tuple[list[Problem], int]:
+        """The batch at data position ``position`` and the position after it (see :meth:`_next_problems`)."""
         n, out = len(self.problems), []
         for _ in range(self.cfg.rollout.batch_size):
-            epoch, idx = divmod(self.data_position, n)
+            epoch, idx = divmod(position, n)
             order = list(range(n))
             random.Random(derive_seed(self.cfg.seed, epoch)).shuffle(order)
             out.append(self.problems[order[idx]])
-            self.data_position += 1
-        return out
+            position += 1
+        return out, position
 
     # ---- one iteration ----------------------------------------------------------------
     def train_step(self) -> dict[str, Any]:
-        """One iteration; returns the metrics record it logged."""
+        """One iteration; returns the metrics record it logged.
+
+        Synchronous (``rollout.max_staleness`` 0): the rollout, then the update, then the weight sync. Asynchronous:
+        the step's rollout comes from the producer thread (started at the first step), which samples the next steps'
+        rollouts while this one trains (:mod:`teamrl.trainer.pipeline`)."""
         step = self.step + 1
+        if not self.pipelined:
+            return self._consume(self._produce(step, self.data_position, dict(self.policy_versions)), None)
+        if self._pipeline is None:
+            self._start_pipeline()
         t0 = time.perf_counter()
-        problems = self._next_problems()
-        scheduler = GenerationScheduler(self.engine, seed=derive_seed(self.cfg.seed, step, 1))
+        rollout = self._pipeline.get(step)
+        return self._consume(rollout, time.perf_counter() - t0)
+
+    def _produce(self, step: int, position: int, versions: dict[str, int], engine: Engine | None = None) -> Rollout:
+        """Step ``step``'s rollout: the problems at data ``position``, every episode sampled with ``engine`` (default:
+        the trainer's) holding each policy at ``versions`` (stamped on every sample)."""
+        t0 = time.perf_counter()
+        problems, position = self._problems_at(position)
+        scheduler = GenerationScheduler(engine or self.engine, seed=derive_seed(self.cfg.seed, step, 1))
 
         def make_ctx(problem: Problem, episode: int, tags: dict) -> EpisodeContext:
             params = self.greedy_params if tags.get("greedy") else self.params
@@ -302,10 +362,84 @@ class Trainer:
         samples = self._rollout(problems, make_ctx, scheduler)
         if not any(s.trainable and not s.baseline for s in samples):
             raise self._nothing_to_train(step, problems, samples)
-        t_rollout = time.perf_counter() - t0
+        for s in samples:  # one set of weights for the whole rollout: its version at the start
+            s.policy_version = versions[s.policy]
+        # the algorithm as this rollout left it: the producer's next rollout moves the live one on (a shallow copy
+        # suffices: a rollout replaces its state, finished episodes included, it never mutates the old objects)
+        algorithm = copy.copy(self.algorithm) if self.pipelined else self.algorithm
+        return Rollout(step, problems, samples, len(scheduler.calls), time.perf_counter() - t0, algorithm, position,
+                       dict(versions))
+
+    def _start_pipeline(self) -> None:
+        """Start the rollout producer of the asynchronous loop after the current step."""
+        self._pipeline = RolloutPipeline(produce=self._produce, placement=self.placement, engine=self.engine,
+                                         start_step=self.step, last_step=self.cfg.train.steps,
+                                         start_position=self.data_position, versions=dict(self.policy_versions),
+                                         max_staleness=self.max_staleness)
+
+    def _stop_pipeline(self) -> None:
+        """Stop the rollout producer, if one runs (its rollouts not trained yet are dropped)."""
+        pipeline, self._pipeline = getattr(self, "_pipeline", None), None
+        if pipeline is not None:
+            pipeline.close()
+
+    def _publish(self, step: int) -> None:
+        """After the update of ``step`` (asynchronous loop): every policy's new weights, for the producer to load at the
+        start of the rollout whose gate they open."""
+        out = {}
+        for name in self.router.policies:
+            self.policy_versions[name] += 1
+            out[name] = (self.policy_versions[name], self.placement.snapshot(name))
+        self._pipeline.publish(step, out)
+
+    def _drop_stale(self, samples: list[Sample]) -> tuple[int, int]:
+        """The defensive staleness filter: a trainable sample more than ``max_staleness`` updates behind its policy is
+        left out of the update (``trainable`` False; it is still logged). None is, by the gate's construction.
+        Returns (samples dropped, trainable samples looked at)."""
+        eligible = [s for s in samples if s.trainable and not s.baseline]
+        stale = [s for s in eligible if self.policy_versions[s.policy] - s.policy_version > self.max_staleness]
+        for s in stale:
+            s.trainable = False
+        if stale and len(stale) == len(eligible):
+            worst = max(self.policy_versions[s.policy] - s.policy_version for s in stale)
+            raise RuntimeError(f"step {self.step + 1}: every trainable sample is more than rollout.max_staleness="
+                               f"{self.max_staleness} updates behind its policy (up to {worst}); the rollout producer "
+                               "broke its gate")
+        return len(stale), len(eligible)
+
+    def _async_metrics(self, rollout: Rollout, train_samples: list[Sample], dropped: tuple[int, int],
+                       trainer_wait_s: float) -> dict[str, float]:
+        """``async/*``: per policy, how many trained samples were n = 0..k updates behind (and the mean), the share
+        dropped as too stale, the trainer's wait for the rollout and the producer's wait for (and load of) weights."""
+        out: dict[str, float] = {}
+        for name in self.router.policies:
+            behind = [self.policy_versions[name] - s.policy_version for s in train_samples if s.policy == name]
+            if not behind:
+                continue
+            for n in range(self.max_staleness + 1):
+                out[f"async/staleness/{name}/{n}"] = float(sum(b == n for b in behind))
+            out[f"async/staleness_mean/{name}"] = sum(behind) / len(behind)
+        out["async/dropped_stale_share"] = dropped[0] / dropped[1] if dropped[1] else 0.0
+        out["async/trainer_wait_s"] = trainer_wait_s
+        out["async/weights_wait_s"] = rollout.weights_wait_s
+        out["async/weights_load_s"] = rollout.weights_load_s
+        for name, figures in rollout.sync_figures.items():  # the server's sync check of the loads before this rollout
+            for k, v in figures.items():
+                out[f"sync/{name}/{k}"] = v
+        return out
+
+    def _consume(self, rollout: Rollout, trainer_wait_s: float | None) -> dict[str, Any]:
+        """Train on ``rollout`` (step ``rollout.step``), log the step, checkpoint; returns the record.
+        ``trainer_wait_s``: the asynchronous loop's wait for the rollout (None: synchronous)."""
+        step, samples = rollout.step, rollout.samples
+        self.data_position = rollout.data_position
         t1 = time.perf_counter()
         record: dict[str, Any] = {"step": step}
+        dropped = self._drop_stale(samples) if self.pipelined else (0, 0)
         samples, train_samples = self._train(samples, record)
+        if self.pipelined:
+            async_record = self._async_metrics(rollout, train_samples, dropped, trainer_wait_s or 0.0)
+            self._publish(step)  # before the logging: the producer may be waiting for these weights
         t_update = time.perf_counter() - t1
         rewards = torch.tensor([s.reward for s in train_samples])
         lengths = torch.tensor([len(s.completion_ids) for s in train_samples], dtype=torch.float32)
@@ -314,13 +448,19 @@ class Trainer:
             "reward_mean": float(rewards.mean()), "reward_std": float(rewards.std()) if len(rewards) > 1 else 0.0,
             "reward_max": float(rewards.max()), "completion_len": float(lengths.mean()),
             "eos_frac": sum(s.finish_reason == "eos" for s in train_samples) / len(train_samples),
-            "engine_calls": len(scheduler.calls), "rollout_s": t_rollout, "update_s": t_update,
-            "rollout_tokens_per_s": gen_tokens / max(t_rollout, 1e-9), "data_position": self.data_position,
+            "engine_calls": rollout.engine_calls, "rollout_s": rollout.rollout_s, "update_s": t_update,
+            "rollout_tokens_per_s": gen_tokens / max(rollout.rollout_s, 1e-9), "data_position": self.data_position,
         })
+        if self.pipelined:
+            record.update(async_record)
+        endpoint_metrics = getattr(self.engine, "metrics", None)  # a pool of rollout servers: pool/endpoints_live
+        if callable(endpoint_metrics):
+            record.update(endpoint_metrics())
         if len(self.roles) > 1:
             record.update(self._role_metrics(train_samples, self.last_role_stats, record))
-        record.update(self.algorithm.metrics(train_samples))
-        finished = list(self.algorithm.finished)
+        algorithm = rollout.algorithm
+        record.update(algorithm.metrics(train_samples))
+        finished = list(algorithm.finished)
         for k, v in self._workflow_stats(finished).items():
             record.setdefault(k, v)  # a statistic named like one of the trainer's own keeps the trainer's value
         baselines = [s for s in samples if s.baseline]
@@ -341,8 +481,9 @@ class Trainer:
         self.step = step
         self.metrics.log(record)
         if step % self.cfg.run.save_every == 0 or step == self.cfg.train.steps or self.stopped_at_cliff:
+            # the data position and algorithm state of this step's rollout: a resumed run produces the next one from them
             state = {"data_position": self.data_position}
-            algorithm_state = self.algorithm.state_dict()
+            algorithm_state = algorithm.state_dict()
             if algorithm_state:
                 state["algorithm"] = algorithm_state
             save_checkpoint(self.ckpt_dir, step, self.placement, state, keep=self.cfg.run.keep_checkpoints)
@@ -402,7 +543,11 @@ class Trainer:
         """Evaluate, update the running peak; keep the best checkpoint; warn (and stop) at a cliff."""
         from tqdm import tqdm
 
-        out: dict[str, Any] = self.evaluate_accuracy()
+        if self._pipeline is not None:  # the engine between two rollouts, holding this step's weights
+            with self._pipeline.exclusive():
+                out: dict[str, Any] = self.evaluate_accuracy()
+        else:
+            out = self.evaluate_accuracy()
         event = self.cliffs.update(step, out["eval/accuracy"])
         out["eval/peak_accuracy"] = event.peak
         if event.kind == "peak" and step > 0:
@@ -436,7 +581,11 @@ class Trainer:
             # One optimizer step per policy, or (equalize_steps false) one per role instance in turn.
             parts_by_policy[name] = [own] if self.cfg.policy.equalize_steps else [[s for s in own if s.role == r] for r in dict.fromkeys(s.role for s in own)]
         # with several steps, each is clipped against the weights that sampled (old log-probs taken before the first);
-        # every worker updates its policies at once, and the driver's copies are synced after
+        # every worker updates its policies at once, and the driver's copies are synced after (the asynchronous loop
+        # publishes the new weights instead: the producer loads them at a rollout boundary)
+        mode = self.update_settings.loss.importance_correction
+        if mode != "none":  # here, on the driver: a Ray worker's error would come back wrapped in its remote traceback
+            check_sampling_logprobs(train_samples, mode)
         steps = self.placement.update(parts_by_policy, self.update_settings, self.tokenizer.pad_token_id, self.eos_ids)
         for name, parts in parts_by_policy.items():
             for part_stats in steps[name]:
@@ -448,7 +597,10 @@ class Trainer:
                     else:
                         record[f"{k}/{name}"] = v
             record[f"optimizer_steps/{name}"] = len([p for p in parts if p]) - int(record.get(f"skipped_steps/{name}", 0))
+            if self.pipelined:
+                continue
             self.engine.sync_weights(name)
+            self.policy_versions[name] += 1
             for k, v in getattr(self.engine, "sync_figures", {}).get(name, {}).items():  # the server's sync check
                 if k != "version":
                     record[f"sync/{name}/{k}"] = v
@@ -496,8 +648,10 @@ class Trainer:
             self.shutdown()
 
     def shutdown(self) -> None:
-        """Stop the policy workers (Ray actors), unload this run's adapters from a rollout server and stop the vLLM
-        server the run started (``rollout.engine=vllm``); the run directory and its checkpoints stay as they are."""
+        """Stop the rollout producer (asynchronous loop), the policy workers (Ray actors), unload this run's adapters
+        from a rollout server and stop the vLLM server the run started (``rollout.engine=vllm``); the run directory and
+        its checkpoints stay as they are."""
+        self._stop_pipeline()  # first: the producer uses the engine
         close = getattr(getattr(self, "engine", None), "close", None)
         try:
             if close is not None:

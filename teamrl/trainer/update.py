@@ -9,7 +9,7 @@ from typing import Hashable, Sequence
 
 import torch
 
-from teamrl.core.config import Config
+from teamrl.core.config import Config, InputError
 from teamrl.core.memory import trim_freed_memory
 from teamrl.core.sample import Sample
 from teamrl.losses import LossConfig, completion_mask, policy_loss
@@ -31,6 +31,15 @@ class UpdateSettings:
     roles: tuple[str, ...] = ()
 
 
+def importance_correction(cfg: Config) -> str:
+    """``train.loss.importance_correction`` resolved: ``auto`` is ``token`` when rollouts may be stale
+    (``rollout.max_staleness > 0``) and ``none`` otherwise, so a synchronous run's loss is unchanged."""
+    mode = cfg.train.loss.importance_correction
+    if mode == "auto":
+        return "token" if getattr(cfg.rollout, "max_staleness", 0) > 0 else "none"
+    return mode
+
+
 def make_update_settings(cfg: Config, roles: Sequence[str] = ()) -> UpdateSettings:
     """The update settings a config asks for (every policy worker's);
     ``roles``: the team's declared roles, for per-role statistics."""
@@ -38,7 +47,8 @@ def make_update_settings(cfg: Config, roles: Sequence[str] = ()) -> UpdateSettin
     return UpdateSettings(
         loss=LossConfig(eps_low=t.loss.eps_low, eps_high=t.loss.eps_high, dual_clip=t.loss.dual_clip,
                         kl_coef=t.loss.kl_coef, kl_bias_correction=t.loss.kl_bias_correction, aggregation=t.loss.aggregation,
-                        max_completion_length=cfg.rollout.max_new_tokens if t.loss.aggregation == "dr_grpo" else None),
+                        max_completion_length=cfg.rollout.max_new_tokens if t.loss.aggregation == "dr_grpo" else None,
+                        importance_correction=importance_correction(cfg), importance_cap=t.loss.importance_cap),
         ppo_epochs=t.ppo_epochs, micro_batch_size=t.micro_batch_size, max_grad_norm=t.max_grad_norm,
         role_stats=t.role_grad_norms, roles=tuple(roles))
 
@@ -61,6 +71,36 @@ def nonfinite_reward_groups(samples: Sequence[Sample], task: str, mode: str) -> 
                               f"{s.episode}, turn {s.turn}); rewards must be finite ({len(bad)} of {len(samples)} are not); "
                               "train.nonfinite_reward=drop_group leaves their groups out of the update instead")
     return {s.group for s in bad}
+
+
+class SamplingLogprobsError(InputError):
+    """A sample's sampling log-probs cannot weight the loss: not one per completion token, or not finite
+    (the engine or server returned them so); raised before any pass, so nothing reaches the weights."""
+
+
+def check_sampling_logprobs(samples: Sequence[Sample], mode: str) -> None:
+    """Raise :class:`SamplingLogprobsError`, naming the first bad sample, unless every sample with a
+    completion has one finite sampling log-prob per completion token (``mode``: the importance correction
+    that reads them, for the message)."""
+    for s in samples:
+        lp = s.sampling_logprobs
+        where = (f"policy {s.policy!r}: the sample of problem {s.problem_id!r}, role {s.role!r} (episode {s.episode}, "
+                 f"turn {s.turn}, branch {s.branch})")
+        fix = (f"train.loss.importance_correction={mode} weighs each token by exp(old - sampling log-prob), so it needs "
+               "the engine's finite log-prob of every generated token; importance_correction=none trains without it")
+        if len(lp) != len(s.completion_ids):
+            raise SamplingLogprobsError(f"{where} has {len(lp)} sampling log-probs for {len(s.completion_ids)} completion "
+                                        f"tokens; {fix}")
+        bad = next((i for i, x in enumerate(lp) if not math.isfinite(x)), None)
+        if bad is not None:
+            raise SamplingLogprobsError(f"{where} has sampling log-prob {lp[bad]} at token {bad} of "
+                                        f"{len(s.completion_ids)}; {fix}")
+
+
+def _padded(rows: Sequence[Sequence[float]], width: int) -> torch.Tensor:
+    """Per-sample float rows as one right-padded ``[B, width]`` float32 tensor (0 where a row is shorter)."""
+    out = torch.nn.utils.rnn.pad_sequence([torch.tensor(list(r), dtype=torch.float32) for r in rows], batch_first=True)
+    return torch.nn.functional.pad(out, (0, width - out.shape[1]))
 
 
 # A micro-batch in which prompt padding would be more than this share of its token positions is split instead.
@@ -229,6 +269,13 @@ def update_policy(policy: Policy, samples: Sequence[Sample], settings: UpdateSet
     their passes are skipped (the normalisation still counts them, so the step is the full
     batch's), and ``entropy`` is measured on the samples computed. When every advantage is 0 no
     pass runs at all, but the optimizer still steps on the zero gradient.
+
+    With ``settings.loss.importance_correction`` ``token`` or ``sequence``, each sample's
+    ``sampling_logprobs`` (checked first: one finite value per completion token, else
+    :class:`SamplingLogprobsError` naming the sample, before any pass) weight its clipped token losses
+    against the old log-probs above (:func:`teamrl.losses.policy_loss.importance_weights`), and the
+    statistics gain ``is_weight_mean``, ``is_weight_max``, ``is_weight_min``, ``is_truncated_frac`` and
+    ``is_weight_count`` over the samples computed. With ``none`` the sampling log-probs are not read.
     """
     foreign = {s.policy for s in samples} - {policy.name}
     if foreign:
@@ -245,6 +292,9 @@ def update_policy(policy: Policy, samples: Sequence[Sample], settings: UpdateSet
     if not samples:
         return {}
     cfg = settings.loss
+    weighted = cfg.importance_correction != "none"
+    if weighted:  # before any pass: a bad log-prob must stop the update, not reach the weights as NaN
+        check_sampling_logprobs(samples, cfg.importance_correction)
     # The loss is normalised over every sample, those with advantage 0 included ...
     total_tokens = max(1, int(_loss_mask([s.completion_ids for s in samples], eos_ids, pad_id).sum()))
     total_samples = len(samples)
@@ -285,6 +335,7 @@ def update_policy(policy: Policy, samples: Sequence[Sample], settings: UpdateSet
         model.train()
         old: list[torch.Tensor | None] = [None] * len(batches)
         ref: list[torch.Tensor | None] = [None] * len(batches)
+        sampling: list[torch.Tensor | None] = [None] * len(batches)
         with torch.no_grad():
             for i, (sl, b) in enumerate(zip(parts, batches)):
                 if given_old:
@@ -296,8 +347,12 @@ def update_policy(policy: Policy, samples: Sequence[Sample], settings: UpdateSet
                 if cfg.kl_coef > 0:
                     with policy.reference() as ref_model:
                         ref[i] = _logprobs(ref_model, b, temperature)[0]
+                if weighted:
+                    sampling[i] = _padded([s.sampling_logprobs for s in samples[sl]], b.completion_len).to(device=dev)
         grad_norms = []
         skipped = False
+        # the importance weights' count, sum, count at the cap, max and min over the micro-batches
+        is_acc = {"n": 0.0, "sum": 0.0, "truncated": 0.0, "max": -math.inf, "min": math.inf}
         params = [p for p in policy.parameters()]
         for epoch in range(settings.ppo_epochs):
             policy.optimizer.zero_grad(set_to_none=True)
@@ -312,7 +367,9 @@ def update_policy(policy: Policy, samples: Sequence[Sample], settings: UpdateSet
                     nonlocal losses_finite
                     mr = m[rows]
                     old_lp = logp.detach() if old[i] is None else old[i][rows]
-                    loss, st = policy_loss(logp, old_lp, adv[sl][rows], mr, cfg, ref_logprobs=None if ref[i] is None else ref[i][rows])
+                    loss, st = policy_loss(logp, old_lp, adv[sl][rows], mr, cfg,
+                                           ref_logprobs=None if ref[i] is None else ref[i][rows],
+                                           sampling_logprobs=None if sampling[i] is None else sampling[i][rows])
                     losses_finite = losses_finite and math.isfinite(st["loss"])
                     weight = (int(mr.sum()) / total_tokens) if cfg.aggregation == "token_mean" else (mr.shape[0] / total_samples)
                     if last:
@@ -321,6 +378,12 @@ def update_policy(policy: Policy, samples: Sequence[Sample], settings: UpdateSet
                         if settings.role_stats:
                             stats[f"loss@{role}"] = stats.get(f"loss@{role}", 0.0) + st["loss"] * weight
                             stats[f"tokens@{role}"] = stats.get(f"tokens@{role}", 0.0) + float(mr.sum())
+                        if st.get("is_weight_count"):  # the weights do not change over PPO epochs: the last one's
+                            n = st["is_weight_count"]
+                            is_acc.update(n=is_acc["n"] + n, sum=is_acc["sum"] + st["is_weight_mean"] * n,
+                                          truncated=is_acc["truncated"] + st["is_truncated_frac"] * n,
+                                          max=max(is_acc["max"], st["is_weight_max"]),
+                                          min=min(is_acc["min"], st["is_weight_min"]))
                     if ent is not None:
                         stats["entropy"] += float((ent * mr).sum()) / computed_tokens
                         if settings.role_stats:
@@ -357,6 +420,10 @@ def update_policy(policy: Policy, samples: Sequence[Sample], settings: UpdateSet
     for key in [k for k in stats if k.startswith("entropy@")]:
         stats[key] /= max(1.0, stats["tokens@" + key.split("@", 1)[1]])
     stats = {**zero_roles, **stats, "grad_norm": grad_norms[-1]}
+    if is_acc["n"]:
+        stats.update(is_weight_mean=is_acc["sum"] / is_acc["n"], is_weight_max=is_acc["max"],
+                     is_weight_min=is_acc["min"], is_truncated_frac=is_acc["truncated"] / is_acc["n"],
+                     is_weight_count=is_acc["n"])
     stats["tokens"] = float(total_tokens)
     stats["skipped_steps"] = 0.0
     return stats

@@ -15,6 +15,13 @@ checkpoint, its optimizer state. ``policy.placement`` says where the workers are
   changed (and the HTTP engine sends them on to its server as usual). At start the workers take
   the driver's initial weights, so both placements train the same weights from the same seed.
 
+With ``rollout.max_staleness`` > 0 (the asynchronous loop, :mod:`teamrl.trainer.pipeline`) the
+update must not change the weights a rollout is sampling from, so the driver's router is always a
+copy: with ``local`` the one worker builds its own router (started from the driver's weights), and
+with either placement an update leaves the driver's copy alone. The trainer then takes a
+:meth:`PolicyPlacement.snapshot` of each policy's new weights and the rollout producer loads it into
+the driver's copy (:meth:`PolicyPlacement.apply`) at the start of a later rollout.
+
 Only samples, weights (adapters, for a LoRA) and optimizer states cross between processes. A dead
 or silent actor raises :class:`WorkerFailed` naming it (every ``ray.get`` has a timeout,
 ``policy.ray_timeout_s``), never a hang. The actors are not detached: they die with the driver.
@@ -22,6 +29,7 @@ or silent actor raises :class:`WorkerFailed` naming it (every ``ray.get`` has a 
 
 from __future__ import annotations
 
+import copy
 import os
 from pathlib import Path
 from typing import Any, Sequence
@@ -179,14 +187,21 @@ class PolicyPlacement:
 
     ``router`` is the driver's router (the rollout engine samples from its policies). With
     placement ``local`` it is also the one worker's; with ``ray`` it is a copy kept in sync.
+
+    ``deferred`` (the asynchronous loop): the driver's router is a copy under either placement (with
+    ``local``, the worker builds its own router and takes the driver's weights), and :meth:`update`
+    leaves it alone; :meth:`snapshot` takes a policy's trained weights and :meth:`apply` loads them
+    into the driver's copy when the rollout producer is ready for them.
     """
 
-    def __init__(self, cfg: Config, router: PolicyRouter, roles: Sequence[str]) -> None:
+    def __init__(self, cfg: Config, router: PolicyRouter, roles: Sequence[str], deferred: bool = False) -> None:
         self.router = router
         self.remote = cfg.policy.placement == "ray"
+        self.deferred = deferred
         timeout = cfg.policy.ray_timeout_s
         if not self.remote:
-            self.workers = {"local": WorkerHandle("policy worker 'local'", PolicyWorker(router), False, timeout)}
+            worker_router = _own_copy(router) if deferred else router
+            self.workers = {"local": WorkerHandle("policy worker 'local'", PolicyWorker(worker_router), False, timeout)}
             self.worker_of = {name: "local" for name in router.policies}
             return
         import ray
@@ -226,10 +241,22 @@ class PolicyPlacement:
         for name, fut in futures.items():
             result = self._handle(name).result(fut)
             out[name] = result["steps"]
-            if self.remote and result["version"] != self._synced[name]:
+            if self.remote and not self.deferred and result["version"] != self._synced[name]:
                 self.router.policies[name].load_named_state(self._handle(name).call("adapter_state", name))
                 self._synced[name] = result["version"]
         return out
+
+    def snapshot(self, name: str) -> dict[str, torch.Tensor]:
+        """Policy ``name``'s trainable weights on its worker now, as CPU copies (``deferred``: what the trainer
+        publishes after an update; the worker may train on while the copy waits for a rollout boundary)."""
+        return self._handle(name).call("adapter_state", name)
+
+    def apply(self, name: str, weights: dict[str, torch.Tensor]) -> None:
+        """Load ``weights`` (a :meth:`snapshot`) into the driver's copy of policy ``name``, the one rollouts sample from."""
+        if not (self.remote or self.deferred):
+            raise RuntimeError("PolicyPlacement.apply: the driver's router is the worker's own here (placement local, "
+                               "not deferred); there is no separate copy to load")
+        self.router.policies[name].load_named_state(weights)
 
     # ---- checkpoints (teamrl.trainer.checkpoint) --------------------------------------------------
     def policy_names(self) -> list[str]:
@@ -247,8 +274,9 @@ class PolicyPlacement:
         h = self._handle(name)
         version = h.call("load_adapter_state", name, weights)
         h.call("load_optimizer_state", name, optimizer)
-        if self.remote:
+        if self.remote or self.deferred:
             self.router.policies[name].load_named_state(weights)
+        if self.remote:
             self._synced[name] = version
 
     def where(self) -> dict[str, dict[str, Any]]:
@@ -266,6 +294,26 @@ class PolicyPlacement:
                 ray.kill(h.target)
             except ray.exceptions.RayError:  # already dead: nothing to stop
                 pass
+
+
+def _own_copy(router: PolicyRouter) -> PolicyRouter:
+    """A second router for the local worker (the asynchronous loop), a copy of ``router``: its own trainable weights
+    (adapters, or a whole model), optimizers and modules. The weights no policy trains (a LoRA's base, a KL reference)
+    are the same tensors in both, read and never written by either; the tokenizer is shared too. The trainable ones
+    are copies, every adapter of a base that holds several (``lora_per_role``) included: the update must never write
+    the weights a rollout is reading. Which weights a policy trains is its own list, not ``requires_grad`` (PEFT
+    freezes the adapters it is not computing with)."""
+    trained = {id(p) for policy in router.policies.values() for p in policy.parameters()}
+    shared: dict[int, Any] = {id(router.tokenizer): router.tokenizer}
+    for policy in router.policies.values():
+        for model in (policy.model, policy.reference_model):
+            for p in (model.parameters() if model is not None else ()):
+                if id(p) not in trained:
+                    shared[id(p)] = p
+        policy_merged = getattr(policy, "_merged", None)
+        if policy_merged is not None:  # the sampling copy is the driver's alone
+            shared[id(policy_merged)] = None
+    return copy.deepcopy(router, memo=shared)
 
 
 def _start_actors(cfg: Config, groups: dict[str, tuple[list[str], dict[str, str]]]) -> dict[str, tuple[Any, dict]]:

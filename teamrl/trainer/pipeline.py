@@ -1,0 +1,232 @@
+"""The asynchronous loop (``rollout.max_staleness`` = k > 0): the rollouts of the next steps are sampled while a step trains.
+
+A producer thread runs the rollouts of steps s+1..s+k while the trainer trains step s; the trainer
+takes them in step order. The rules that keep this sound:
+
+- **Weights change only between rollouts.** Every pending weight load is applied to the engine at
+  the *start* of a rollout (the driver's copy of each policy, and for a server its adapter, with
+  the sync check), never during one; so every sample of one policy in one rollout has one version,
+  groups hold one version by construction, and a multi-agent episode (MAGRPO's joint actions,
+  AT-GRPO's branches, M-GRPO's sub-episodes) runs against one set of weights.
+- **The gate.** The rollout of step s samples with the weights published after the update of step
+  s-1-k (the initial weights while s-1-k <= the step the loop started from): it starts once they
+  are published, and it takes exactly those, never newer ones, so that a run is reproducible for a
+  given seed. Trained at step s, its samples are (s-1) - (s-1-k) = k updates behind, fewer while
+  the loop fills (the first k steps).
+- **Separate copies.** The trainer trains the workers' weights; the engine samples from the
+  driver's copy (:class:`~teamrl.trainer.workers.PolicyPlacement` with ``deferred``), refreshed only
+  here, at a rollout boundary, from the snapshots the trainer publishes after each update.
+
+An error in the producer (a workflow that raises, a server that fails its sync check) is raised
+again in the trainer's thread by :meth:`RolloutPipeline.get`, as the same exception; the trainer
+never waits on a producer that is gone. :meth:`RolloutPipeline.close` stops it (at its next engine
+call, mid-rollout if need be).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Sequence
+
+import torch
+
+from teamrl.core.sample import Sample
+from teamrl.rollout.engine import Completion, Engine, GenerationRequest
+from teamrl.tasks import Problem
+
+# How often a waiting thread looks whether the other side is still alive (seconds).
+POLL_S = 0.5
+# How long close() waits for the producer to leave a rollout it was in.
+CLOSE_TIMEOUT_S = 60.0
+
+
+@dataclass
+class Rollout:
+    """One step's rollout as the trainer trains on it: its samples (each stamped with its policy's version),
+    and what the step's record and checkpoint need from the time it was sampled."""
+
+    step: int
+    problems: list[Problem]
+    samples: list[Sample]
+    engine_calls: int
+    rollout_s: float
+    # the algorithm as this rollout left it (finished episodes, what its metrics read, its checkpoint state): the
+    # producer's next rollout moves the live object on while this step trains
+    algorithm: Any
+    data_position: int  # the data position after this step's problems
+    versions: dict[str, int]  # policy -> the version its samples were drawn with
+    weights_wait_s: float = 0.0  # the producer's wait for this rollout's weights to be published
+    weights_load_s: float = 0.0  # loading them into the engine (and the server's sync check)
+    sync_figures: dict[str, dict[str, float]] = field(default_factory=dict)  # the server's sync check of each load
+
+
+class PipelineStopped(Exception):
+    """Raised inside the producer's rollout when the pipeline is closed: the rollout is abandoned."""
+
+
+class StoppableEngine(Engine):
+    """The engine as the producer's rollouts see it: each call first checks that the pipeline is still running."""
+
+    def __init__(self, engine: Engine, stop: threading.Event) -> None:
+        self.engine, self.stop = engine, stop
+
+    def _check(self) -> None:
+        if self.stop.is_set():
+            raise PipelineStopped("the rollout pipeline was closed")
+
+    def generate(self, policy: str, requests: Sequence[GenerationRequest], seed: int | None = None) -> list[list[Completion]]:
+        self._check()
+        return self.engine.generate(policy, requests, seed)
+
+    def generate_many(self, calls: Sequence[tuple[str, Sequence[GenerationRequest], int | None]]) -> list[list[list[Completion]]]:
+        self._check()
+        return self.engine.generate_many(calls)
+
+    def sync_weights(self, policy: str) -> None:
+        self.engine.sync_weights(policy)
+
+    def __getattr__(self, name: str) -> Any:  # anything else (sync_figures, base_url, ...) is the engine's
+        return getattr(self.engine, name)
+
+
+@dataclass
+class _Snapshot:
+    step: int  # the training step after whose update it was published
+    version: int
+    weights: dict[str, torch.Tensor]
+
+
+class RolloutPipeline:
+    """The rollout producer thread, the rollouts it has ready, the published weights and the gate between them.
+
+    ``produce(step, data_position, versions, engine)`` samples one step's :class:`Rollout` (the trainer's
+    ``_produce``); ``placement`` holds the policies (:meth:`snapshot` / :meth:`apply` of their weights);
+    ``engine`` is the rollout engine (``sync_weights`` after each load). The loop starts after step
+    ``start_step`` at data position ``start_position``, with the engine holding every policy at ``versions``,
+    and produces rollouts up to step ``last_step``.
+    """
+
+    def __init__(self, *, produce: Callable[[int, int, dict[str, int], Engine], Rollout], placement: Any, engine: Engine,
+                 start_step: int, last_step: int, start_position: int, versions: dict[str, int], max_staleness: int) -> None:
+        if max_staleness < 0:
+            raise ValueError(f"max_staleness={max_staleness}: must be >= 0")
+        self.produce, self.placement, self.engine = produce, placement, engine
+        self.k = max_staleness
+        self.start_step, self.last_step = start_step, last_step
+        self._position = start_position
+        self._applied = dict(versions)  # policy -> the version the engine holds now
+        self._published = start_step  # the last step whose weights were published
+        # policy -> snapshots, oldest first; the first is the weights the loop started from, so that the producer can
+        # go back to them after an evaluation loaded newer ones (see exclusive())
+        self._snapshots = {name: [_Snapshot(start_step, v, placement.snapshot(name))] for name, v in versions.items()}
+        self._ready: dict[int, Rollout] = {}
+        self._error: BaseException | None = None
+        self._stop = threading.Event()
+        self._cond = threading.Condition()
+        # held by the producer for a whole rollout (its loads included) and by an evaluation: one user of the engine
+        self.engine_lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name="teamrl-rollout-producer", daemon=True)
+        self._thread.start()
+
+    # ---- the trainer's side ----------------------------------------------------------------------
+    def get(self, step: int) -> Rollout:
+        """The rollout of ``step``, when the producer has it; the producer's error if it failed before it."""
+        with self._cond:
+            while step not in self._ready:
+                if self._error is not None:
+                    raise self._error
+                if not self._thread.is_alive():
+                    raise RuntimeError(f"the rollout producer stopped without a rollout for step {step} (it produces steps "
+                                       f"{self.start_step + 1}..{self.last_step})")
+                self._cond.wait(POLL_S)
+            return self._ready.pop(step)
+
+    def publish(self, step: int, weights: dict[str, tuple[int, dict[str, torch.Tensor]]]) -> None:
+        """The weights of each policy after the update of ``step``: policy -> (version, CPU copy of its weights)."""
+        with self._cond:
+            if step != self._published + 1:
+                raise RuntimeError(f"publish: step {step} follows step {self._published}; steps are published in order")
+            for name, (version, state) in weights.items():
+                self._snapshots[name].append(_Snapshot(step, version, state))
+            self._published = step
+            self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[dict[str, dict[str, float]]]:
+        """The engine to oneself between two rollouts, holding the newest published weights of every policy (an
+        evaluation during training). Yields the sync figures of the loads. The producer's next rollout loads its
+        own (older) weights again."""
+        with self.engine_lock:
+            with self._cond:
+                targets = {name: snaps[-1] for name, snaps in self._snapshots.items()}
+            yield self._load(targets)[1]
+
+    def close(self, timeout: float = CLOSE_TIMEOUT_S) -> None:
+        """Stop the producer (a rollout in progress is abandoned at its next engine call) and wait for it."""
+        self._stop.set()
+        with self._cond:
+            self._cond.notify_all()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+
+    @property
+    def alive(self) -> bool:
+        """Whether the producer thread is running."""
+        return self._thread.is_alive()
+
+    # ---- the producer ------------------------------------------------------------------------------
+    def _target(self, name: str, gate: int) -> _Snapshot:
+        """Policy ``name``'s newest snapshot published at or before step ``gate``; older ones are dropped (no later
+        rollout needs them: the gate only moves forward)."""
+        snaps = self._snapshots[name]
+        i = max(j for j, s in enumerate(snaps) if s.step <= gate)
+        del snaps[:i]
+        return snaps[0]
+
+    def _load(self, targets: dict[str, _Snapshot]) -> tuple[float, dict[str, dict[str, float]]]:
+        """Load each target the engine does not hold yet (the driver's copy, then ``engine.sync_weights``, which for a
+        server uploads the adapter and runs its sync check). Returns (seconds, each load's sync figures)."""
+        t0 = time.perf_counter()
+        figures: dict[str, dict[str, float]] = {}
+        for name, snap in targets.items():
+            if self._applied.get(name) == snap.version:
+                continue
+            self.placement.apply(name, snap.weights)
+            self.engine.sync_weights(name)
+            self._applied[name] = snap.version
+            got = getattr(self.engine, "sync_figures", {}).get(name)
+            if got:
+                figures[name] = {k: v for k, v in got.items() if k != "version"}
+        return time.perf_counter() - t0, figures
+
+    def _run(self) -> None:
+        engine = StoppableEngine(self.engine, self._stop)
+        try:
+            for step in range(self.start_step + 1, self.last_step + 1):
+                gate = max(self.start_step, step - 1 - self.k)
+                t0 = time.perf_counter()
+                with self._cond:
+                    while self._published < gate and not self._stop.is_set():
+                        self._cond.wait(POLL_S)
+                    if self._stop.is_set():
+                        return
+                    targets = {name: self._target(name, gate) for name in self._snapshots}
+                waited = time.perf_counter() - t0
+                with self.engine_lock:
+                    if self._stop.is_set():
+                        return
+                    load_s, figures = self._load(targets)
+                    rollout = self.produce(step, self._position, {n: s.version for n, s in targets.items()}, engine)
+                self._position = rollout.data_position
+                rollout.weights_wait_s, rollout.weights_load_s, rollout.sync_figures = waited, load_s, figures
+                with self._cond:
+                    self._ready[step] = rollout
+                    self._cond.notify_all()
+        except BaseException as e:  # noqa: BLE001 - every error goes to the trainer's thread, raised there
+            if not self._stop.is_set():
+                with self._cond:
+                    self._error = e
+                    self._cond.notify_all()
