@@ -5,7 +5,9 @@ For each algorithm on its paper's task at CPU scale, every arm runs with the sam
 per step and group size (so the same number of sampled episodes), on ``--seeds`` seeds, and is
 scored greedily on held-out problems (``task.split=test``, or a fresh generator seed):
 
-- MAGRPO on writing.tldr (the demo): untrained team vs MAGRPO;
+- MAGRPO on writing.tldr (the demo task, 10 steps of 2 papers x 4 samples per agent): untrained team,
+  the prompt baselines ``sequential`` and ``discussion`` (the untrained model through those workflows,
+  eval only) and MAGRPO;
 - AT-GRPO on Plan-Path: untrained, warm start only, single-agent GRPO (planner alone), AT-GRPO
   with trajectory grouping (the paper's ablation) and with tree grouping, both after the warm start;
 - M-GRPO on the research environment: untrained, warm start only, single agent, frozen sub-agent,
@@ -19,6 +21,13 @@ team per seed; the learning signal; wall time; sampled episodes and trained toke
 training curves per comparison beside it, and ``learning_results.json`` beside it (the same figures,
 machine-readable). ``--quick``: the tiny random model, one seed, one step, two held-out problems: a
 smoke run of the whole grid (seconds), written under runs/learn_quick/, never into the committed cache.
+
+**Evaluated once.** An eval-only arm whose result cannot depend on the seed (``Arm.seed_free``: base
+weights, greedy, held-out problems that no seed picks, as MAGRPO's aclsum test split) runs once and
+its result stands for every seed (one cell, ``<arm>-every-seed.json``), paired with each seed's runs.
+
+The runs go seed by seed (seed 0's arms, then seed 1's, ...; the untrained team first), and eval-only
+arms that are evaluated once after every seed's runs, so a grid stopped part-way still has pairs.
 
 **Resumable.** Each finished (comparison, arm, seed) run is cached as a small JSON file under
 ``--cells`` (default bench/learning_cells/<comparison>/<arm>-seed<N>.json, committed with the
@@ -85,6 +94,8 @@ class Arm:
     overrides: tuple[str, ...] = ()
     warm_start: bool = False
     rl: bool = True
+    method: str = ""  # the ``teamrl eval`` method that scores it ("": team when trained or warm-started, else untrained)
+    seed_free: bool = False  # its result is the same for every seed (eval only, base weights, fixed held-out problems): run once
 
 
 @dataclass(frozen=True)
@@ -143,7 +154,9 @@ def comparisons() -> list[Comparison]:
     Steps and group sizes are still those sized for an hour on 2 cores (two runs at a time). At one
     thread beside another run, a MAGRPO writing step took ~105 s, an AT-GRPO Plan-Path step (2 turns,
     96 tokens, K=4) ~300 s, one SFT step of 8 Plan-Path demonstrations ~150 s and a held-out
-    evaluation of 12 papers ~110 s. Every arm is scored on ``EVAL_PROBLEMS`` held-out problems (so the
+    evaluation of 12 papers ~110 s. One process alone at one thread (2026-12-02, beside test runs): a MAGRPO
+    step of 2 papers x 4 samples per agent ~40 s (rollout ~16 s, update ~22 s), a greedy evaluation of the
+    untrained team on 48 papers ~150 s. Every arm is scored on ``EVAL_PROBLEMS`` held-out problems (so the
     generated tasks make at least that many, and the study holds that many out). Each task with a
     difficulty knob lists its levels (easiest first); the grid runs at the calibration's pick
     (bench/calibration.json), else at ``default_level``, the settings of the last full run.
@@ -162,9 +175,16 @@ def comparisons() -> list[Comparison]:
                   Level("one operation, operands <= 20", ("task.source=generated_easy", "task.max_operand=20")),
                   Level("several operations (generated)", ("task.source=generated",)))
     return [
-        Comparison("magrpo", "MAGRPO, writing.tldr (the demo task and settings): two LoRA agents, held-out papers (aclsum test split)",
-                   ("rollout.group_size=4", "rollout.batch_size=2", "rollout.max_new_tokens=64", "train.steps=5", lr),
-                   (Arm("untrained team", rl=False), Arm("MAGRPO")),
+        # 10 steps x 2 papers x 4 samples per agent (20 training papers). The held-out papers are the aclsum test
+        # split whatever the seed (task.seed, not the run's seed, picks a sample), and the base model is scored
+        # greedily, so the untrained team and the prompt baselines are evaluated once for every seed.
+        Comparison("magrpo", "MAGRPO, writing.tldr (the demo task): two LoRA agents vs the untrained team and the prompt "
+                   "baselines, held-out papers (aclsum test split)",
+                   ("rollout.group_size=4", "rollout.batch_size=2", "rollout.max_new_tokens=64", "train.steps=10", lr),
+                   (Arm("untrained team", rl=False, seed_free=True),
+                    Arm("sequential (prompt baseline, untrained)", rl=False, method="sequential", seed_free=True),
+                    Arm("discussion (prompt baseline, untrained)", rl=False, method="discussion", seed_free=True),
+                    Arm("MAGRPO")),
                    config="configs/magrpo_writing_tldr.yaml", eval_problems=EVAL_PROBLEMS),
         Comparison("at_grpo", "AT-GRPO, Plan-Path, 1 turn (tool + planner, one shared policy), held-out grids of a fresh seed",
                    ("algorithm=at_grpo", "task.name=plan_path", "task.max_turns=1",
@@ -316,7 +336,7 @@ def run_arm(comp: Comparison, index: int, seed: int, workdir: Path, eval_problem
         result.signal.append(None)
         result.signal_groups.append([0, 0])
     held, _ = held_out_config(cfg)
-    method = "team" if (arm.rl or arm.warm_start) else "untrained"
+    method = arm.method or ("team" if (arm.rl or arm.warm_start) else "untrained")
     (row,) = evaluate(held, [method], checkpoint=workdir / name if method == "team" else None, limit=eval_problems,
                       progress=False)
     result.seeds.append(seed)
@@ -338,8 +358,16 @@ def _slug(text: str) -> str:
 
 
 def cell_path(cells: Path, comp: Comparison, index: int, seed: int) -> Path:
-    """Where the (comparison, arm, seed) run's result is cached."""
-    return cells / comp.key / f"{_slug(comp.arms[index].label)}-seed{seed}.json"
+    """Where the (comparison, arm, seed) run's result is cached (an arm evaluated once: one cell for every seed)."""
+    arm = comp.arms[index]
+    return cells / comp.key / (f"{_slug(arm.label)}-every-seed.json" if arm.seed_free else f"{_slug(arm.label)}-seed{seed}.json")
+
+
+def for_seeds(one: ArmResult, seeds: list[int]) -> list[ArmResult]:
+    """An arm evaluated once (``Arm.seed_free``): its one result as each seed's, so it pairs with every seed's runs."""
+    return [dataclasses.replace(one, seeds=[s], **{f: list(getattr(one, f)) for f in (
+        "scores", "success", "valid", "wall", "tokens", "curves", "problem_ids", "problem_scores", "signal", "signal_groups")})
+            for s in seeds]
 
 
 def cell_fingerprint(comp: Comparison, index: int, eval_problems: int, quick: bool, level: Level | None) -> str:
@@ -349,6 +377,10 @@ def cell_fingerprint(comp: Comparison, index: int, eval_problems: int, quick: bo
     what = {"config": comp.config, "overrides": _overrides(comp, arm, quick, False, level), "eval": eval_problems,
             "rl": arm.rl, "warm": [arm.warm_start, list(comp.warm_roles), comp.warm_problems, comp.warm_epochs, WARM_LR]
             if arm.warm_start else None}
+    if arm.method:  # only where set: the cells cached before these fields keep their fingerprints
+        what["method"] = arm.method
+    if arm.seed_free:
+        what["seed_free"] = True
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -367,7 +399,8 @@ def read_cell(path: Path, fingerprint: str) -> ArmResult | None:
 def write_cell(path: Path, fingerprint: str, comp: Comparison, level: Level | None, one: ArmResult) -> None:
     """Cache one finished run (written whole, then renamed: a stopped run never leaves half a cell)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    cell = {"comparison": comp.key, "arm": one.label, "seed": one.seeds[0], "level": level.label if level else None,
+    cell = {"comparison": comp.key, "arm": one.label, "seed": one.seeds[0],
+            **({"for_every_seed": True} if path.name.endswith("-every-seed.json") else {}), "level": level.label if level else None,
             "fingerprint": fingerprint, "written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "result": dataclasses.asdict(one)}
     tmp = path.with_suffix(".tmp")
@@ -436,6 +469,10 @@ def render(comp: Comparison, results: list[ArmResult], seeds: list[int], eval_pr
         lines.append(f"| {r.label} | {_spread(r.scores)} | {_spread(r.success)} | {_spread(r.valid)} | "
                      f"{statistics.mean(r.wall):.0f} | {r.episodes or '-'} | {statistics.mean(r.tokens):.0f} | {paired} | "
                      f"{_signal_cell(r)} |")
+    once = [a.label for a in comp.arms if a.seed_free]
+    if once:
+        lines += ["", f"Evaluated once and reused for every seed (base weights, greedy, the same held-out problems whatever "
+                      f"the seed): {', '.join(once)}."]
     if comp.flag_cliffs:
         lines += ["", held_out_cliffs(results)]
     if png:
@@ -489,7 +526,7 @@ def results_json(grid: list[Comparison], results: dict[str, list[ArmResult]], le
         for r in results[comp.key]:
             paired = paired_vs_untrained(base, r) if r is not base else {}
             arms.append({
-                "arm": r.label, "seeds": r.seeds, "held_out_problems": [len(ids) for ids in r.problem_ids],
+                "arm": r.label, "seeds": r.seeds, "evaluated_once": any(a.seed_free for a in comp.arms if a.label == r.label), "held_out_problems": [len(ids) for ids in r.problem_ids],
                 "mean": statistics.mean(r.scores) if r.scores else None,
                 "success": statistics.mean(r.success) if r.success else None,
                 "valid": statistics.mean(r.valid) if r.valid else None,
@@ -750,16 +787,21 @@ def _grid(args, grid: list[Comparison], seeds: list[int], eval_problems, calibra
     results = {c.key: [ArmResult(a.label) for a in c.arms] for c in grid}
     runs, cached = [], 0
     for c in grid:
-        for i in range(len(c.arms)):
-            for s in seeds:
-                fp = cell_fingerprint(c, i, eval_problems(c), args.quick, levels[c.key])
-                one = read_cell(cell_path(cells, c, i, s), fp)
-                if one is not None:
-                    merge(results[c.key][i], one)
-                    cached += 1
-                else:
-                    runs.append((c, i, s, fp))
+        order = []  # seed by seed (a stopped grid still pairs); arms evaluated once: the untrained team first, others last
+        for i, arm in enumerate(c.arms):
+            for k, s in enumerate(seeds[:1] if arm.seed_free else seeds):
+                order.append(((len(seeds) if arm.seed_free and i else k), i, s))
+        for _, i, s in sorted(order):
+            fp = cell_fingerprint(c, i, eval_problems(c), args.quick, levels[c.key])
+            one = read_cell(cell_path(cells, c, i, s), fp)
+            if one is not None:
+                for each in (for_seeds(one, seeds) if c.arms[i].seed_free else [one]):
+                    merge(results[c.key][i], each)
+                cached += 1
+            else:
+                runs.append((c, i, s, fp))
     total = cached + len(runs)
+    finished = [cached]  # runs (cells) finished: an arm evaluated once is one run however many seeds it fills
     if args.render_only:
         runs = []
 
@@ -768,13 +810,16 @@ def _grid(args, grid: list[Comparison], seeds: list[int], eval_problems, calibra
         still leaves what it measured); returns the page."""
         sections = []
         for comp in grid:  # seeds finish in any order: the table gives mean and range, the plot the mean
-            if not any(r.scores for r in results[comp.key]):
+            if not any(r.scores for r in results[comp.key]):  # no arm is dropped: a section not run yet says so
+                level = levels[comp.key]
+                sections.append(f"### {comp.title}\n\nNot run yet at the current settings"
+                                f"{f' (level: {level.label})' if level else ''}: no cell under {cells.name}/{comp.key}/. "
+                                f"Arms: {'; '.join(a.label for a in comp.arms)}. `make learn ARGS=--only={comp.key}` runs them.\n")
                 continue
             png = out.with_name(f"{out.stem}_{comp.key}.png")
             sections.append(render(comp, results[comp.key], seeds, eval_problems(comp),
                                    png.name if plot(comp, results[comp.key], png) else None, levels[comp.key]))
-        finished = sum(len(r.scores) for arms in results.values() for r in arms)
-        state = "" if finished == total else f"; partial: {finished} of {total} runs finished so far"
+        state = "" if finished[0] == total else f"; partial: {finished[0]} of {total} runs finished so far"
         page = (f"# Learning benchmark\n\nWritten by `bench/learning.py` ({mode}); wall time "
                 f"{time.perf_counter() - t0:.0f} s{state}; {cached} runs read from the cache ({cells.name}/).\n\n"
                 "Paired difference: the arm's held-out normalised return minus the untrained team's, problem by problem, "
@@ -795,7 +840,9 @@ def _grid(args, grid: list[Comparison], seeds: list[int], eval_problems, calibra
             one = run_arm_in_process(comp, index, seed, d, eval_problems(comp), args.quick, one_thread=True, level=level)
         with lock:
             write_cell(cell_path(cells, comp, index, seed), fp, comp, level, one)
-            merge(results[comp.key][index], one)
+            for each in (for_seeds(one, seeds) if comp.arms[index].seed_free else [one]):
+                merge(results[comp.key][index], each)
+            finished[0] += 1
             publish()
         print(f"[learn] {time.perf_counter() - t0:.0f} s: {comp.key} / {one.label} / seed {seed}: held-out "
               f"{one.scores[0]:.3f}, {one.wall[0]:.0f} s", file=sys.stderr, flush=True)

@@ -74,7 +74,7 @@ def test_a_stopped_run_leaves_the_runs_it_finished(tmp_path, monkeypatch):
 
     def stops_at_the_second_run(*args, **kwargs):
         calls.append(1)
-        if len(calls) == 2:
+        if len(calls) >= 2:  # stopped from the second run on (the pool still hands it the runs queued)
             raise RuntimeError("stopped")
         return real(*args, **kwargs)
 
@@ -83,13 +83,14 @@ def test_a_stopped_run_leaves_the_runs_it_finished(tmp_path, monkeypatch):
     with pytest.raises(RuntimeError, match="stopped"):
         learning.main(["--quick", "--only", "magrpo", "--out", str(out), "--cells", str(cells)])
     page = out.read_text()
-    assert "partial: 1 of 2 runs finished so far" in page
+    # the untrained team runs first, then MAGRPO of the same seed (the prompt baselines after every seed)
+    assert "partial: 1 of 4 runs finished so far" in page
     assert re.search(r"^\| untrained team \| \d\.\d{3} \|", page, re.M) and "| MAGRPO | not run yet |" in page
     # resumed on the same cache: only the run that was missing runs
     calls.clear()
     monkeypatch.setattr(learning, "run_arm", lambda *args, **kwargs: (calls.append(1), real(*args, **kwargs))[1])
     assert learning.main(["--quick", "--only", "magrpo", "--out", str(out), "--cells", str(cells)]) == 0
-    assert len(calls) == 1 and "partial" not in out.read_text() and "1 runs read from the cache" in out.read_text()
+    assert len(calls) == 3 and "partial" not in out.read_text() and "1 runs read from the cache" in out.read_text()
 
 
 def test_held_out_cliffs_pair_each_arm_with_the_untrained_team_of_its_seed():
@@ -112,12 +113,22 @@ def test_the_cache_resumes_the_grid_and_renders_the_page_and_json_alone(tmp_path
     out, cells = tmp_path / "a" / "LEARNING.md", tmp_path / "cells"
     args = ["--quick", "--only", "magrpo", "--out", str(out), "--cells", str(cells)]
     real_run = learning.run_arm
+    import teamrl.trainer.evaluate as ev
+
+    real_evaluate, methods = ev.evaluate, []
+    monkeypatch.setattr(ev, "evaluate", lambda cfg, m, *a, **k: methods.append(tuple(m)) or real_evaluate(cfg, m, *a, **k))
     assert learning.main(args) == 0
+    # each arm scored by its own method: the prompt baselines through their workflows on the base weights
+    assert methods == [("untrained",), ("team",), ("sequential",), ("discussion",)]
     files = sorted(p.name for p in (cells / "magrpo").iterdir())
-    assert files == ["magrpo-seed0.json", "untrained-team-seed0.json"]
+    assert files == ["discussion-prompt-baseline-untrained-every-seed.json", "magrpo-seed0.json",
+                     "sequential-prompt-baseline-untrained-every-seed.json", "untrained-team-every-seed.json"]
     summary = json.loads((out.parent / "learning_results.json").read_text())
     (section,) = summary["sections"]
-    untrained, magrpo = section["arms"]
+    untrained, sequential, discussion, magrpo = section["arms"]
+    assert [a["arm"] for a in section["arms"]][1:3] == ["sequential (prompt baseline, untrained)",
+                                                        "discussion (prompt baseline, untrained)"]
+    assert sequential["evaluated_once"] and not magrpo["evaluated_once"] and set(discussion["paired_vs_untrained"]) == {"0"}
     assert section["key"] == "magrpo" and section["eval_problems"] == 2
     assert untrained["seeds"] == [0] and untrained["held_out_problems"] == [2] and untrained["paired_vs_untrained"] == {}
     paired = magrpo["paired_vs_untrained"]["0"]
@@ -130,7 +141,7 @@ def test_the_cache_resumes_the_grid_and_renders_the_page_and_json_alone(tmp_path
     out2 = tmp_path / "b" / "LEARNING.md"
     assert learning.main([*args[:-4], "--out", str(out2), "--cells", str(cells), "--render-only"]) == 0
     again = out2.read_text()
-    assert "2 runs read from the cache" in again and "partial" not in again
+    assert "4 runs read from the cache" in again and "partial" not in again
     table = [line for line in page.splitlines() if line.startswith("| ")]
     assert [line.split("|")[1:5] for line in table] == [line.split("|")[1:5] for line in again.splitlines() if line.startswith("| ")]
     assert json.loads((out2.parent / "learning_results.json").read_text())["sections"] == summary["sections"]
@@ -141,7 +152,7 @@ def test_the_cache_resumes_the_grid_and_renders_the_page_and_json_alone(tmp_path
     ran = []
     monkeypatch.setattr(learning, "run_arm", lambda *a, **k: ran.append(a[1]) or real_run(*a, **k))
     assert learning.main(args) == 0
-    assert ran == [1] and json.loads(cell.read_text())["fingerprint"] == stale["fingerprint"]
+    assert ran == [3] and json.loads(cell.read_text())["fingerprint"] == stale["fingerprint"]
 
 
 def test_paired_differences_pair_the_same_seed_and_problems():
@@ -233,3 +244,40 @@ def test_the_arithmetic_knob_bounds_the_operands_and_keeps_the_default_problems(
     small = generate_arithmetic(60, seed=1, easy=True, max_operand=5)
     assert all(int(n) <= 5 for p in small for n in _re.findall(r"\d+", p.data["expression"]))
     assert small[0].id == "math/generated_easy-5/1/0"
+
+
+def test_arms_evaluated_once_fill_every_seed_and_the_runs_go_seed_by_seed(tmp_path, monkeypatch):
+    """MAGRPO's untrained team and prompt baselines do not depend on the seed (base weights, greedy, the aclsum
+    test split): each runs once, its one cell stands for every seed and pairs with each seed's MAGRPO run; the
+    runs go seed by seed (untrained, MAGRPO seed 0, 1, 2), the other arms evaluated once last."""
+    import json
+
+    learning = _learning()
+    order = []
+
+    def fake_run(comp, index, seed, workdir, eval_problems, quick, result, one_thread=False, level=None):
+        order.append((index, seed))
+        score = 0.25 * index + 0.01 * seed  # MAGRPO (arm 3): 0.75 + 0.01 x seed on every problem
+        result.seeds.append(seed)
+        result.scores.append(score)
+        result.wall.append(1.0)
+        result.tokens.append(0.0)
+        result.problem_ids.append(["p0", "p1"])
+        result.problem_scores.append([score, score])
+        result.signal.append(None)
+        result.signal_groups.append([0, 0])
+    monkeypatch.setattr(learning, "run_arm", fake_run)
+    out, cells = tmp_path / "LEARNING.md", tmp_path / "cells"
+    args = ["--quick", "--only", "magrpo", "--seeds", "3", "--out", str(out), "--cells", str(cells)]
+    assert learning.main(args) == 0
+    assert order == [(0, 0), (3, 0), (3, 1), (3, 2), (1, 0), (2, 0)]
+    assert len(list((cells / "magrpo").iterdir())) == 6
+    untrained, sequential, _, magrpo = json.loads((tmp_path / "learning_results.json").read_text())["sections"][0]["arms"]
+    assert untrained["seeds"] == sequential["seeds"] == magrpo["seeds"] == [0, 1, 2]
+    assert untrained["evaluated_once"] and untrained["wall_s"] == [1.0, 1.0, 1.0]
+    assert {k: round(v["difference"], 6) for k, v in magrpo["paired_vs_untrained"].items()} == {"0": 0.75, "1": 0.76, "2": 0.77}
+    assert {k: v["difference"] for k, v in sequential["paired_vs_untrained"].items()} == {"0": 0.25, "1": 0.25, "2": 0.25}
+    assert "Evaluated once and reused for every seed" in out.read_text()
+    # a second run reads the six cells and runs nothing
+    order.clear()
+    assert learning.main(args) == 0 and order == [] and "6 runs read from the cache" in out.read_text()
