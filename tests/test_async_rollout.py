@@ -227,6 +227,49 @@ def test_a_max_staleness_1_run_resumes_and_completes(tmp_path):
     assert not _producers()
 
 
+class _NoWeights:
+    """A placement whose policies have no weights to move (the pipeline's own logic, no model)."""
+
+    def snapshot(self, name):
+        return {}
+
+    def apply(self, name, weights):
+        pass
+
+
+def test_asking_again_for_a_step_already_taken_is_one_line_not_a_hang():
+    """A step whose training failed before it published its weights (an error the caller caught) cannot be trained
+    again from the same producer: its rollout is gone and the producer waits for those weights. Before, get() waited
+    for it forever; now it says so at once."""
+    from teamrl.trainer.pipeline import Rollout, RolloutPipeline
+
+    def produce(step, position, versions, engine):
+        return Rollout(step, [], [], 0, 0.0, None, position + 1, dict(versions))
+
+    pipeline = RolloutPipeline(produce=produce, placement=_NoWeights(), engine=object(), start_step=0, last_step=5,
+                               start_position=0, versions={"shared": 0}, max_staleness=1)
+    try:
+        assert pipeline.get(1).step == 1
+        got: list = []
+
+        def again():
+            try:
+                got.append(pipeline.get(1))
+            except RuntimeError as e:
+                got.append(e)
+
+        t = threading.Thread(target=again, daemon=True)
+        t.start()
+        t.join(5)
+        assert not t.is_alive(), "get() of a step already taken waited for ever"
+        assert isinstance(got[0], RuntimeError) and "\n" not in str(got[0]), got
+        assert "step 1" in str(got[0]) and "--resume" in str(got[0]), got
+        assert pipeline.alive  # the producer still waits for the weights of update 1
+    finally:
+        pipeline.close()
+    assert not pipeline.alive
+
+
 def test_max_staleness_must_be_a_whole_number_of_at_least_0():
     with pytest.raises(ConfigError, match=r"^rollout.max_staleness: -1 is out of range; must be >= 0$"):
         load_config(None, ["rollout.max_staleness=-1"])

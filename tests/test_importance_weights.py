@@ -358,3 +358,49 @@ def test_teamrl_train_stops_in_one_line_with_exit_2_on_a_nan_sampling_logprob(tm
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and "sampling log-prob nan at token 0" in err[0], err
     assert not list(tmp_path.glob("iw_nan/checkpoints/*"))
+
+
+def test_the_trainer_combines_the_weights_of_every_optimizer_step_of_a_policy(tmp_path, monkeypatch) -> None:
+    """policy.equalize_steps false: one optimizer step per role instance of the shared policy. ``is_weight_*/shared`` are
+    of all of them (counts add, the max of the maxima, ...), not of the last step alone. The aggregator's tokens are
+    sampled log 2 more likely than the trainer says: weight 1/2; the generators' on-policy: weight 1."""
+    import itertools
+
+    import teamrl.trainer.workers as workers
+    from teamrl.trainer.trainer import Trainer
+
+    assign = Trainer._assign_advantages
+
+    def opposite_advantages(self, samples):  # a random model is never right: give the samples +1 / -1 in turn
+        train = assign(self, samples)
+        for s, a in zip(train, itertools.cycle([1.0, -1.0])):
+            s.advantage = a
+            if s.role.startswith("aggregator"):
+                s.sampling_logprobs = [x + math.log(2) for x in s.sampling_logprobs]
+        return train
+
+    monkeypatch.setattr(Trainer, "_assign_advantages", opposite_advantages)
+    steps: list[dict] = []
+    update_steps = workers.update_policy_steps
+
+    def spy(*args, **kwargs):
+        out = update_steps(*args, **kwargs)
+        steps.extend(out)
+        return out
+
+    monkeypatch.setattr(workers, "update_policy_steps", spy)
+    tr = Trainer(load_config(None, ["name=iw_parts", f"run.dir={tmp_path}", "model=tiny-random", "algorithm=magrpo",
+                                    "task.name=math.solve", "task.num_problems=12", "task.test_size=3",
+                                    "workflow.name=voting", "policy.equalize_steps=false", "rollout.group_size=2",
+                                    "rollout.batch_size=1", "rollout.max_new_tokens=4", "run.progress=false",
+                                    "run.tensorboard=false", "run.log_episodes=false",
+                                    "train.loss.importance_correction=token"]))
+    rec = tr.train_step()
+    assert list(tr.router.policies) == ["shared"] and rec["optimizer_steps/shared"] == len(steps) >= 2
+    counts = [s["is_weight_count"] for s in steps]
+    assert rec["is_weight_count/shared"] == sum(counts) > max(counts)
+    assert rec["is_weight_min/shared"] == pytest.approx(0.5, rel=1e-4)  # the aggregator's
+    assert rec["is_weight_max/shared"] == pytest.approx(1.0, abs=1e-4)  # the generators'
+    mean = sum(s["is_weight_mean"] * s["is_weight_count"] for s in steps) / sum(counts)
+    assert rec["is_weight_mean/shared"] == pytest.approx(mean, rel=1e-6)
+    assert 0.5 < rec["is_weight_mean/shared"] < 1.0

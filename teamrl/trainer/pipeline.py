@@ -123,6 +123,7 @@ class RolloutPipeline:
         # go back to them after an evaluation loaded newer ones (see exclusive())
         self._snapshots = {name: [_Snapshot(start_step, v, placement.snapshot(name))] for name, v in versions.items()}
         self._ready: dict[int, Rollout] = {}
+        self._taken = start_step  # the last step whose rollout get() handed out
         self._error: BaseException | None = None
         self._stop = threading.Event()
         self._cond = threading.Condition()
@@ -133,8 +134,14 @@ class RolloutPipeline:
 
     # ---- the trainer's side ----------------------------------------------------------------------
     def get(self, step: int) -> Rollout:
-        """The rollout of ``step``, when the producer has it; the producer's error if it failed before it."""
+        """The rollout of ``step``, when the producer has it; the producer's error if it failed before it. A step
+        already handed out is refused at once: its training failed before it published its weights, which the
+        producer's next rollout may be waiting for, so asking again would wait for ever."""
         with self._cond:
+            if step <= self._taken and step not in self._ready:
+                raise RuntimeError(f"the rollout of step {step} was already taken (its training stopped with an error); "
+                                   "the asynchronous loop cannot train a step twice: shut the trainer down and continue "
+                                   "from the last checkpoint with --resume")
             while step not in self._ready:
                 if self._error is not None:
                     raise self._error
@@ -142,6 +149,7 @@ class RolloutPipeline:
                     raise RuntimeError(f"the rollout producer stopped without a rollout for step {step} (it produces steps "
                                        f"{self.start_step + 1}..{self.last_step})")
                 self._cond.wait(POLL_S)
+            self._taken = max(self._taken, step)
             return self._ready.pop(step)
 
     def publish(self, step: int, weights: dict[str, tuple[int, dict[str, torch.Tensor]]]) -> None:

@@ -37,8 +37,8 @@ from teamrl.trainer.checkpoint import (check_run_dir, checkpoint_to_resume, list
 from teamrl.trainer.diagnostics import CliffDetector, learning_signal, role_capture
 from teamrl.trainer.evaluate import workflow_stats
 from teamrl.trainer.pipeline import Rollout, RolloutPipeline
-from teamrl.trainer.update import (NonFiniteReward, _contributes, _to_device, check_sampling_logprobs, make_update_settings,
-                                   nonfinite_reward_groups)
+from teamrl.trainer.update import (IMPORTANCE_STATS, NonFiniteReward, _contributes, _to_device, check_sampling_logprobs,
+                                   combine_importance_stats, make_update_settings, nonfinite_reward_groups)
 from teamrl.trainer.workers import PolicyPlacement, make_router
 from teamrl.workflows import WORKFLOWS, default_workflow
 from teamrl.workflows.context import EpisodeContext
@@ -594,8 +594,9 @@ class Trainer:
                         role_stats.setdefault(k, []).append(v)
                     elif k == "skipped_steps":
                         record[f"{k}/{name}"] = record.get(f"{k}/{name}", 0.0) + v
-                    else:
+                    elif k not in IMPORTANCE_STATS:  # those are of every step's weights (below), not the last step's
                         record[f"{k}/{name}"] = v
+            record.update({f"{k}/{name}": v for k, v in combine_importance_stats(steps[name]).items()})
             record[f"optimizer_steps/{name}"] = len([p for p in parts if p]) - int(record.get(f"skipped_steps/{name}", 0))
             if self.pipelined:
                 continue

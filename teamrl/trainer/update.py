@@ -97,6 +97,26 @@ def check_sampling_logprobs(samples: Sequence[Sample], mode: str) -> None:
                                         f"{len(s.completion_ids)}; {fix}")
 
 
+# The importance-weight statistics of one update_policy step (train.loss.importance_correction token / sequence).
+IMPORTANCE_STATS = ("is_weight_mean", "is_weight_max", "is_weight_min", "is_truncated_frac", "is_weight_count")
+
+
+def combine_importance_stats(steps: Sequence[dict[str, float]]) -> dict[str, float]:
+    """The importance-weight statistics of several :func:`update_policy` steps of one policy (``policy.equalize_steps``
+    false: one step per role instance) as those of all their weights: counts add, the mean and the truncated share
+    are weighted by count, the max and min are over every step. One step's are returned as they are; ``{}`` when no
+    step has any."""
+    parts = [s for s in steps if s.get("is_weight_count")]
+    if len(parts) < 2:
+        return {k: parts[0][k] for k in IMPORTANCE_STATS} if parts else {}
+    n = sum(s["is_weight_count"] for s in parts)
+    return {"is_weight_mean": sum(s["is_weight_mean"] * s["is_weight_count"] for s in parts) / n,
+            "is_weight_max": max(s["is_weight_max"] for s in parts),
+            "is_weight_min": min(s["is_weight_min"] for s in parts),
+            "is_truncated_frac": sum(s["is_truncated_frac"] * s["is_weight_count"] for s in parts) / n,
+            "is_weight_count": n}
+
+
 def _padded(rows: Sequence[Sequence[float]], width: int) -> torch.Tensor:
     """Per-sample float rows as one right-padded ``[B, width]`` float32 tensor (0 where a row is shorter)."""
     out = torch.nn.utils.rnn.pad_sequence([torch.tensor(list(r), dtype=torch.float32) for r in rows], batch_first=True)
