@@ -106,14 +106,14 @@ def combine_importance_stats(steps: Sequence[dict[str, float]]) -> dict[str, flo
     false: one step per role instance) as those of all their weights: counts add, the mean and the truncated share
     are weighted by count, the max and min are over every step. One step's are returned as they are; ``{}`` when no
     step has any."""
-    parts = [s for s in steps if s.get("is_weight_count")]
-    if len(parts) < 2:
-        return {k: parts[0][k] for k in IMPORTANCE_STATS} if parts else {}
-    n = sum(s["is_weight_count"] for s in parts)
-    return {"is_weight_mean": sum(s["is_weight_mean"] * s["is_weight_count"] for s in parts) / n,
-            "is_weight_max": max(s["is_weight_max"] for s in parts),
-            "is_weight_min": min(s["is_weight_min"] for s in parts),
-            "is_truncated_frac": sum(s["is_truncated_frac"] * s["is_weight_count"] for s in parts) / n,
+    weighted = [s for s in steps if s.get("is_weight_count")]
+    if len(weighted) <= 1:
+        return {k: weighted[0][k] for k in IMPORTANCE_STATS} if weighted else {}
+    n = sum(s["is_weight_count"] for s in weighted)
+    return {"is_weight_mean": sum(s["is_weight_mean"] * s["is_weight_count"] for s in weighted) / n,
+            "is_weight_max": max(s["is_weight_max"] for s in weighted),
+            "is_weight_min": min(s["is_weight_min"] for s in weighted),
+            "is_truncated_frac": sum(s["is_truncated_frac"] * s["is_weight_count"] for s in weighted) / n,
             "is_weight_count": n}
 
 
