@@ -48,15 +48,16 @@ def _kill_group(pgid: int, sig: int) -> bool:
         return False
 
 
-def _start_sentinel(pgid: int, grace: float) -> None:
+def _start_sentinel(pgid: int, grace: float) -> int:
     """Fork a watcher that ends the server's group should this guard be killed outright (SIGKILL cannot be handled
     here): Ray, for one, SIGKILLs an actor's child processes when the actor dies. The server would then get its own
     parent-death signal, but what it started (vLLM's engine core) would not. The watcher polls for the guard's death
     and ends the group as the guard would (SIGTERM, ``grace`` seconds, SIGKILL); after an orderly stop the group is
     already gone and it just exits."""
     guard = os.getpid()
-    if os.fork() != 0:
-        return
+    child = os.fork()
+    if child != 0:
+        return child
     try:
         for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
             signal.signal(sig, signal.SIG_IGN)  # signals meant for the guard (its process group) are not for it
@@ -96,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         server = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                   start_new_session=True, preexec_fn=lambda: _die_with_parent(signal.SIGTERM))
     print(server.pid, flush=True)
-    _start_sentinel(server.pid, ns.grace)
+    sentinel = _start_sentinel(server.pid, ns.grace)
     while server.poll() is None and not stop:
         time.sleep(0.2)
     # a server that exited by itself: 5 s for what it started to follow; one told to stop: its whole grace
@@ -110,6 +111,10 @@ def main(argv: list[str] | None = None) -> int:
         time.sleep(0.1)
     _kill_group(server.pid, signal.SIGKILL)
     rc = server.wait()
+    # an orderly end: the watcher has nothing left to guard; gone (and reaped) before the guard, whose exit the
+    # trainer waits for, so that no process naming the server's command outlives the stop
+    os.kill(sentinel, signal.SIGKILL)
+    os.waitpid(sentinel, 0)
     return 128 - rc if rc < 0 else rc
 
 
