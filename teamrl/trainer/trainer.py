@@ -584,8 +584,8 @@ class Trainer:
         # every worker updates its policies at once, and the driver's copies are synced after (the asynchronous loop
         # publishes the new weights instead: the producer loads them at a rollout boundary)
         mode = self.update_settings.loss.importance_correction
-        if mode != "none":  # here, on the driver: a Ray worker's error would come back wrapped in its remote traceback
-            check_sampling_logprobs(train_samples, mode)
+        if mode != "none" and self.placement.remote:  # update_policy checks too; on the driver, a Ray worker's error
+            check_sampling_logprobs(train_samples, mode)  # would come back wrapped in its remote traceback
         steps = self.placement.update(parts_by_policy, self.update_settings, self.tokenizer.pad_token_id, self.eos_ids)
         for name, parts in parts_by_policy.items():
             for part_stats in steps[name]:
