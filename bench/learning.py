@@ -146,6 +146,7 @@ class ArmResult:
     problem_scores: list[list[float]] = field(default_factory=list)
     signal: list[float | None] = field(default_factory=list)  # share of groups with a non-zero advantage over its steps
     signal_groups: list[list[int]] = field(default_factory=list)  # [groups with signal, groups] over its steps
+    role_grad_norms: list[dict[str, float]] = field(default_factory=list)  # per seed: each role's gradient norm, mean over steps
 
 
 def comparisons() -> list[Comparison]:
@@ -191,9 +192,14 @@ def comparisons() -> list[Comparison]:
                    config="configs/magrpo_writing_tldr.yaml", eval_problems=EVAL_PROBLEMS),
         Comparison("at_grpo", "AT-GRPO, Plan-Path, 1 turn (tool + planner, one shared policy), held-out grids of a fresh seed",
                    ("algorithm=at_grpo", "task.name=plan_path", "task.max_turns=1",
-                    "task.num_problems=64", "policy.mode=shared", "rollout.group_size=2", "rollout.batch_size=2",
-                    "rollout.max_new_tokens=48", "train.steps=2", lr),
-                   (Arm("untrained team", rl=False), Arm("warm start only", warm_start=True, rl=False),
+                    "task.num_problems=64", "policy.mode=shared", "rollout.group_size=4", "rollout.batch_size=2",
+                    # Dr. GRPO's advantage (r - group mean, no division by the group's std): with success rare, the
+                    # std-scaled advantage of an all-fail group turned its -0.01..-0.1 move penalties into full-size
+                    # updates toward short plans, and 20 steps took the warm start's greedy success on 3x3 grids from
+                    # 0.104 to 0.000 (trajectory grouping and the single agent, seed 0, 2026-12-02)
+                    "rollout.max_new_tokens=48", "train.steps=20", "train.advantage=mean", lr),
+                   # the held-out grids come from task.seed + 1 whatever the run's seed: the untrained team is evaluated once
+                   (Arm("untrained team", rl=False, seed_free=True), Arm("warm start only", warm_start=True, rl=False),
                     Arm("single-agent GRPO (planner alone), warm start", ("task.agents=planner", "at_grpo.grouping=trajectory"),
                         warm_start=True),
                     Arm("AT-GRPO, trajectory grouping, warm start", ("at_grpo.grouping=trajectory",), warm_start=True),
@@ -204,21 +210,28 @@ def comparisons() -> list[Comparison]:
                    levels=plan_path, default_level="4x4, walls 0.25"),
         Comparison("m_grpo", "M-GRPO, research environment (main + tool-using sub-agent), held-out questions of a fresh seed",
                    ("algorithm=m_grpo", "task.name=research", "task.num_problems=64", "policy.mode=lora_per_role",
-                    "rollout.group_size=2", "rollout.batch_size=2", "rollout.max_new_tokens=48", "train.steps=2", lr),
-                   (Arm("untrained team", rl=False), Arm("warm start only", warm_start=True, rl=False),
+                    "rollout.group_size=4", "rollout.batch_size=2", "rollout.max_new_tokens=48", "train.steps=20", lr),
+                   # the held-out questions come from task.seed + 1 whatever the run's seed: the untrained team is evaluated once
+                   (Arm("untrained team", rl=False, seed_free=True), Arm("warm start only", warm_start=True, rl=False),
                     # the task's demonstrations are of the team protocol (main + sub), so the single agent has none
                     Arm("single agent (no warm start: no single-agent demonstrations)", ("m_grpo.agents=single",)),
                     Arm("main + frozen sub-agent, warm start", ("m_grpo.sub_agent=frozen",), warm_start=True),
                     Arm("M-GRPO main + sub, warm start", (), warm_start=True)),
                    quick=("task.num_problems=12",),
-                   warm_problems=2, warm_epochs=1,  # ~8 demonstrations (main and sub turns) per question
+                   # ~8 demonstrations (main and sub turns) per question. Measured by hand on 16 held-out questions
+                   # (2026-12-02, docs/learning.md): 2 questions x 1 pass left 0% success at every level; on city questions
+                   # 4 x 2 gave 0%, 8 x 2 and 16 x 2 100%; on city and country questions 8 x 2 gave 31%; with age
+                   # arithmetic too, 8 x 2 and 16 x 2 gave 0% (the sub-agent's second call returned nothing)
+                   warm_problems=8, warm_epochs=2,
                    eval_problems=EVAL_PROBLEMS, levels=research,
-                   default_level="2-3 hops and arithmetic (every kind), 12 people"),
+                   default_level="2-3 hops (city, country), 12 people"),
         *[Comparison(f"study_{wf}", f"Workflow study, {wf} on arithmetic, held-out problems (task.split=test)",
                      ("algorithm=grpo", "task.name=math.solve", "task.num_problems=128",
                       f"task.test_size={EVAL_PROBLEMS}", f"workflow.name={wf}", "rollout.group_size=4", "rollout.batch_size=2",
                       *STUDY_SIZES[wf], lr),
-                     (Arm("untrained team", rl=False), Arm("SA-RL (single workflow)", ("workflow.name=single", "workflow.options={}")),
+                     # the test split and greedy decoding do not depend on the seed: the untrained team is evaluated once
+                     (Arm("untrained team", rl=False, seed_free=True),
+                      Arm("SA-RL (single workflow)", ("workflow.name=single", "workflow.options={}")),
                       Arm("SP (shared policy)", ("policy.mode=shared",)), Arm("IP (LoRA per role)", ("policy.mode=lora_per_role",))),
                      quick=("task.num_problems=12", "task.test_size=3"), flag_cliffs=True, eval_problems=EVAL_PROBLEMS,
                      levels=arithmetic, default_level="one operation, operands <= 20", calibration_arm=2)
@@ -232,16 +245,18 @@ def comparisons() -> list[Comparison]:
 WARM_PROBLEMS_QUICK = 2
 WARM_LR = 2e-3  # a LoRA adapter takes a higher rate than RL's; the few warm-start steps must teach the format
 
-# The study's sizes per workflow. Measured at one thread beside another run, an Eval-Opt SP step of 3
-# attempts took ~6.5 min (rollout ~155 s, update ~205-235 s) and a whole SP run ~19 min, so each study
-# arm gets one step, Eval-Opt 2 attempts. One step leaves no room for an evaluation during training to
-# find a fall from a peak, so the page compares each arm's held-out accuracy with the untrained team's
-# (CLIFF_POINTS, the trainer's default train.cliff_points).
+# The study's sizes per workflow. Measured 2026-12-02 at one thread beside another run, at the calibrated
+# levels, G = 4 and 2 problems per step: a Voting step ~15 s of rollout and ~25 s of update when a group
+# varied; an Eval-Opt step of 2 attempts ~30 s of rollout (plus its update). So Voting trains 15 steps and
+# Eval-Opt 10. The held-out accuracy is compared with the untrained team's (CLIFF_POINTS, the trainer's
+# default train.cliff_points) and the training curve with its own peak (study_dynamics), without an
+# evaluation during training (train.eval_every=0): 48 held-out problems per evaluation cost ~2 min.
 STUDY_SIZES = {
-    "eval_opt": ("rollout.max_new_tokens=64", "train.steps=1", "train.eval_every=0", "workflow.options.max_iterations=2"),
-    "voting": ("rollout.max_new_tokens=32", "train.steps=1", "train.eval_every=0"),
+    "eval_opt": ("rollout.max_new_tokens=64", "train.steps=10", "train.eval_every=0", "workflow.options.max_iterations=2"),
+    "voting": ("rollout.max_new_tokens=32", "train.steps=15", "train.eval_every=0"),
 }
 CLIFF_POINTS = 10.0
+DYNAMICS_WINDOW = 3  # steps per window of the study's training curve (peak, final)
 
 # --quick: every comparison on the tiny random model, one step of the smallest budget
 QUICK = ("model=tiny-random", "threads=1", "rollout.max_new_tokens=4", "rollout.group_size=2", "rollout.batch_size=1",
@@ -267,7 +282,7 @@ def _config(comp: Comparison, arm: Arm, quick: bool, one_thread: bool, seed: int
 def merge(into: ArmResult, one: ArmResult) -> None:
     """Add one seed's run (``one``) to the arm's result over seeds."""
     for f in ("seeds", "scores", "success", "valid", "wall", "tokens", "curves", "problem_ids", "problem_scores", "signal",
-              "signal_groups"):
+              "signal_groups", "role_grad_norms"):
         getattr(into, f).extend(getattr(one, f))
     into.episodes = into.episodes or one.episodes
 
@@ -335,9 +350,16 @@ def run_arm(comp: Comparison, index: int, seed: int, workdir: Path, eval_problem
         groups = [int(sum(m["signal/groups_with_signal"] for m in with_signal)), int(sum(m["signal/groups"] for m in with_signal))]
         result.signal.append(groups[0] / groups[1] if groups[1] else None)
         result.signal_groups.append(groups)
+        norms: dict[str, list[float]] = {}  # the trainer's gradient norm per role type, over the steps that updated it
+        for m in steps:
+            for k, v in m.items():
+                if k.startswith("role_grad_norm/"):
+                    norms.setdefault(k.split("/", 1)[1], []).append(v)
+        result.role_grad_norms.append({role: statistics.mean(v) for role, v in sorted(norms.items())})
     else:
         result.signal.append(None)
         result.signal_groups.append([0, 0])
+        result.role_grad_norms.append({})
     held, _ = held_out_config(cfg)
     method = arm.method or ("team" if (arm.rl or arm.warm_start) else "untrained")
     (row,) = evaluate(held, [method], checkpoint=workdir / name if method == "team" else None, limit=eval_problems,
@@ -369,7 +391,8 @@ def cell_path(cells: Path, comp: Comparison, index: int, seed: int) -> Path:
 def for_seeds(one: ArmResult, seeds: list[int]) -> list[ArmResult]:
     """An arm evaluated once (``Arm.seed_free``): its one result as each seed's, so it pairs with every seed's runs."""
     return [dataclasses.replace(one, seeds=[s], **{f: list(getattr(one, f)) for f in (
-        "scores", "success", "valid", "wall", "tokens", "curves", "problem_ids", "problem_scores", "signal", "signal_groups")})
+        "scores", "success", "valid", "wall", "tokens", "curves", "problem_ids", "problem_scores", "signal", "signal_groups",
+        "role_grad_norms")})
             for s in seeds]
 
 
@@ -478,6 +501,8 @@ def render(comp: Comparison, results: list[ArmResult], seeds: list[int], eval_pr
                       f"the seed): {', '.join(once)}."]
     if comp.flag_cliffs:
         lines += ["", held_out_cliffs(results)]
+        if any(r.curves for r in results):
+            lines += ["", render_study_dynamics(results)]
     if png:
         lines += ["", f"![{comp.key} training curves]({png})"]
     return "\n".join(lines) + "\n"
@@ -491,6 +516,49 @@ def held_out_cliffs(results: list[ArmResult], points: float = CLIFF_POINTS) -> s
              for seed, acc in zip(r.seeds, r.success) if seed in base and 100 * (base[seed] - acc) > points]
     return (f"Accuracy cliffs (held-out accuracy more than {points:g} points under the untrained team's, same seed): "
             + ("; ".join(found) if found else "none") + ".")
+
+
+def study_dynamics(results: list[ArmResult], window: int = DYNAMICS_WINDOW) -> list[dict[str, Any] | None]:
+    """Per arm (None where it did not train): per seed, the training curve's peak (the highest mean of
+    ``window`` consecutive steps, and the last step of that window), its final value (the mean of the last
+    ``window`` steps) and how far it fell from the peak; the gradient norm per role, mean over seeds. A step
+    samples a few problems only, so a window, not one step, makes a peak."""
+    out: list[dict[str, Any] | None] = []
+    for r in results:
+        if not r.curves:
+            out.append(None)
+            continue
+        peak, peak_step, final = [], [], []
+        for curve in r.curves:
+            w = min(window, len(curve))
+            means = [statistics.mean(curve[i - w:i]) for i in range(w, len(curve) + 1)]
+            best = max(range(len(means)), key=lambda i: (means[i], -i))  # the first of equal peaks
+            peak.append(means[best])
+            peak_step.append(best + w)
+            final.append(means[-1])
+        roles = sorted({role for norms in r.role_grad_norms for role in norms})
+        out.append({"peak": peak, "peak_step": peak_step, "final": final,
+                    "fell_from_peak": [p - f for p, f in zip(peak, final)],
+                    "role_grad_norm": {role: statistics.mean(n[role] for n in r.role_grad_norms if role in n) for role in roles}})
+    return out
+
+
+def render_study_dynamics(results: list[ArmResult], points: float = CLIFF_POINTS) -> str:
+    """The study's training dynamics table (Markdown): peak and final training accuracy per seed, the seeds
+    whose curve fell more than ``points`` from its peak, and each role's gradient norm."""
+    lines = [f"Training dynamics (training reward over {DYNAMICS_WINDOW}-step windows; a fall of more than {points:g} points "
+             "from the peak is a cliff):", "",
+             f"| arm | training peak (step), per seed | training final (last {DYNAMICS_WINDOW} steps), per seed | "
+             f"fell from peak by more than {points:g} points | gradient norm per role (mean over steps and seeds) |",
+             "|---|---|---|---|---|"]
+    for r, d in zip(results, study_dynamics(results)):
+        if d is None:
+            continue
+        fell = [f"s{s}: -{100 * x:.0f} points" for s, x in zip(r.seeds, d["fell_from_peak"]) if 100 * x > points]
+        norms = ", ".join(f"{role} {v:.2f}" for role, v in d["role_grad_norm"].items()) or "-"
+        lines.append(f"| {r.label} | {'; '.join(f's{s}: {p:.3f} (step {k})' for s, p, k in zip(r.seeds, d['peak'], d['peak_step']))} | "
+                     f"{'; '.join(f's{s}: {x:.3f}' for s, x in zip(r.seeds, d['final']))} | {'; '.join(fell) or 'none'} | {norms} |")
+    return "\n".join(lines)
 
 
 def plot(comp: Comparison, results: list[ArmResult], path: Path) -> bool:
@@ -526,7 +594,7 @@ def results_json(grid: list[Comparison], results: dict[str, list[ArmResult]], le
     for comp in grid:
         arms = []
         base = results[comp.key][0]
-        for r in results[comp.key]:
+        for r, dynamics in zip(results[comp.key], study_dynamics(results[comp.key])):
             paired = paired_vs_untrained(base, r) if r is not base else {}
             arms.append({
                 "arm": r.label, "seeds": r.seeds, "evaluated_once": any(a.seed_free for a in comp.arms if a.label == r.label), "held_out_problems": [len(ids) for ids in r.problem_ids],
@@ -539,6 +607,7 @@ def results_json(grid: list[Comparison], results: dict[str, list[ArmResult]], le
                     p["beyond_noise"] and p["difference"] > 0 for p in paired.values()),
                 "signal_groups_varied": [g[0] for g in r.signal_groups], "signal_groups": [g[1] for g in r.signal_groups],
                 "episodes_sampled": r.episodes, "wall_s": r.wall,
+                **({"training_dynamics": dynamics} if comp.flag_cliffs and dynamics else {}),
             })
         level = levels.get(comp.key)
         sections.append({"key": comp.key, "title": comp.title, "eval_problems": eval_problems[comp.key],
@@ -614,11 +683,18 @@ def calibrate_level(comp: Comparison, level: Level, quick: bool, workdir: Path, 
 
 
 def pick_level(rows: dict[str, dict[str, Any]], band: tuple[float, float] = BAND) -> tuple[str | None, str]:
-    """(the level to run at, why): of the levels whose sampled success (greedy where none was sampled) is in
-    ``band`` and whose groups varied, the one with the most varied groups; failing that, the level with the
-    most varied groups (said so); None when no level was measured."""
+    """(the level to run at, why): of the levels whose greedy success (what the held-out score measures) is in
+    ``band`` and whose groups varied, the one with the most varied groups; failing that, the same by sampled
+    success (greedy where none was sampled); failing that, the level with the most varied groups (said so);
+    None when no level was measured."""
     if not rows:
         return None, "no level measured"
+    greedy = {k: r for k, r in rows.items() if r.get("greedy_success") is not None
+              and band[0] <= r["greedy_success"] <= band[1] and r["groups_varied"] > 0}
+    if greedy:
+        best = max(greedy, key=lambda k: greedy[k]["groups_varied"])
+        return best, (f"greedy success {greedy[best]['greedy_success']:.2f} within {band[0]:.2f}-{band[1]:.2f}, the most "
+                      "varied groups of those")
 
     def rate(r: dict[str, Any]) -> float | None:
         return r["sampled_success"] if r.get("sampled_success") is not None else r.get("greedy_success")
@@ -675,12 +751,14 @@ def calibrate(grid: list[Comparison], quick: bool, path: Path, doc: Path | None,
               redo: bool = False, measure: bool = True) -> dict[str, Any]:
     """Measure each comparison's levels (those already in ``path`` with the same settings are kept: resumable),
     pick one per comparison, write ``path`` after every level and the table into ``doc``; ``measure=False``:
-    only the table, from ``path``."""
+    only the picks and the table, from the levels in ``path``."""
     calibration = json.loads(path.read_text()) if path.is_file() else {}
     mode = "--quick (tiny random model: says nothing about the embedded model)" if quick else "SmolLM2-135M"
     for comp in grid:
         levels = comp.levels[:2] if quick else comp.levels
         if not levels or not measure:
+            if calibration.get(comp.key, {}).get("levels"):  # the table alone: the pick by today's rule, from the file
+                calibration[comp.key]["picked"], calibration[comp.key]["why"] = pick_level(calibration[comp.key]["levels"])
             continue
         entry = calibration.setdefault(comp.key, {"levels": {}})
         for lv in levels:

@@ -38,9 +38,14 @@ def test_quick_learning_run_writes_every_table_and_curve(tmp_path):
         assert png.read_bytes()[:4] == b"\x89PNG" and f"]({png.name})" in page
     for section in page.split("### ")[1:]:  # the study flags arms whose held-out accuracy fell under the untrained team's
         assert ("Accuracy cliffs (held-out accuracy" in section) == section.startswith("Workflow study"), section
+        # ... and gives each trained arm's peak and final training accuracy and its gradient norm per role
+        assert ("| arm | training peak (step), per seed |" in section) == section.startswith("Workflow study"), section
+        if section.startswith("Workflow study"):
+            assert re.search(r"\| IP \(LoRA per role\) \| .* \| [a-z_]+ \d+\.\d\d", section), section
     # equal budgets: every RL arm of a comparison sampled the same number of episodes
     for section in page.split("### ")[1:]:
-        episodes = {line.split("|")[6].strip() for line in section.splitlines() if line.startswith("| ") and "---" not in line
+        table = section.split("Training dynamics")[0]  # the arms' table, not the study's dynamics table under it
+        episodes = {line.split("|")[6].strip() for line in table.splitlines() if line.startswith("| ") and "---" not in line
                     and not line.startswith("| arm")} - {"-"}
         assert len(episodes) == 1, section
 
@@ -101,6 +106,30 @@ def test_held_out_cliffs_pair_each_arm_with_the_untrained_team_of_its_seed():
     line = learning.held_out_cliffs([untrained, steady, fell])
     assert line.endswith("IP (seed 1: 25% vs 50%).") and "SP" not in line
     assert learning.held_out_cliffs([untrained, steady]).endswith(": none.")
+
+
+def test_study_dynamics_give_peak_final_training_cliffs_and_per_role_gradient_norms():
+    """The workflow study's paper reports peak and final accuracy, falls from a peak and gradient norms per role
+    (here over 3-step windows of the training curve: one step of 8 episodes is too noisy to call a peak)."""
+    import pytest
+
+    learning = _learning()
+    untrained = learning.ArmResult("untrained team", seeds=[0, 1])
+    # seed 0 climbs to a 3-step mean of 0.5 (steps 2-4) and falls to 0 (a 50-point cliff); seed 1 stays at 0.25
+    sp = learning.ArmResult("SP", seeds=[0, 1], curves=[[0.0, 0.5, 0.5, 0.5, 0.0, 0.0, 0.0], [0.25] * 6],
+                            role_grad_norms=[{"generator": 2.0, "aggregator": 1.0}, {"generator": 4.0, "aggregator": 3.0}])
+    untrained_row, sp_row = learning.study_dynamics([untrained, sp])
+    assert untrained_row is None
+    assert sp_row["peak"] == [0.5, 0.25] and sp_row["peak_step"] == [4, 3]
+    assert sp_row["final"] == [0.0, 0.25] and sp_row["fell_from_peak"] == [0.5, 0.0]
+    assert sp_row["role_grad_norm"] == {"aggregator": 2.0, "generator": 3.0}  # mean over seeds
+    table = learning.render_study_dynamics([untrained, sp])
+    assert "| SP | s0: 0.500 (step 4); s1: 0.250 (step 3) | s0: 0.000; s1: 0.250 | s0: -50 points |" in table
+    assert "aggregator 2.00, generator 3.00" in table
+    steady = learning.ArmResult("IP", seeds=[0], curves=[[0.1, 0.2]], role_grad_norms=[{}])  # shorter than a window
+    row = learning.study_dynamics([untrained, steady])[1]
+    assert row["peak"] == row["final"] == pytest.approx([0.15]) and row["peak_step"] == [2] and row["role_grad_norm"] == {}
+    assert "| IP | s0: 0.150 (step 2) | s0: 0.150 | none | - |" in learning.render_study_dynamics([untrained, steady])
 
 
 def test_the_cache_resumes_the_grid_and_renders_the_page_and_json_alone(tmp_path, monkeypatch):
@@ -179,6 +208,18 @@ def test_pick_level_takes_the_band_with_the_most_varied_groups():
     assert learning.pick_level({}) == (None, "no level measured")
 
 
+def test_pick_level_prefers_the_greedy_success_the_held_out_score_measures():
+    """The held-out score is greedy: a level whose sampled success is in the band but whose greedy success is 0
+    (Plan-Path 5x5: sampled 19%, greedy 0%) leaves RL little to show; one with greedy success in the band wins."""
+    learning = _learning()
+    row = lambda greedy, sampled, varied: {"greedy_success": greedy, "sampled_success": sampled, "groups_varied": varied}  # noqa: E731
+    rows = {"3x3": row(0.19, 0.125, 0.09), "4x4": row(0.125, 0.0, 0.125), "5x5": row(0.0, 0.19, 0.19)}
+    picked, why = learning.pick_level(rows)
+    assert picked == "3x3" and why.startswith("greedy success 0.19 within 0.15-0.50"), why
+    # no greedy success in the band: the sampled success decides, as before
+    assert learning.pick_level({"4x4": row(0.125, 0.0, 0.125), "5x5": row(0.0, 0.19, 0.19)})[0] == "5x5"
+
+
 def test_quick_calibration_writes_the_table_and_resumes(tmp_path, monkeypatch):
     """--calibrate --quick: two levels per task on the tiny model (after the warm start where the arm has one),
     into the calibration file and a Markdown table; a second call measures nothing again."""
@@ -210,6 +251,12 @@ def test_quick_calibration_writes_the_table_and_resumes(tmp_path, monkeypatch):
     # --render-only: the table from the file, nothing measured (m_grpo, never calibrated, stays out)
     assert learning.main([*args[:3], "at_grpo,study_voting,m_grpo", *args[4:], "--render-only"]) == 0
     assert "m_grpo" not in json.loads(cal.read_text()) and "| m_grpo |" not in doc.read_text()
+    # a pick written by an older rule is made again by today's from the levels in the file
+    stale = json.loads(cal.read_text())
+    stale["at_grpo"]["picked"], stale["at_grpo"]["why"] = "no such level", "an older rule"
+    cal.write_text(json.dumps(stale))
+    assert learning.main([*args, "--render-only"]) == 0
+    assert json.loads(cal.read_text())["at_grpo"]["picked"] == learning.pick_level(stale["at_grpo"]["levels"])[0]
 
 
 def test_every_level_is_a_valid_config_and_turns_its_knob(tmp_path):
