@@ -5,9 +5,9 @@ For each algorithm on its paper's task at CPU scale, every arm runs with the sam
 per step and group size (so the same number of sampled episodes), on ``--seeds`` seeds, and is
 scored greedily on held-out problems (``task.split=test``, or a fresh generator seed):
 
-- MAGRPO on writing.tldr (the demo task, 10 steps of 2 papers x 4 samples per agent): untrained team,
-  the prompt baselines ``sequential`` and ``discussion`` (the untrained model through those workflows,
-  eval only) and MAGRPO;
+- MAGRPO on writing.tldr (the demo task, 10 steps of 2 papers x 4 samples per agent) and on
+  code.helper_main (HumanEval, its last 48 problems held out): untrained team, the prompt baselines
+  ``sequential`` and ``discussion`` (the untrained model through those workflows, eval only) and MAGRPO;
 - AT-GRPO on Plan-Path: untrained, warm start only, single-agent GRPO (planner alone), AT-GRPO
   with trajectory grouping (the paper's ablation) and with tree grouping, both after the warm start;
 - M-GRPO on the research environment: untrained, warm start only, single agent, frozen sub-agent,
@@ -190,6 +190,18 @@ def comparisons() -> list[Comparison]:
                     # arm cleared 2 standard errors on one seed of three
                     Arm("MAGRPO, 4 papers per step", ("rollout.batch_size=4",))),
                    config="configs/magrpo_writing_tldr.yaml", eval_problems=EVAL_PROBLEMS),
+        # The paper's code comparison: helper + main on HumanEval, held out its last 48 problems (task.split=test,
+        # whatever the seed), a graded level reward (max 4), so the base model's arms are evaluated once.
+        Comparison("magrpo_code", "MAGRPO, code.helper_main (HumanEval): helper + main LoRA agents vs the untrained team "
+                   "and the prompt baselines, held-out problems (the last 48, task.split=test)",
+                   ("rollout.group_size=4", "rollout.batch_size=2", "rollout.max_new_tokens=128", "train.steps=10",
+                    f"task.test_size={EVAL_PROBLEMS}", lr),
+                   (Arm("untrained team", rl=False, seed_free=True),
+                    Arm("sequential (prompt baseline, untrained)", rl=False, method="sequential", seed_free=True),
+                    Arm("discussion (prompt baseline, untrained)", rl=False, method="discussion", seed_free=True),
+                    Arm("MAGRPO")),
+                   quick=("task.num_problems=4", "task.test_size=2"),
+                   config="configs/magrpo_code_helper_main.yaml", eval_problems=EVAL_PROBLEMS),
         Comparison("at_grpo", "AT-GRPO, Plan-Path, 1 turn (tool + planner, one shared policy), held-out grids of a fresh seed",
                    ("algorithm=at_grpo", "task.name=plan_path", "task.max_turns=1",
                     "task.num_problems=64", "policy.mode=shared", "rollout.group_size=4", "rollout.batch_size=2",
@@ -790,7 +802,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="smoke run: tiny random model, 1 seed, 1 step, 2 held-out problems")
     ap.add_argument("--seeds", type=int, default=None, help=f"seeds per arm (default {SEEDS}; --quick: 1)")
     ap.add_argument("--eval", type=int, default=None, help=f"held-out problems per arm (default {EVAL_PROBLEMS}; --quick: 2)")
-    ap.add_argument("--only", default="", help="comma-separated comparison keys (magrpo, at_grpo, m_grpo, study_eval_opt, "
+    ap.add_argument("--only", default="", help="comma-separated comparison keys (magrpo, magrpo_code, at_grpo, m_grpo, study_eval_opt, "
                                                "study_voting); default all")
     ap.add_argument("--out", default=None, help="Markdown file to write (PNGs and learning_results.json beside it; default "
                                                 "bench/LEARNING.md, --quick: runs/learn_quick/LEARNING.md)")

@@ -21,6 +21,9 @@ is re-implemented here):
 
 Every program (the coder's, the reference and the known-wrong one under the tester's
 asserts) runs only in the sandbox.
+
+The problems are those of ``code.coder_tester``, held-out split included (``split``,
+``test_size``, ``num_problems``: see :mod:`teamrl.tasks.code_team`).
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ FEEDBACK_CHARS = 600  # of the first failure shown to the coder
 
 @dataclass
 class CodeEnvOptions(CoderTesterOptions):
-    """The coder + tester task's options, plus the turn limit."""
+    """The coder + tester task's options (the held-out split included), plus the turn limit."""
 
     name: str = "code"
     max_turns: int = option(2, ge=1, doc="turns (coder then tester) per episode")
@@ -83,8 +86,9 @@ class CodeEnv(Environment):
         if isinstance(self.opts.max_turns, bool) or not isinstance(self.opts.max_turns, int) or self.opts.max_turns < 1:
             raise ConfigError(f"task.max_turns={self.opts.max_turns!r}: must be an int >= 1")
         self.max_turns = self.opts.max_turns
-        self.scorer = CoderTester(CoderTesterOptions(source=self.opts.source, path=self.opts.path,
-                                                     num_problems=self.opts.num_problems,
+        self.scorer = CoderTester(CoderTesterOptions(name=self.opts.name, source=self.opts.source, path=self.opts.path,
+                                                     num_problems=self.opts.num_problems, split=self.opts.split,
+                                                     test_size=self.opts.test_size,
                                                      wall_seconds=self.opts.wall_seconds, workers=self.opts.workers))
 
     def problems(self) -> list[Problem]:

@@ -15,6 +15,14 @@ paper family, max 4.0; the normalised return is reward / 4):
 
 Identical programs within one ``rewards`` call run once; the distinct ones run in parallel in a
 :class:`~teamrl.sandbox.SandboxPool`.
+
+The two-role coding tasks (this one, ``code.coder_tester`` and the ``code`` environment) hold out
+the last ``test_size`` problems of the data set (:class:`CodeTeamOptions`): ``split: train`` (the
+default) trains on the others, ``split: test`` gives the held-out ones (``teamrl eval``, the
+held-out evaluation during and after training). The split is made on the whole data set first;
+``num_problems`` then takes the first N training problems, so the held-out problems never depend
+on it (``code.solve`` differs: it takes the first ``num_problems`` and holds out the last
+``test_size`` of those).
 """
 
 from __future__ import annotations
@@ -26,7 +34,7 @@ from typing import Sequence
 from teamrl.core.config import ConfigError, option
 from teamrl.sandbox import ExecutionResult, SandboxLimits, SandboxPool
 from teamrl.tasks.code_data import CODE_SOURCES, CodeProblem, extract_code, load_code_problems, prompt_imports
-from teamrl.tasks.task import Problem, TeamTask
+from teamrl.tasks.task import SPLITS, Problem, TeamTask, split_problems
 
 LEVELS = {"aux": 0.4, "main": 0.6, "parses": 0.5, "tests": 1.0, "collaboration": 0.5, "not_wrapper": 1.0, "ignored": -0.5}
 
@@ -44,7 +52,20 @@ class CodeProblemsOptions:
 
 
 @dataclass
-class CodeHelperMainOptions(CodeProblemsOptions):
+class CodeTeamOptions(CodeProblemsOptions):
+    """The two-role coding tasks' options: :class:`CodeProblemsOptions` plus the held-out split.
+
+    The default ``test_size`` (16, as ``code.solve``) holds out HumanEval/148..163 and keeps the
+    first problems training ones, so a small ``num_problems`` (the tests' 1 or 2) picks the same
+    problems as before the split existed."""
+
+    num_problems: int = option(0, ge=0, doc="first N training problems (the held-out ones excluded); 0 = all of them")
+    split: str = option("train", choices=SPLITS, doc="train: all but the last test_size problems of the data set; test: those")
+    test_size: int = option(16, ge=0, doc="problems held out for evaluation: the last test_size of the data set")
+
+
+@dataclass
+class CodeHelperMainOptions(CodeTeamOptions):
     name: str = "code.helper_main"
 
 
@@ -89,9 +110,13 @@ class CodeProblems:
         self.opts = opts
         if self.opts.source != "humaneval" and not self.opts.path:
             raise ConfigError(f"task.path: source {self.opts.source!r} needs the path of its file (see docs/data.md)")
-        code = load_code_problems(self.opts.source, self.opts.path or None, self.opts.num_problems or None)
-        self._problems = [Problem(c.task_id, {"code": c}) for c in code]
+        code = load_code_problems(self.opts.source, self.opts.path or None)
+        self._problems = self.select([Problem(c.task_id, {"code": c}) for c in code])
         self._pool: SandboxPool | None = None
+
+    def select(self, problems: list[Problem]) -> list[Problem]:
+        """This task's problems of the whole data set ``problems``: the first ``num_problems`` (0: all)."""
+        return problems[:self.opts.num_problems] if self.opts.num_problems else problems
 
     @property
     def pool(self) -> SandboxPool:
@@ -106,8 +131,21 @@ class CodeProblems:
 
 
 class CodeTeamTask(CodeProblems, TeamTask):
-    """What the two-role coding tasks share: :class:`CodeProblems`, and prompts of the form
-    problem + the role's request (+ the previous attempt and feedback)."""
+    """What the two-role coding tasks share: :class:`CodeProblems` with the held-out split of
+    :class:`CodeTeamOptions`, and prompts of the form problem + the role's request (+ the
+    previous attempt and feedback)."""
+
+    def select(self, problems: list[Problem]) -> list[Problem]:
+        """The split of the whole data set first (train: all but the last ``test_size``; test: the
+        last ``test_size``), then, for train, its first ``num_problems``. Asking for more training
+        problems than the split leaves is refused: they would be held-out ones."""
+        what = f"{self.opts.name or self.name} (source {self.opts.source})"
+        chosen = split_problems(problems, self.opts.split, self.opts.test_size, what)
+        n, train = self.opts.num_problems, len(problems) - self.opts.test_size
+        if n > train:
+            raise ConfigError(f"task.num_problems={n}: more than the {train} training problems that task.test_size="
+                              f"{self.opts.test_size} leaves of the {len(problems)} of {what}; lower one of them")
+        return chosen[:n] if n and self.opts.split == "train" else chosen
 
     def request(self, code: CodeProblem, role: str) -> str:
         """What ``role`` is asked to write."""

@@ -10,7 +10,8 @@ Rewards:
 
 The known-wrong program is the reference solution with its first comparison or arithmetic
 operator flipped, kept only if it fails a hidden test; else a stub returning ``None``.
-Sources need reference solutions (humaneval, mbpp, humanevalplus).
+Sources need reference solutions (humaneval, mbpp, humanevalplus). The last ``test_size``
+problems are held out (``split``; see :mod:`teamrl.tasks.code_team`).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Sequence
 
 from teamrl.core.config import ConfigError, option
 from teamrl.tasks.code_data import CodeProblem, extract_code
-from teamrl.tasks.code_team import CodeProblemsOptions, CodeTeamTask
+from teamrl.tasks.code_team import CodeTeamOptions, CodeTeamTask
 from teamrl.tasks.task import Problem
 
 _FLIP = {ast.Lt: ast.GtE, ast.LtE: ast.Gt, ast.Gt: ast.LtE, ast.GtE: ast.Lt, ast.Eq: ast.NotEq, ast.NotEq: ast.Eq,
@@ -29,7 +30,7 @@ _FLIP = {ast.Lt: ast.GtE, ast.LtE: ast.Gt, ast.Gt: ast.LtE, ast.GtE: ast.Lt, ast
 
 
 @dataclass
-class CoderTesterOptions(CodeProblemsOptions):
+class CoderTesterOptions(CodeTeamOptions):
     name: str = "code.coder_tester"
     source: str = option("humaneval", choices=("humaneval", "mbpp", "humanevalplus"), doc="a data set with reference solutions")
 
@@ -72,11 +73,16 @@ class CoderTester(CodeTeamTask):
 
     def __init__(self, opts: CoderTesterOptions | None = None) -> None:
         super().__init__(opts or CoderTesterOptions())
-        missing = [p.id for p in self._problems if not p.data["code"].canonical_solution]
+        self._wrong: dict[str, str] = {}
+
+    def select(self, problems: list[Problem]) -> list[Problem]:
+        """The split of :class:`CodeTeamTask`, once every problem of the data set (train and
+        test alike are scored) has the reference solution the tester's reward needs."""
+        missing = [p.id for p in problems if not p.data["code"].canonical_solution]
         if missing:
             raise ConfigError(f"task.source={self.opts.source!r}: {len(missing)} problems lack a reference solution "
                              f"(e.g. {missing[0]}); the tester's reward needs one")
-        self._wrong: dict[str, str] = {}
+        return super().select(problems)
 
     def request(self, code: CodeProblem, role: str) -> str:
         if role == "coder":

@@ -25,24 +25,13 @@ import re
 from dataclasses import dataclass
 from typing import ClassVar, Sequence
 
-from teamrl.core.config import ConfigError, option
+from teamrl.core.config import option
 from teamrl.tasks.code_data import CodeProblem, extract_code, prompt_imports
 from teamrl.tasks.code_team import CodeProblems, CodeProblemsOptions
 from teamrl.tasks.math_env import MathOptions, extract_answer, grade_answer, load_math_problems
-from teamrl.tasks.task import Problem, Task
-
-SPLITS = ("train", "test")
-
-
-def split_problems(problems: list[Problem], split: str, test_size: int, what: str) -> list[Problem]:
-    """The train part (all but the last ``test_size``) or the test part (the last ``test_size``)."""
-    if split not in SPLITS:
-        raise ConfigError(f"task.split={split!r}: choose one of {list(SPLITS)}")
-    if not 0 <= test_size < len(problems):
-        raise ConfigError(f"task.test_size={test_size}: must be >= 0 and below the {len(problems)} problems of {what}")
-    if split == "test":
-        return problems[len(problems) - test_size:] if test_size else []
-    return problems[:len(problems) - test_size]
+# SPLITS and split_problems live in teamrl.tasks.task (the team coding tasks, which this module imports, use
+# them too); imported here for the solve tasks and for callers that import them from this module
+from teamrl.tasks.task import SPLITS, Problem, Task, split_problems
 
 
 class SolveTask(Task):

@@ -6,7 +6,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, Sequence
 
-from teamrl.core.config import InputError
+from teamrl.core.config import ConfigError, InputError
 
 
 @dataclass(frozen=True)
@@ -15,6 +15,21 @@ class Problem:
 
     id: str
     data: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
+
+
+SPLITS = ("train", "test")
+
+
+def split_problems(problems: list[Problem], split: str, test_size: int, what: str) -> list[Problem]:
+    """The train part (all but the last ``test_size``) or the test part (the last ``test_size``) of
+    ``problems``; ``what`` names them in the error of a ``test_size`` that leaves no training problem."""
+    if split not in SPLITS:
+        raise ConfigError(f"task.split={split!r}: choose one of {list(SPLITS)}")
+    if not 0 <= test_size < len(problems):
+        raise ConfigError(f"task.test_size={test_size}: must be >= 0 and below the {len(problems)} problems of {what}")
+    if split == "test":
+        return problems[len(problems) - test_size:] if test_size else []
+    return problems[:len(problems) - test_size]
 
 
 def checked_reward(task_name: str, call: str, value: Any) -> float:
