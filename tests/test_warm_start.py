@@ -190,3 +190,17 @@ def test_research_demonstrations_are_a_correct_episode_of_the_real_workflow():
         assert sorted(used) == sorted(replies) and len(used) == len(demos)
     with pytest.raises(InputError, match="max_sub_turns=2"):
         make_task({"name": "research", "max_sub_turns": 2}).demonstrations(env.problems()[0])
+
+
+def test_a_resumed_run_trains_at_its_own_learning_rate_not_the_checkpoints(tmp_path):
+    """``teamrl sft ... train.lr=A`` then ``teamrl train ... train.lr=B --resume``: the optimizer state comes
+    from the checkpoint, the rate and weight decay from the run's config (they were the checkpoint's, silently)."""
+    from teamrl.tasks import make_task
+    from teamrl.trainer.trainer import Trainer
+
+    cfg = _cfg(tmp_path)  # train.lr=1e-2
+    task = make_task(cfg.task)
+    warm_start(cfg, task_demonstrations(task, task.problems()[:1]), epochs=1, batch_size=6, progress=False)
+    trainer = Trainer(_cfg(tmp_path, "train.lr=3e-4", "train.weight_decay=0.01"), resume=True)
+    group = trainer.router.policies["shared"].optimizer.param_groups[0]
+    assert (group["lr"], group["weight_decay"]) == (3e-4, 0.01)

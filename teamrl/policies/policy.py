@@ -31,10 +31,19 @@ class Policy:
             raise ValueError(f"policy {name!r}: no trainable parameters found (adapter {adapter!r})")
         for p in self._params:
             p.requires_grad_(True)
+        self.lr, self.weight_decay = lr, weight_decay
         self.optimizer = torch.optim.AdamW(self._params, lr=lr, weight_decay=weight_decay)
         self.version = 0  # bumped by every change of this policy's weights
         self._merged: nn.Module | None = None
         self._merged_version = -1
+
+    def load_optimizer_state(self, state: dict) -> None:
+        """Restore the optimizer's moments from a checkpoint, keeping this policy's own learning rate and
+        weight decay: a run resumed with another ``train.lr`` (RL after a warm start at its own rate) trains
+        at the rate it was given, not the checkpoint's."""
+        self.optimizer.load_state_dict(state)
+        for group in self.optimizer.param_groups:
+            group["lr"], group["weight_decay"] = self.lr, self.weight_decay
 
     def step(self) -> None:
         """One optimizer step (gradients must be in place)."""

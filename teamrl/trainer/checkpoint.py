@@ -69,7 +69,7 @@ class RouterStates:
     def load_policy_state(self, name: str, weights: dict[str, torch.Tensor], optimizer: dict[str, Any]) -> None:
         pol = self.router.policies[name]
         pol.load_named_state(weights)
-        pol.optimizer.load_state_dict(optimizer)
+        pol.load_optimizer_state(optimizer)
 
 
 def _states(policies: PolicyRouter | PolicyStates) -> PolicyStates:

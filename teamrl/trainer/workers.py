@@ -112,7 +112,7 @@ class PolicyWorker:
 
     def load_optimizer_state(self, name: str, state: dict[str, Any]) -> None:
         """Restore policy ``name``'s optimizer state (from a checkpoint)."""
-        self._policy(name).optimizer.load_state_dict(state)
+        self._policy(name).load_optimizer_state(state)
 
     def where(self) -> dict[str, Any]:
         """Where this worker runs: Ray node id (empty outside Ray), process id and the policies' device."""
