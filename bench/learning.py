@@ -474,6 +474,19 @@ def paired_vs_untrained(untrained: ArmResult, arm: ArmResult) -> dict[int, dict[
     return out
 
 
+def warm_start_alone(comp: Comparison, results: list[ArmResult]) -> ArmResult | None:
+    """The comparison's "warm start only" result (warm-started, not trained by RL), if it has that arm."""
+    return next((r for a, r in zip(comp.arms, results) if a.warm_start and not a.rl), None)
+
+
+def paired_vs_warm_start(comp: Comparison, results: list[ArmResult]) -> list[dict[int, dict[str, Any]] | None]:
+    """Per arm: a warm-started RL arm's paired difference against the warm start alone (RL's own effect, the
+    same statistics as :func:`paired_vs_untrained`); None for every other arm or without a warm-start-only arm."""
+    warm = warm_start_alone(comp, results)
+    return [paired_vs_untrained(warm, r) if warm is not None and a.warm_start and a.rl else None
+            for a, r in zip(comp.arms, results)]
+
+
 def _paired_cell(paired: dict[int, dict[str, Any]]) -> str:
     return "; ".join(f"s{seed}: {p['difference']:+.3f} +/- {p['stderr']:.3f}{' *' if p['beyond_noise'] else ''}"
                      for seed, p in sorted(paired.items())) or "-"
@@ -500,20 +513,22 @@ def render(comp: Comparison, results: list[ArmResult], seeds: list[int], eval_pr
            level: Level | None = None) -> str:
     """The comparison's Markdown section: the table (mean and range over seeds) and its curve plot."""
     at = f" Level: {level.label} (`{' '.join(level.overrides)}`)." if level else ""
+    warm = warm_start_alone(comp, results) is not None
     lines = [f"### {comp.title}", "",
              f"Seeds {seeds}; {eval_problems} held-out problems, greedy.{at} Equal budget: every RL arm samples the same "
              "episodes (steps x problems per step x group size).", "",
              "| arm | held-out normalised return | success / accuracy | valid replies | wall s (mean) | episodes sampled (steps x problems x G) | "
-             "trained tokens (mean) | paired difference vs untrained, per seed (* beyond 2 s.e.) | learning signal: groups varied |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    for r in results:
+             "trained tokens (mean) | paired difference vs untrained, per seed (* beyond 2 s.e.) | learning signal: groups varied |"
+             + (" paired difference vs warm start only, per seed (RL's own effect) |" if warm else ""),
+             "|---|---|---|---|---|---|---|---|---|" + ("---|" if warm else "")]
+    for r, vs_warm in zip(results, paired_vs_warm_start(comp, results)):
         if not r.scores:  # not run yet (a partial page)
-            lines.append(f"| {r.label} | not run yet | | | | | | | |")
+            lines.append(f"| {r.label} | not run yet | | | | | | | |" + (" |" if warm else ""))
             continue
         paired = _paired_cell(paired_vs_untrained(results[0], r)) if r is not results[0] else ""
         lines.append(f"| {r.label} | {_spread(r.scores)} | {_spread(r.success)} | {_spread(r.valid)} | "
                      f"{statistics.mean(r.wall):.0f} | {r.episodes or '-'} | {statistics.mean(r.tokens):.0f} | {paired} | "
-                     f"{_signal_cell(r)} |")
+                     f"{_signal_cell(r)} |" + (f" {_paired_cell(vs_warm) if vs_warm is not None else '-'} |" if warm else ""))
     once = [a.label for a in comp.arms if a.seed_free]
     if once:
         lines += ["", f"Evaluated once and reused for every seed (base weights, greedy, the same held-out problems whatever "
@@ -613,7 +628,8 @@ def results_json(grid: list[Comparison], results: dict[str, list[ArmResult]], le
     for comp in grid:
         arms = []
         base = results[comp.key][0]
-        for r, dynamics in zip(results[comp.key], study_dynamics(results[comp.key])):
+        for r, dynamics, vs_warm in zip(results[comp.key], study_dynamics(results[comp.key]),
+                                        paired_vs_warm_start(comp, results[comp.key])):
             paired = paired_vs_untrained(base, r) if r is not base else {}
             arms.append({
                 "arm": r.label, "seeds": r.seeds, "evaluated_once": any(a.seed_free for a in comp.arms if a.label == r.label), "held_out_problems": [len(ids) for ids in r.problem_ids],
@@ -627,6 +643,8 @@ def results_json(grid: list[Comparison], results: dict[str, list[ArmResult]], le
                 "signal_groups_varied": [g[0] for g in r.signal_groups], "signal_groups": [g[1] for g in r.signal_groups],
                 "episodes_sampled": r.episodes, "wall_s": r.wall,
                 **({"training_dynamics": dynamics} if comp.flag_cliffs and dynamics else {}),
+                # a warm-started RL arm against the warm start alone: RL's own effect
+                **({"paired_vs_warm_start": {str(k): v for k, v in sorted(vs_warm.items())}} if vs_warm is not None else {}),
             })
         level = levels.get(comp.key)
         sections.append({"key": comp.key, "title": comp.title, "eval_problems": eval_problems[comp.key],

@@ -198,6 +198,34 @@ def test_paired_differences_pair_the_same_seed_and_problems():
     assert learning.paired_vs_untrained(untrained, moved) == {}
 
 
+def test_warm_started_rl_arms_are_also_paired_with_the_warm_start_alone():
+    """After a warm start, beating the untrained team says little about RL: its own effect is the difference
+    from the warm start alone, on the same seed and problems (a column of the table and a field of the JSON)."""
+    learning = _learning()
+    comp = next(c for c in learning.comparisons() if c.key == "m_grpo")
+    ids = [["q1", "q2", "q3"]]
+    scores = {"untrained team": [0.0, 0.0, 0.0], "warm start only": [0.5, 0.0, 0.5],
+              "M-GRPO main + sub, warm start": [1.0, 0.5, 1.0]}
+    results = [learning.ArmResult(a.label, seeds=[0], scores=[sum(scores.get(a.label, [0.0]) or [0.0]) / 3], wall=[1.0],
+                                  tokens=[0.0], problem_ids=ids, problem_scores=[scores.get(a.label, [0.0, 0.0, 0.0])])
+               for a in comp.arms]
+    page = learning.render(comp, results, [0], 3, None)
+    assert "| paired difference vs warm start only, per seed (RL's own effect) |" in page
+    row = next(line for line in page.splitlines() if line.startswith("| M-GRPO main + sub, warm start |"))
+    assert row.rstrip().endswith("| s0: +0.500 +/- 0.000 * |"), row
+    untrained_row = next(line for line in page.splitlines() if line.startswith("| untrained team |"))
+    assert untrained_row.rstrip().endswith("| - |")
+    summary = learning.results_json([comp], {comp.key: results}, {comp.key: None}, {comp.key: 3}, "test")
+    arms = {a["arm"]: a for a in summary["sections"][0]["arms"]}
+    assert arms["M-GRPO main + sub, warm start"]["paired_vs_warm_start"]["0"]["difference"] == 0.5
+    assert "paired_vs_warm_start" not in arms["untrained team"] and "paired_vs_warm_start" not in arms["warm start only"]
+    # a comparison without a warm-start-only arm has no such column
+    magrpo = next(c for c in learning.comparisons() if c.key == "magrpo")
+    plain = [learning.ArmResult(a.label, seeds=[0], scores=[0.0], wall=[1.0], tokens=[0.0], problem_ids=ids,
+                                problem_scores=[[0.0, 0.0, 0.0]]) for a in magrpo.arms]
+    assert "warm start only, per seed" not in learning.render(magrpo, plain, [0], 3, None)
+
+
 def test_pick_level_takes_the_band_with_the_most_varied_groups():
     learning = _learning()
     row = lambda sampled, varied: {"sampled_success": sampled, "greedy_success": None, "groups_varied": varied}  # noqa: E731
