@@ -298,10 +298,13 @@ def _config(comp: Comparison, arm: Arm, quick: bool, one_thread: bool, seed: int
                                                             f"run.dir={workdir}", f"name={name}", *extra])
 
 
+# the fields of ArmResult that hold one entry per seed (every field but the label and the episode count)
+PER_SEED = tuple(f.name for f in dataclasses.fields(ArmResult) if f.name not in ("label", "episodes"))
+
+
 def merge(into: ArmResult, one: ArmResult) -> None:
     """Add one seed's run (``one``) to the arm's result over seeds."""
-    for f in ("seeds", "scores", "success", "valid", "wall", "tokens", "curves", "problem_ids", "problem_scores", "signal",
-              "signal_groups", "role_grad_norms"):
+    for f in PER_SEED:
         getattr(into, f).extend(getattr(one, f))
     into.episodes = into.episodes or one.episodes
 
@@ -409,10 +412,7 @@ def cell_path(cells: Path, comp: Comparison, index: int, seed: int) -> Path:
 
 def for_seeds(one: ArmResult, seeds: list[int]) -> list[ArmResult]:
     """An arm evaluated once (``Arm.seed_free``): its one result as each seed's, so it pairs with every seed's runs."""
-    return [dataclasses.replace(one, seeds=[s], **{f: list(getattr(one, f)) for f in (
-        "scores", "success", "valid", "wall", "tokens", "curves", "problem_ids", "problem_scores", "signal", "signal_groups",
-        "role_grad_norms")})
-            for s in seeds]
+    return [dataclasses.replace(one, **{**{f: list(getattr(one, f)) for f in PER_SEED}, "seeds": [s]}) for s in seeds]
 
 
 def cell_fingerprint(comp: Comparison, index: int, eval_problems: int, quick: bool, level: Level | None) -> str:
@@ -726,19 +726,15 @@ def pick_level(rows: dict[str, dict[str, Any]], band: tuple[float, float] = BAND
     None when no level was measured."""
     if not rows:
         return None, "no level measured"
-    greedy = {k: r for k, r in rows.items() if r.get("greedy_success") is not None
-              and band[0] <= r["greedy_success"] <= band[1] and r["groups_varied"] > 0}
-    if greedy:
-        best = max(greedy, key=lambda k: greedy[k]["groups_varied"])
-        return best, (f"greedy success {greedy[best]['greedy_success']:.2f} within {band[0]:.2f}-{band[1]:.2f}, the most "
-                      "varied groups of those")
 
     def rate(r: dict[str, Any]) -> float | None:
         return r["sampled_success"] if r.get("sampled_success") is not None else r.get("greedy_success")
-    inside = {k: r for k, r in rows.items() if rate(r) is not None and band[0] <= rate(r) <= band[1] and r["groups_varied"] > 0}
-    if inside:
-        best = max(inside, key=lambda k: inside[k]["groups_varied"])
-        return best, f"success {rate(inside[best]):.2f} within {band[0]:.2f}-{band[1]:.2f}, the most varied groups of those"
+    for name, success in (("greedy success", lambda r: r.get("greedy_success")), ("success", rate)):
+        inside = {k: r for k, r in rows.items()
+                  if success(r) is not None and band[0] <= success(r) <= band[1] and r["groups_varied"] > 0}
+        if inside:
+            best = max(inside, key=lambda k: inside[k]["groups_varied"])
+            return best, f"{name} {success(inside[best]):.2f} within {band[0]:.2f}-{band[1]:.2f}, the most varied groups of those"
     best = max(rows, key=lambda k: (rows[k]["groups_varied"], rate(rows[k]) or 0.0))
     return best, (f"no level within {band[0]:.2f}-{band[1]:.2f} success with varied groups: the most varied groups "
                   f"({100 * rows[best]['groups_varied']:.0f}%)")
@@ -793,25 +789,23 @@ def calibrate(grid: list[Comparison], quick: bool, path: Path, doc: Path | None,
     mode = "--quick (tiny random model: says nothing about the embedded model)" if quick else "SmolLM2-135M"
     for comp in grid:
         levels = comp.levels[:2] if quick else comp.levels
-        if not levels or not measure:
-            if calibration.get(comp.key, {}).get("levels"):  # the table alone: the pick by today's rule, from the file
-                calibration[comp.key]["picked"], calibration[comp.key]["why"] = pick_level(calibration[comp.key]["levels"])
-            continue
-        entry = calibration.setdefault(comp.key, {"levels": {}})
-        for lv in levels:
-            key = hashlib.sha256(json.dumps([_overrides(comp, comp.arms[comp.calibration_arm], quick, False, lv), problems,
-                                             comp.warm_roles, comp.warm_problems, comp.warm_epochs]).encode()).hexdigest()[:16]
-            if not redo and entry["levels"].get(lv.label, {}).get("fingerprint") == key:
-                continue
-            row = calibrate_level(comp, lv, quick, workdir, problems)
-            entry["levels"][lv.label] = {**row, "fingerprint": key}
-            entry["picked"], entry["why"] = pick_level(entry["levels"])
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(calibration, indent=1) + "\n")  # after every level: a stopped run keeps it
-            print(f"[calibrate] {comp.key} / {lv.label}: greedy {_fmt(row['greedy_success'])}, sampled "
-                  f"{_fmt(row['sampled_success'])}, groups varied {_fmt(row['groups_varied'])} ({row['seconds']:.0f} s)",
-                  file=sys.stderr, flush=True)
-        entry["picked"], entry["why"] = pick_level(entry["levels"])
+        if levels and measure:
+            entry = calibration.setdefault(comp.key, {"levels": {}})
+            for lv in levels:
+                key = hashlib.sha256(json.dumps([_overrides(comp, comp.arms[comp.calibration_arm], quick, False, lv), problems,
+                                                 comp.warm_roles, comp.warm_problems, comp.warm_epochs]).encode()).hexdigest()[:16]
+                if not redo and entry["levels"].get(lv.label, {}).get("fingerprint") == key:
+                    continue
+                row = calibrate_level(comp, lv, quick, workdir, problems)
+                entry["levels"][lv.label] = {**row, "fingerprint": key}
+                entry["picked"], entry["why"] = pick_level(entry["levels"])
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(json.dumps(calibration, indent=1) + "\n")  # after every level: a stopped run keeps it
+                print(f"[calibrate] {comp.key} / {lv.label}: greedy {_fmt(row['greedy_success'])}, sampled "
+                      f"{_fmt(row['sampled_success'])}, groups varied {_fmt(row['groups_varied'])} ({row['seconds']:.0f} s)",
+                      file=sys.stderr, flush=True)
+        if calibration.get(comp.key, {}).get("levels"):  # the pick by today's rule, measured now or read from the file
+            calibration[comp.key]["picked"], calibration[comp.key]["why"] = pick_level(calibration[comp.key]["levels"])
     calibration = {k: v for k, v in calibration.items() if v.get("levels")}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(calibration, indent=1) + "\n")
