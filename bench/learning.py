@@ -9,7 +9,9 @@ scored greedily on held-out problems (``task.split=test``, or a fresh generator 
   code.helper_main (HumanEval, its last 48 problems held out): untrained team, the prompt baselines
   ``sequential`` and ``discussion`` (the untrained model through those workflows, eval only) and MAGRPO;
 - AT-GRPO on Plan-Path: untrained, warm start only, single-agent GRPO (planner alone), AT-GRPO
-  with trajectory grouping (the paper's ablation) and with tree grouping, both after the warm start;
+  with trajectory grouping (the paper's ablation) and with tree grouping, both after the warm start, and
+  tree grouping with one LoRA adapter per role (its own warm start), also scored with the roles' adapters
+  swapped (the paper's specialisation check: a row of its own, no second training);
 - M-GRPO on the research environment: untrained, warm start only, single agent, frozen sub-agent,
   main + sub (the RL arms after the warm start);
 - the workflow study on easy arithmetic, Eval-Opt and Voting: untrained, SA-RL (the ``single``
@@ -96,6 +98,7 @@ class Arm:
     rl: bool = True
     method: str = ""  # the ``teamrl eval`` method that scores it ("": team when trained or warm-started, else untrained)
     seed_free: bool = False  # its result is the same for every seed (eval only, base weights, fixed held-out problems): run once
+    also_eval: tuple[str, ...] = ()  # more ``teamrl eval`` methods scoring the same run (a row each, "<label>, <ALSO_LABELS>")
 
 
 @dataclass(frozen=True)
@@ -147,6 +150,8 @@ class ArmResult:
     signal: list[float | None] = field(default_factory=list)  # share of groups with a non-zero advantage over its steps
     signal_groups: list[list[int]] = field(default_factory=list)  # [groups with signal, groups] over its steps
     role_grad_norms: list[dict[str, float]] = field(default_factory=list)  # per seed: each role's gradient norm, mean over steps
+    # per seed: the same run scored by each of ``Arm.also_eval``'s methods (method -> that one-seed ArmResult as a dict)
+    also: list[dict[str, dict[str, Any]]] = field(default_factory=list)
 
 
 def comparisons() -> list[Comparison]:
@@ -202,7 +207,8 @@ def comparisons() -> list[Comparison]:
                     Arm("MAGRPO")),
                    quick=("task.num_problems=4", "task.test_size=2"),
                    config="configs/magrpo_code_helper_main.yaml", eval_problems=EVAL_PROBLEMS),
-        Comparison("at_grpo", "AT-GRPO, Plan-Path, 1 turn (tool + planner, one shared policy), held-out grids of a fresh seed",
+        Comparison("at_grpo", "AT-GRPO, Plan-Path, 1 turn (tool + planner, one shared policy unless per-role), held-out grids of "
+                   "a fresh seed",
                    ("algorithm=at_grpo", "task.name=plan_path", "task.max_turns=1",
                     "task.num_problems=64", "policy.mode=shared", "rollout.group_size=4", "rollout.batch_size=2",
                     # Dr. GRPO's advantage (r - group mean, no division by the group's std): with success rare, the
@@ -218,11 +224,15 @@ def comparisons() -> list[Comparison]:
                     Arm("single-agent GRPO (planner alone), warm start", ("task.agents=planner", "at_grpo.grouping=trajectory"),
                         warm_start=True),
                     Arm("AT-GRPO, trajectory grouping, warm start", ("at_grpo.grouping=trajectory",), warm_start=True),
-                    Arm("AT-GRPO, tree grouping, warm start", ("at_grpo.grouping=tree",), warm_start=True)),
+                    Arm("AT-GRPO, tree grouping, warm start", ("at_grpo.grouping=tree",), warm_start=True),
+                    # one LoRA adapter per role (its own warm start: the planner's adapter on the planner's demonstrations,
+                    # the tool's none), also scored swapped (each role on the other's adapter: does each role specialise?)
+                    Arm("AT-GRPO, tree grouping, per-role policies, warm start",
+                        ("at_grpo.grouping=tree", "policy.mode=lora_per_role"), warm_start=True, also_eval=("swapped",))),
                    quick=("task.num_problems=8",),
                    # the tool's demonstration is a ~230-token BFS program, past what the tool may write here
                    warm_roles=("planner",), warm_problems=8, eval_problems=EVAL_PROBLEMS,
-                   levels=plan_path, default_level="4x4, walls 0.25"),
+                   levels=plan_path, default_level="4x4, walls 0.25", calibration_arm=4),
         Comparison("m_grpo", "M-GRPO, research environment (main + tool-using sub-agent), held-out questions of a fresh seed",
                    ("algorithm=m_grpo", "task.name=research", "task.num_problems=64", "policy.mode=lora_per_role",
                     # lr 1e-4 and 10 steps (a step is ~2 min at one thread). At 5e-4, 20 steps took the warm start's held-out
@@ -249,11 +259,12 @@ def comparisons() -> list[Comparison]:
                       f"task.test_size={EVAL_PROBLEMS}", f"workflow.name={wf}", "rollout.group_size=4", "rollout.batch_size=2",
                       *STUDY_SIZES[wf], lr),
                      # the test split and greedy decoding do not depend on the seed: the untrained team is evaluated once
+                     # SP and IP first: the grid runs seed by seed and arm by arm, so a stopped grid has the study's pair
                      (Arm("untrained team", rl=False, seed_free=True),
-                      Arm("SA-RL (single workflow)", ("workflow.name=single", "workflow.options={}")),
-                      Arm("SP (shared policy)", ("policy.mode=shared",)), Arm("IP (LoRA per role)", ("policy.mode=lora_per_role",))),
+                      Arm("SP (shared policy)", ("policy.mode=shared",)), Arm("IP (LoRA per role)", ("policy.mode=lora_per_role",)),
+                      Arm("SA-RL (single workflow)", ("workflow.name=single", "workflow.options={}"))),
                      quick=("task.num_problems=12", "task.test_size=3"), flag_cliffs=True, eval_problems=EVAL_PROBLEMS,
-                     levels=arithmetic, default_level="one operation, operands <= 20", calibration_arm=2)
+                     levels=arithmetic, default_level="one operation, operands <= 20", calibration_arm=1)
           for wf in ("eval_opt", "voting")],
     ]
 
@@ -323,20 +334,29 @@ def run_arm_in_process(comp: Comparison, index: int, seed: int, workdir: Path, e
     return ArmResult(**json.loads(done.stdout.strip().splitlines()[-1]))
 
 
+def _policy_overrides(arm: Arm) -> tuple[str, ...]:
+    """The arm's ``policy.*`` overrides: an arm with its own policy mode needs a warm start of that mode."""
+    return tuple(o for o in arm.overrides if o.startswith("policy."))
+
+
 def shared_warm_start(comp: Comparison, seed: int, workdir: Path, quick: bool, one_thread: bool,
-                      level: Level | None = None) -> tuple[Path, float]:
+                      level: Level | None = None, arm: Arm | None = None) -> tuple[Path, float]:
     """The comparison's warm start for ``seed`` (run directory, seconds it took): done once, by the first arm
     that needs it (a file lock keeps parallel runs from doing it twice), on the comparison's common settings
-    at ``level``, and shared by its warm-started arms, which start RL from a copy of its checkpoint."""
+    at ``level``, and shared by its warm-started arms, which start RL from a copy of its checkpoint. An
+    ``arm`` that sets ``policy.*`` (per-role adapters) gets one of its own: the same demonstrations, roles,
+    problems and epochs on its policy settings, in a directory named after them."""
     from teamrl.tasks import make_task
     from teamrl.trainer.sft import task_demonstrations, warm_start
 
-    name = f"{comp.key}-warm-seed{seed}" + (f"-{_slug(level.label)}" if level else "")
+    policy = _policy_overrides(arm) if arm else ()
+    name = (f"{comp.key}-warm-seed{seed}" + (f"-{_slug(level.label)}" if level else "")
+            + (f"-{_slug(' '.join(o.split('=', 1)[-1] for o in policy))}" if policy else ""))
     warm_dir = workdir / name
     with open(workdir / f"{name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (warm_dir / "seconds").is_file():
-            cfg = _config(comp, Arm("warm start"), quick, one_thread, seed, workdir, name, level=level)
+            cfg = _config(comp, Arm("warm start", policy), quick, one_thread, seed, workdir, name, level=level)
             t0 = time.perf_counter()
             task = make_task(cfg.task)
             demos = task_demonstrations(task, task.problems()[:WARM_PROBLEMS_QUICK if quick else comp.warm_problems])
@@ -358,7 +378,7 @@ def run_arm(comp: Comparison, index: int, seed: int, workdir: Path, eval_problem
     t0 = time.perf_counter()
     warm_seconds = 0.0
     if arm.warm_start:
-        warm_dir, warm_seconds = shared_warm_start(comp, seed, workdir, quick, one_thread, level)
+        warm_dir, warm_seconds = shared_warm_start(comp, seed, workdir, quick, one_thread, level, arm)
         shutil.copytree(warm_dir / "checkpoints", workdir / name / "checkpoints")
         (workdir / name / "metrics.jsonl").touch()
     trained_tokens = 0.0
@@ -384,18 +404,29 @@ def run_arm(comp: Comparison, index: int, seed: int, workdir: Path, eval_problem
         result.role_grad_norms.append({})
     held, _ = held_out_config(cfg)
     method = arm.method or ("team" if (arm.rl or arm.warm_start) else "untrained")
-    (row,) = evaluate(held, [method], checkpoint=workdir / name if method == "team" else None, limit=eval_problems,
-                      progress=False)
+    row, *also = evaluate(held, [method, *arm.also_eval], checkpoint=workdir / name if method == "team" else None,
+                          limit=eval_problems, progress=False)
+    extra = {x.method: _scored(ArmResult(arm.label, seeds=[seed], wall=[x.seconds_per_problem * x.problems], tokens=[trained_tokens],
+                                         signal=[None], signal_groups=[[0, 0]], role_grad_norms=[{}]), x) for x in also}
+    result.also.append({m: dataclasses.asdict(r) for m, r in extra.items()})  # the same trained run, other methods: no second training
     result.seeds.append(seed)
-    result.wall.append(time.perf_counter() - t0 + warm_seconds)  # each warm-started arm carries the warm start's cost
-    result.scores.append(row.mean)
+    # each warm-started arm carries the warm start's cost; the extra methods' evaluations are their rows' own
+    result.wall.append(time.perf_counter() - t0 + warm_seconds - sum(r.wall[0] for r in extra.values()))
     result.tokens.append(trained_tokens)
+    _scored(result, row)
+
+
+def _scored(result: ArmResult, row) -> ArmResult:
+    """Add one held-out evaluation (an :class:`~teamrl.trainer.evaluate.EvalRow`) to ``result``: its mean, the
+    problems' ids and scores (for the paired differences), success and valid replies where the task tells."""
+    result.scores.append(row.mean)
     result.problem_ids.append([str(e["problem_id"]) for e in row.episodes])
     result.problem_scores.append(list(row.scores))
     if row.pass_at_1 is not None:
         result.success.append(row.pass_at_1)
     if row.valid is not None:
         result.valid.append(row.valid)
+    return result
 
 
 # ---- the cache of finished runs ----------------------------------------------------------------
@@ -426,6 +457,10 @@ def cell_fingerprint(comp: Comparison, index: int, eval_problems: int, quick: bo
         what["method"] = arm.method
     if arm.seed_free:
         what["seed_free"] = True
+    if arm.warm_start and _policy_overrides(arm):  # a warm start of its own policy mode, not the comparison's
+        what["warm_policy"] = list(_policy_overrides(arm))
+    if arm.also_eval:
+        what["also_eval"] = list(arm.also_eval)
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -487,6 +522,23 @@ def paired_vs_warm_start(comp: Comparison, results: list[ArmResult]) -> list[dic
             for a, r in zip(comp.arms, results)]
 
 
+# the row label of an arm's run scored by another method (``Arm.also_eval``): "<arm>, <this>"
+ALSO_LABELS = {"swapped": "swapped policies"}
+
+
+def also_rows(arm: Arm, r: ArmResult) -> list[tuple[str, ArmResult]]:
+    """(method, result) for each of ``arm.also_eval``: the arm's runs scored by that method, a row of their own
+    (its scores per seed from the arm's cells; the training budget, episodes and tokens, is the arm's)."""
+    rows = []
+    for method in arm.also_eval:
+        row = ArmResult(f"{r.label}, {ALSO_LABELS.get(method, method)}", episodes=r.episodes)
+        for per_seed in r.also:
+            if method in per_seed:
+                merge(row, ArmResult(**per_seed[method]))
+        rows.append((method, row))
+    return rows
+
+
 def _paired_cell(paired: dict[int, dict[str, Any]]) -> str:
     return "; ".join(f"s{seed}: {p['difference']:+.3f} +/- {p['stderr']:.3f}{' *' if p['beyond_noise'] else ''}"
                      for seed, p in sorted(paired.items())) or "-"
@@ -513,7 +565,8 @@ def render(comp: Comparison, results: list[ArmResult], seeds: list[int], eval_pr
            level: Level | None = None) -> str:
     """The comparison's Markdown section: the table (mean and range over seeds) and its curve plot."""
     at = f" Level: {level.label} (`{' '.join(level.overrides)}`)." if level else ""
-    warm = warm_start_alone(comp, results) is not None
+    warm_alone = warm_start_alone(comp, results)
+    warm = warm_alone is not None
     lines = [f"### {comp.title}", "",
              f"Seeds {seeds}; {eval_problems} held-out problems, greedy.{at} Equal budget: every RL arm samples the same "
              "episodes (steps x problems per step x group size).", "",
@@ -521,14 +574,23 @@ def render(comp: Comparison, results: list[ArmResult], seeds: list[int], eval_pr
              "trained tokens (mean) | paired difference vs untrained, per seed (* beyond 2 s.e.) | learning signal: groups varied |"
              + (" paired difference vs warm start only, per seed (RL's own effect) |" if warm else ""),
              "|---|---|---|---|---|---|---|---|---|" + ("---|" if warm else "")]
-    for r, vs_warm in zip(results, paired_vs_warm_start(comp, results)):
-        if not r.scores:  # not run yet (a partial page)
-            lines.append(f"| {r.label} | not run yet | | | | | | | |" + (" |" if warm else ""))
-            continue
-        paired = _paired_cell(paired_vs_untrained(results[0], r)) if r is not results[0] else ""
-        lines.append(f"| {r.label} | {_spread(r.scores)} | {_spread(r.success)} | {_spread(r.valid)} | "
-                     f"{statistics.mean(r.wall):.0f} | {r.episodes or '-'} | {statistics.mean(r.tokens):.0f} | {paired} | "
-                     f"{_signal_cell(r)} |" + (f" {_paired_cell(vs_warm) if vs_warm is not None else '-'} |" if warm else ""))
+    specialised = []  # team - swapped, per arm scored swapped too
+    for arm, arm_result, arm_vs_warm in zip(comp.arms, results, paired_vs_warm_start(comp, results)):
+        extra = also_rows(arm, arm_result)  # the same run scored by other methods: rows under it, paired the same way
+        for r, vs_warm in [(arm_result, arm_vs_warm)] + [(x, None if arm_vs_warm is None else paired_vs_untrained(warm_alone, x))
+                                                         for _, x in extra]:
+            if not r.scores:  # not run yet (a partial page)
+                lines.append(f"| {r.label} | not run yet | | | | | | | |" + (" |" if warm else ""))
+                continue
+            paired = _paired_cell(paired_vs_untrained(results[0], r)) if r is not results[0] else ""
+            lines.append(f"| {r.label} | {_spread(r.scores)} | {_spread(r.success)} | {_spread(r.valid)} | "
+                         f"{statistics.mean(r.wall):.0f} | {r.episodes or '-'} | {statistics.mean(r.tokens):.0f} | {paired} | "
+                         f"{_signal_cell(r)} |" + (f" {_paired_cell(vs_warm) if vs_warm is not None else '-'} |" if warm else ""))
+        specialised += [f"{arm_result.label}: {_paired_cell(paired_vs_untrained(x, arm_result))}" for m, x in extra
+                        if m == "swapped" and x.scores]
+    if specialised:
+        lines += ["", "Specialisation check (the team's score minus the same run's with each role on the next role's policy, "
+                      f"paired per seed): {'; '.join(specialised)}."]
     once = [a.label for a in comp.arms if a.seed_free]
     if once:
         lines += ["", f"Evaluated once and reused for every seed (base weights, greedy, the same held-out problems whatever "
@@ -619,6 +681,27 @@ def plot(comp: Comparison, results: list[ArmResult], path: Path) -> bool:
     return True
 
 
+def _arm_json(comp: Comparison, base: ArmResult, r: ArmResult, dynamics: dict[str, Any] | None,
+              vs_warm: dict[int, dict[str, Any]] | None) -> dict[str, Any]:
+    """One row of ``learning_results.json``: ``r``'s figures, paired with the untrained team (``base``) and the warm start."""
+    paired = paired_vs_untrained(base, r) if r is not base else {}
+    return {
+        "arm": r.label, "seeds": r.seeds, "evaluated_once": any(a.seed_free for a in comp.arms if a.label == r.label), "held_out_problems": [len(ids) for ids in r.problem_ids],
+        "mean": statistics.mean(r.scores) if r.scores else None,
+        "success": statistics.mean(r.success) if r.success else None,
+        "valid": statistics.mean(r.valid) if r.valid else None,
+        "paired_vs_untrained": {str(k): v for k, v in sorted(paired.items())},
+        # the acceptance of issue 31: beyond 2 standard errors, above the untrained team, on every seed run
+        "beats_untrained_on_every_seed": bool(paired) and len(paired) == len(r.seeds) and all(
+            p["beyond_noise"] and p["difference"] > 0 for p in paired.values()),
+        "signal_groups_varied": [g[0] for g in r.signal_groups], "signal_groups": [g[1] for g in r.signal_groups],
+        "episodes_sampled": r.episodes, "wall_s": r.wall,
+        **({"training_dynamics": dynamics} if comp.flag_cliffs and dynamics else {}),
+        # a warm-started RL arm against the warm start alone: RL's own effect
+        **({"paired_vs_warm_start": {str(k): v for k, v in sorted(vs_warm.items())}} if vs_warm is not None else {}),
+    }
+
+
 def results_json(grid: list[Comparison], results: dict[str, list[ArmResult]], levels: dict[str, Level | None],
                  eval_problems: dict[str, int], mode: str) -> dict[str, Any]:
     """The machine-readable ``learning_results.json``: per comparison and arm, the seeds run, the held-out
@@ -628,24 +711,15 @@ def results_json(grid: list[Comparison], results: dict[str, list[ArmResult]], le
     for comp in grid:
         arms = []
         base = results[comp.key][0]
-        for r, dynamics, vs_warm in zip(results[comp.key], study_dynamics(results[comp.key]),
-                                        paired_vs_warm_start(comp, results[comp.key])):
-            paired = paired_vs_untrained(base, r) if r is not base else {}
-            arms.append({
-                "arm": r.label, "seeds": r.seeds, "evaluated_once": any(a.seed_free for a in comp.arms if a.label == r.label), "held_out_problems": [len(ids) for ids in r.problem_ids],
-                "mean": statistics.mean(r.scores) if r.scores else None,
-                "success": statistics.mean(r.success) if r.success else None,
-                "valid": statistics.mean(r.valid) if r.valid else None,
-                "paired_vs_untrained": {str(k): v for k, v in sorted(paired.items())},
-                # the acceptance of issue 31: beyond 2 standard errors, above the untrained team, on every seed run
-                "beats_untrained_on_every_seed": bool(paired) and len(paired) == len(r.seeds) and all(
-                    p["beyond_noise"] and p["difference"] > 0 for p in paired.values()),
-                "signal_groups_varied": [g[0] for g in r.signal_groups], "signal_groups": [g[1] for g in r.signal_groups],
-                "episodes_sampled": r.episodes, "wall_s": r.wall,
-                **({"training_dynamics": dynamics} if comp.flag_cliffs and dynamics else {}),
-                # a warm-started RL arm against the warm start alone: RL's own effect
-                **({"paired_vs_warm_start": {str(k): v for k, v in sorted(vs_warm.items())}} if vs_warm is not None else {}),
-            })
+        warm = warm_start_alone(comp, results[comp.key])
+        for arm, r, dynamics, vs_warm in zip(comp.arms, results[comp.key], study_dynamics(results[comp.key]),
+                                             paired_vs_warm_start(comp, results[comp.key])):
+            arms.append(_arm_json(comp, base, r, dynamics, vs_warm))
+            for method, x in also_rows(arm, r):  # the same run scored by another method; team - it is the check
+                team_minus = paired_vs_untrained(x, r)
+                arms.append({**_arm_json(comp, base, x, None, None if vs_warm is None else paired_vs_untrained(warm, x)),
+                             "of_arm": r.label, "method": method,
+                             "paired_team_minus_method": {str(k): v for k, v in sorted(team_minus.items())}})
         level = levels.get(comp.key)
         sections.append({"key": comp.key, "title": comp.title, "eval_problems": eval_problems[comp.key],
                          "level": {"label": level.label, "overrides": list(level.overrides)} if level else None,
@@ -705,7 +779,7 @@ def calibrate_level(comp: Comparison, level: Level, quick: bool, workdir: Path, 
     t0 = time.perf_counter()
     cfg = _config(comp, arm, quick, False, seed, workdir, name, f"run.save_every={10**6}", level=level)
     if arm.warm_start:
-        warm_dir, _ = shared_warm_start(comp, seed, workdir, quick, False, level)
+        warm_dir, _ = shared_warm_start(comp, seed, workdir, quick, False, level, arm)
         shutil.copytree(warm_dir / "checkpoints", workdir / name / "checkpoints")
         (workdir / name / "metrics.jsonl").touch()
     held, _ = held_out_config(cfg)

@@ -34,6 +34,9 @@ def test_quick_learning_run_writes_every_table_and_curve(tmp_path):
             cells = [c.strip() for c in row.strip("|").split("|")]
             assert 0.0 <= float(cells[1]) <= 1.0, row  # held-out normalised return of the one seed
             assert (cells[5] != "-") == arm.rl, row  # RL arms sampled episodes; the others none
+            for method in arm.also_eval:  # the same trained run scored by another method (swapped): a row of its own
+                also = next(line for line in page.splitlines() if line.startswith(f"| {arm.label}, {learning.ALSO_LABELS[method]} |"))
+                assert 0.0 <= float(also.split("|")[2]) <= 1.0, also
         png = tmp_path / f"LEARNING_{comp.key}.png"
         assert png.read_bytes()[:4] == b"\x89PNG" and f"]({png.name})" in page
     for section in page.split("### ")[1:]:  # the study flags arms whose held-out accuracy fell under the untrained team's
