@@ -261,7 +261,9 @@ def comparisons() -> list[Comparison]:
                      # the test split and greedy decoding do not depend on the seed: the untrained team is evaluated once
                      # SP and IP first: the grid runs seed by seed and arm by arm, so a stopped grid has the study's pair
                      (Arm("untrained team", rl=False, seed_free=True),
-                      Arm("SP (shared policy)", ("policy.mode=shared",)), Arm("IP (LoRA per role)", ("policy.mode=lora_per_role",)),
+                      # role_grad_norms: the gradient norm of each role type on the one shared policy (role capture)
+                      Arm("SP (shared policy)", ("policy.mode=shared", "train.role_grad_norms=true")),
+                      Arm("IP (LoRA per role)", ("policy.mode=lora_per_role",)),
                       Arm("SA-RL (single workflow)", ("workflow.name=single", "workflow.options={}"))),
                      quick=("task.num_problems=12", "task.test_size=3"), flag_cliffs=True, eval_problems=EVAL_PROBLEMS,
                      levels=arithmetic, default_level="one operation, operands <= 20", calibration_arm=1)
