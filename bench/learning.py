@@ -459,8 +459,9 @@ def cell_fingerprint(comp: Comparison, index: int, eval_problems: int, quick: bo
         what["method"] = arm.method
     if arm.seed_free:
         what["seed_free"] = True
-    if arm.warm_start and _policy_overrides(arm):  # a warm start of its own policy mode, not the comparison's
-        what["warm_policy"] = list(_policy_overrides(arm))
+    policy = _policy_overrides(arm)
+    if arm.warm_start and policy:  # a warm start of its own policy mode, not the comparison's
+        what["warm_policy"] = list(policy)
     if arm.also_eval:
         what["also_eval"] = list(arm.also_eval)
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
@@ -528,16 +529,18 @@ def paired_vs_warm_start(comp: Comparison, results: list[ArmResult]) -> list[dic
 ALSO_LABELS = {"swapped": "swapped policies"}
 
 
-def also_rows(arm: Arm, r: ArmResult) -> list[tuple[str, ArmResult]]:
-    """(method, result) for each of ``arm.also_eval``: the arm's runs scored by that method, a row of their own
-    (its scores per seed from the arm's cells; the training budget, episodes and tokens, is the arm's)."""
+def also_rows(arm: Arm, r: ArmResult, warm: ArmResult | None, arm_vs_warm: dict | None
+              ) -> list[tuple[str, ArmResult, dict | None]]:
+    """(method, result, paired vs the warm start) for each of ``arm.also_eval``: the arm's runs scored by that
+    method, a row of their own (its scores per seed from the arm's cells; the training budget, episodes and
+    tokens, is the arm's), paired with the warm start ``warm`` where the arm itself is (``arm_vs_warm``)."""
     rows = []
     for method in arm.also_eval:
         row = ArmResult(f"{r.label}, {ALSO_LABELS.get(method, method)}", episodes=r.episodes)
         for per_seed in r.also:
             if method in per_seed:
                 merge(row, ArmResult(**per_seed[method]))
-        rows.append((method, row))
+        rows.append((method, row, None if arm_vs_warm is None else paired_vs_untrained(warm, row)))
     return rows
 
 
@@ -578,9 +581,8 @@ def render(comp: Comparison, results: list[ArmResult], seeds: list[int], eval_pr
              "|---|---|---|---|---|---|---|---|---|" + ("---|" if warm else "")]
     specialised = []  # team - swapped, per arm scored swapped too
     for arm, arm_result, arm_vs_warm in zip(comp.arms, results, paired_vs_warm_start(comp, results)):
-        extra = also_rows(arm, arm_result)  # the same run scored by other methods: rows under it, paired the same way
-        for r, vs_warm in [(arm_result, arm_vs_warm)] + [(x, None if arm_vs_warm is None else paired_vs_untrained(warm_alone, x))
-                                                         for _, x in extra]:
+        extra = also_rows(arm, arm_result, warm_alone, arm_vs_warm)  # the same run scored by other methods: rows under it
+        for r, vs_warm in [(arm_result, arm_vs_warm)] + [(x, x_vs_warm) for _, x, x_vs_warm in extra]:
             if not r.scores:  # not run yet (a partial page)
                 lines.append(f"| {r.label} | not run yet | | | | | | | |" + (" |" if warm else ""))
                 continue
@@ -588,7 +590,7 @@ def render(comp: Comparison, results: list[ArmResult], seeds: list[int], eval_pr
             lines.append(f"| {r.label} | {_spread(r.scores)} | {_spread(r.success)} | {_spread(r.valid)} | "
                          f"{statistics.mean(r.wall):.0f} | {r.episodes or '-'} | {statistics.mean(r.tokens):.0f} | {paired} | "
                          f"{_signal_cell(r)} |" + (f" {_paired_cell(vs_warm) if vs_warm is not None else '-'} |" if warm else ""))
-        specialised += [f"{arm_result.label}: {_paired_cell(paired_vs_untrained(x, arm_result))}" for m, x in extra
+        specialised += [f"{arm_result.label}: {_paired_cell(paired_vs_untrained(x, arm_result))}" for m, x, _ in extra
                         if m == "swapped" and x.scores]
     if specialised:
         lines += ["", "Specialisation check (the team's score minus the same run's with each role on the next role's policy, "
@@ -717,9 +719,9 @@ def results_json(grid: list[Comparison], results: dict[str, list[ArmResult]], le
         for arm, r, dynamics, vs_warm in zip(comp.arms, results[comp.key], study_dynamics(results[comp.key]),
                                              paired_vs_warm_start(comp, results[comp.key])):
             arms.append(_arm_json(comp, base, r, dynamics, vs_warm))
-            for method, x in also_rows(arm, r):  # the same run scored by another method; team - it is the check
+            for method, x, x_vs_warm in also_rows(arm, r, warm, vs_warm):  # the same run, another method; team - it: the check
                 team_minus = paired_vs_untrained(x, r)
-                arms.append({**_arm_json(comp, base, x, None, None if vs_warm is None else paired_vs_untrained(warm, x)),
+                arms.append({**_arm_json(comp, base, x, None, x_vs_warm),
                              "of_arm": r.label, "method": method,
                              "paired_team_minus_method": {str(k): v for k, v in sorted(team_minus.items())}})
         level = levels.get(comp.key)
