@@ -110,11 +110,29 @@ def test_a_run_starts_the_server_with_the_flags_trains_and_leaves_no_process(tmp
     assert log.startswith("==== teamrl ") and f"--port {server.port}" in log and "listening on " + server.url in log
 
 
+def _sigint_as_at_a_terminal() -> None:
+    """In the child before exec: SIGINT's default action, whatever this process has. A background job of a
+    non-interactive shell (`make test &`, nohup, some CI runners) starts with SIGINT ignored, every child inherits
+    that, and Python then installs no KeyboardInterrupt handler: the trainer would never see the Ctrl-C sent."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def test_the_trainer_subprocess_gets_ctrl_c_even_where_this_process_ignores_it():
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        out = subprocess.run([sys.executable, "-c", "import signal; print(signal.getsignal(signal.SIGINT).__name__)"],
+                             preexec_fn=_sigint_as_at_a_terminal, capture_output=True, text=True, check=True).stdout
+    finally:
+        signal.signal(signal.SIGINT, before)
+    assert out.strip() == "default_int_handler"
+
+
 def _train_in_a_subprocess(tmp_path: Path, folder: Path, record: Path, marker: str, name: str) -> subprocess.Popen:
     """``teamrl train`` with a stand-in that never answers, returned once its server and engine core run."""
     env = {**os.environ, "FAKE_VLLM_MODE": "hang", "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen([sys.executable, "-m", "teamrl.cli", "train", *overrides(tmp_path, folder, f"name={name}")],
-                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_sigint_as_at_a_terminal)
     wait_until(lambda: record.exists() and processes_with(marker) or proc.poll() is not None, 120, "the server did not start")
     assert proc.poll() is None, proc.communicate()[1]
     return proc

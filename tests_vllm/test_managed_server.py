@@ -100,7 +100,9 @@ def _start_cli_run(tmp_path: Path, name: str) -> tuple[subprocess.Popen, Path, i
     err = tmp_path / f"{name}.stderr"
     proc = subprocess.Popen([sys.executable, "-m", "teamrl.cli", "train", "configs/magrpo_writing_tldr.yaml",
                              *run_overrides(tmp_path, name, steps=3)], cwd=REPO, stdout=subprocess.DEVNULL,
-                            stderr=err.open("w"))
+                            stderr=err.open("w"),
+                            # SIGINT's default action even where this process ignores it (a background job: nohup, CI)
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 300  # a bound on a broken start only
     while not (m := re.search(r"ready at http://127\.0\.0\.1:(\d+) after \d+ s \(pid (\d+);", err.read_text())):
         assert proc.poll() is None, err.read_text()
