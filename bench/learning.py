@@ -50,6 +50,8 @@ table into docs/learning.md.
 thread. Measured here (2 cores, MAGRPO writing): a step took ~105 s in each of two 1-thread
 processes side by side and ~75 s in one 2-thread process alone, so two at a time get ~1.4x more
 done; a held-out evaluation gains nothing either way (~110 s each side by side, ~55-65 s alone).
+Runs start in grid order (seed by seed), except that a run whose warm start another run is building
+gives way to one that can build its own (another seed's): two warm starts are built side by side.
 
 Usage: python bench/learning.py [--quick] [--seeds 3] [--jobs 2] [--only magrpo,at_grpo,...] [--out bench/LEARNING.md]
                                 [--cells DIR] [--render-only] [--calibrate [--calibrate-problems N]]
@@ -250,8 +252,9 @@ def comparisons() -> list[Comparison]:
                    # ~8 demonstrations (main and sub turns) per question. Measured by hand on 16 held-out questions
                    # (2026-12-02, docs/learning.md): 2 questions x 1 pass left 0% success at every level; on city questions
                    # 4 x 2 gave 0%, 8 x 2 and 16 x 2 100%; on city and country questions 8 x 2 gave 31%; with age
-                   # arithmetic too, 8 x 2 and 16 x 2 gave 0% (the sub-agent's second call returned nothing)
-                   warm_problems=8, warm_epochs=2,
+                   # arithmetic too, 8 x 2 and 16 x 2 gave 0% (the sub-agent's second call returned nothing). 8 x 2 taught the
+                   # protocol on 1 seed of 3 (held-out 0.419, 0.031, 0.015); 16 x 2 on seeds 1 and 2 gave 0.438 and 0.231
+                   warm_problems=16, warm_epochs=2,
                    eval_problems=EVAL_PROBLEMS, levels=research,
                    default_level="2-3 hops (city, country), 12 people"),
         *[Comparison(f"study_{wf}", f"Workflow study, {wf} on arithmetic, held-out problems (task.split=test)",
@@ -341,6 +344,25 @@ def _policy_overrides(arm: Arm) -> tuple[str, ...]:
     return tuple(o for o in arm.overrides if o.startswith("policy."))
 
 
+def warm_start_dir(comp: Comparison, seed: int, workdir: Path, level: Level | None = None, arm: Arm | None = None) -> Path:
+    """Where :func:`shared_warm_start` builds the warm start of (comparison, seed, level, the arm's policy settings);
+    it holds ``seconds`` once built."""
+    policy = _policy_overrides(arm) if arm else ()
+    return workdir / (f"{comp.key}-warm-seed{seed}" + (f"-{_slug(level.label)}" if level else "")
+                      + (f"-{_slug(' '.join(o.split('=', 1)[-1] for o in policy))}" if policy else ""))
+
+
+def next_run(warm_dirs: list[Path | None], building: set[Path]) -> int:
+    """Which pending run to start (its index in ``warm_dirs``, the pending runs' warm starts in grid order, None
+    for a run without one): the first whose warm start is built or not being built by a run already going.
+    Another seed's run would otherwise wait on that warm start's lock, a core idle for its ~20 minutes, while
+    it could build its own. The first pending run when every one would wait."""
+    for k, warm in enumerate(warm_dirs):
+        if warm is None or (warm / "seconds").is_file() or warm not in building:
+            return k
+    return 0
+
+
 def shared_warm_start(comp: Comparison, seed: int, workdir: Path, quick: bool, one_thread: bool,
                       level: Level | None = None, arm: Arm | None = None) -> tuple[Path, float]:
     """The comparison's warm start for ``seed`` (run directory, seconds it took): done once, by the first arm
@@ -352,9 +374,8 @@ def shared_warm_start(comp: Comparison, seed: int, workdir: Path, quick: bool, o
     from teamrl.trainer.sft import task_demonstrations, warm_start
 
     policy = _policy_overrides(arm) if arm else ()
-    name = (f"{comp.key}-warm-seed{seed}" + (f"-{_slug(level.label)}" if level else "")
-            + (f"-{_slug(' '.join(o.split('=', 1)[-1] for o in policy))}" if policy else ""))
-    warm_dir = workdir / name
+    warm_dir = warm_start_dir(comp, seed, workdir, level, arm)
+    name = warm_dir.name
     with open(workdir / f"{name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (warm_dir / "seconds").is_file():
@@ -1037,8 +1058,33 @@ def _grid(args, grid: list[Comparison], seeds: list[int], eval_problems, calibra
         print(f"[learn] {time.perf_counter() - t0:.0f} s: {comp.key} / {one.label} / seed {seed}: held-out "
               f"{one.scores[0]:.3f}, {one.wall[0]:.0f} s", file=sys.stderr, flush=True)
 
+    pending, building = list(runs), {}  # building: warm-start folder -> runs going that need it
+
+    def warm_of(run: tuple[Comparison, int, int, str]) -> Path | None:
+        comp, index, seed, _ = run
+        return warm_start_dir(comp, seed, d, levels[comp.key], comp.arms[index]) if comp.arms[index].warm_start else None
+
+    def worker() -> None:  # runs in grid order, but a run that would wait on a warm start being built gives way
+        while True:
+            with lock:
+                if not pending:
+                    return
+                run = pending.pop(next_run([warm_of(r) for r in pending], set(building)))
+                warm = warm_of(run)
+                if warm is not None:
+                    building[warm] = building.get(warm, 0) + 1
+            try:
+                one_run(run)
+            finally:
+                if warm is not None:
+                    with lock:
+                        building[warm] -= 1
+                        if not building[warm]:
+                            del building[warm]
+
     with ThreadPoolExecutor(jobs) as pool:
-        list(pool.map(one_run, runs))  # list(): re-raise the first failure
+        for going in [pool.submit(worker) for _ in range(jobs)]:
+            going.result()  # re-raise the first failure (the other worker goes on with the pending runs)
     print(publish())
     return 0
 

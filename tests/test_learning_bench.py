@@ -360,3 +360,20 @@ def test_arms_evaluated_once_fill_every_seed_and_the_runs_go_seed_by_seed(tmp_pa
     # a second run reads the nine cells and runs nothing
     order.clear()
     assert learning.main(args) == 0 and order == [] and "9 runs read from the cache" in out.read_text()
+
+
+def test_a_run_that_would_wait_on_a_warm_start_being_built_gives_way(tmp_path):
+    learning = _learning()
+    seed0, seed1 = tmp_path / "m_grpo-warm-seed0", tmp_path / "m_grpo-warm-seed1"
+    pending = [seed0, seed0, seed1, None]  # seed 0's other warm-started arms, seed 1's, an arm without a warm start
+    assert learning.next_run(pending, set()) == 0  # nothing going: grid order
+    assert learning.next_run(pending, {seed0}) == 2  # seed 0's warm start is being built: seed 1 builds its own
+    assert learning.next_run(pending, {seed0, seed1}) == 3  # both being built: the run without a warm start
+    assert learning.next_run(pending[:3], {seed0, seed1}) == 0  # every run would wait: the first
+    seed0.mkdir()
+    (seed0 / "seconds").write_text("12.0")
+    assert learning.next_run(pending, {seed0}) == 0  # built: its arms no longer wait
+    comp = next(c for c in learning.comparisons() if c.key == "at_grpo")
+    shared = learning.warm_start_dir(comp, 1, tmp_path, None, comp.arms[2])
+    per_role = learning.warm_start_dir(comp, 1, tmp_path, None, comp.arms[-1])
+    assert comp.arms[2].warm_start and shared.name == "at_grpo-warm-seed1" and per_role != shared  # its own policy mode
