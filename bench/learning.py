@@ -355,7 +355,7 @@ def warm_start_dir(comp: Comparison, seed: int, workdir: Path, level: Level | No
 def next_run(warm_dirs: list[Path | None], building: set[Path]) -> int:
     """Which pending run to start (its index in ``warm_dirs``, the pending runs' warm starts in grid order, None
     for a run without one): the first whose warm start is built or not being built by a run already going.
-    Another seed's run would otherwise wait on that warm start's lock, a core idle for its ~20 minutes, while
+    Another seed's run would otherwise wait on that warm start's lock, a core idle for its ~10 minutes, while
     it could build its own. The first pending run when every one would wait."""
     for k, warm in enumerate(warm_dirs):
         if warm is None or (warm / "seconds").is_file() or warm not in building:
@@ -1058,7 +1058,7 @@ def _grid(args, grid: list[Comparison], seeds: list[int], eval_problems, calibra
         print(f"[learn] {time.perf_counter() - t0:.0f} s: {comp.key} / {one.label} / seed {seed}: held-out "
               f"{one.scores[0]:.3f}, {one.wall[0]:.0f} s", file=sys.stderr, flush=True)
 
-    pending, building = list(runs), {}  # building: warm-start folder -> runs going that need it
+    pending, going = list(runs), []  # the runs not started yet, the runs going (their warm starts are being built)
 
     def warm_of(run: tuple[Comparison, int, int, str]) -> Path | None:
         comp, index, seed, _ = run
@@ -1069,22 +1069,17 @@ def _grid(args, grid: list[Comparison], seeds: list[int], eval_problems, calibra
             with lock:
                 if not pending:
                     return
-                run = pending.pop(next_run([warm_of(r) for r in pending], set(building)))
-                warm = warm_of(run)
-                if warm is not None:
-                    building[warm] = building.get(warm, 0) + 1
+                run = pending.pop(next_run([warm_of(r) for r in pending], {warm_of(r) for r in going} - {None}))
+                going.append(run)
             try:
                 one_run(run)
             finally:
-                if warm is not None:
-                    with lock:
-                        building[warm] -= 1
-                        if not building[warm]:
-                            del building[warm]
+                with lock:
+                    going.remove(run)
 
     with ThreadPoolExecutor(jobs) as pool:
-        for going in [pool.submit(worker) for _ in range(jobs)]:
-            going.result()  # re-raise the first failure (the other worker goes on with the pending runs)
+        for future in [pool.submit(worker) for _ in range(jobs)]:
+            future.result()  # re-raise the first failure (the other worker goes on with the pending runs)
     print(publish())
     return 0
 
