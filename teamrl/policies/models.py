@@ -229,12 +229,14 @@ def _smollm2(dtype: torch.dtype) -> tuple[PreTrainedModel, PreTrainedTokenizerBa
     tmp = cached.with_name(cached.name + f".tmp{os.getpid()}")
     model.save_pretrained(tmp)
     tok.save_pretrained(tmp)
-    if cached.exists():  # another process finished first
+    try:
+        tmp.rename(cached)
+    except OSError:  # another process finished first (a rename onto its non-empty folder fails)
+        if not (cached / "model.safetensors").is_file():
+            raise
         import shutil
 
         shutil.rmtree(tmp)
-    else:
-        tmp.rename(cached)
     return model, tok
 
 
