@@ -599,9 +599,12 @@ def render(comp: Comparison, results: list[ArmResult], seeds: list[int], eval_pr
     at = f" Level: {level.label} (`{' '.join(level.overrides)}`)." if level else ""
     warm_alone = warm_start_alone(comp, results)
     warm = warm_alone is not None
+    budgets = sorted({r.episodes for arm, r in zip(comp.arms, results) if arm.rl and r.episodes})
+    budget = (f" Budgets differ: RL arms sampled {budgets[0]} to {budgets[-1]} episodes (the episodes column)."
+              if len(budgets) > 1 else
+              " Equal budget: every RL arm samples the same episodes (steps x problems per step x group size).")
     lines = [f"### {comp.title}", "",
-             f"Seeds {seeds}; {eval_problems} held-out problems, greedy.{at} Equal budget: every RL arm samples the same "
-             "episodes (steps x problems per step x group size).", "",
+             f"Seeds {seeds}; {eval_problems} held-out problems, greedy.{at}{budget}", "",
              "| arm | held-out normalised return | success / accuracy | valid replies | wall s (mean) | episodes sampled (steps x problems x G) | "
              "trained tokens (mean) | paired difference vs untrained, per seed (* beyond 2 s.e.) | learning signal: groups varied |"
              + (" paired difference vs warm start only, per seed (RL's own effect) |" if warm else ""),

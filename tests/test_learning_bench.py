@@ -92,13 +92,13 @@ def test_a_stopped_run_leaves_the_runs_it_finished(tmp_path, monkeypatch):
         learning.main(["--quick", "--only", "magrpo", "--out", str(out), "--cells", str(cells)])
     page = out.read_text()
     # the untrained team runs first, then MAGRPO of the same seed (the prompt baselines after every seed)
-    assert "partial: 1 of 5 runs finished so far" in page
+    assert "partial: 1 of 6 runs finished so far" in page
     assert re.search(r"^\| untrained team \| \d\.\d{3} \|", page, re.M) and "| MAGRPO | not run yet |" in page
     # resumed on the same cache: only the run that was missing runs
     calls.clear()
     monkeypatch.setattr(learning, "run_arm", lambda *args, **kwargs: (calls.append(1), real(*args, **kwargs))[1])
     assert learning.main(["--quick", "--only", "magrpo", "--out", str(out), "--cells", str(cells)]) == 0
-    assert len(calls) == 4 and "partial" not in out.read_text() and "1 runs read from the cache" in out.read_text()
+    assert len(calls) == 5 and "partial" not in out.read_text() and "1 runs read from the cache" in out.read_text()
 
 
 def test_held_out_cliffs_pair_each_arm_with_the_untrained_team_of_its_seed():
@@ -151,13 +151,14 @@ def test_the_cache_resumes_the_grid_and_renders_the_page_and_json_alone(tmp_path
     monkeypatch.setattr(ev, "evaluate", lambda cfg, m, *a, **k: methods.append(tuple(m)) or real_evaluate(cfg, m, *a, **k))
     assert learning.main(args) == 0
     # each arm scored by its own method: the prompt baselines through their workflows on the base weights
-    assert methods == [("untrained",), ("team",), ("team",), ("sequential",), ("discussion",)]
+    assert methods == [("untrained",), ("team",), ("team",), ("team",), ("sequential",), ("discussion",)]
     files = sorted(p.name for p in (cells / "magrpo").iterdir())
-    assert files == ["discussion-prompt-baseline-untrained-every-seed.json", "magrpo-4-papers-per-step-seed0.json", "magrpo-seed0.json",
+    assert files == ["discussion-prompt-baseline-untrained-every-seed.json", "magrpo-4-papers-per-step-20-steps-seed0.json",
+                     "magrpo-4-papers-per-step-seed0.json", "magrpo-seed0.json",
                      "sequential-prompt-baseline-untrained-every-seed.json", "untrained-team-every-seed.json"]
     summary = json.loads((out.parent / "learning_results.json").read_text())
     (section,) = summary["sections"]
-    untrained, sequential, discussion, magrpo, _ = section["arms"]
+    untrained, sequential, discussion, magrpo, *_ = section["arms"]
     assert [a["arm"] for a in section["arms"]][1:3] == ["sequential (prompt baseline, untrained)",
                                                         "discussion (prompt baseline, untrained)"]
     assert sequential["evaluated_once"] and not magrpo["evaluated_once"] and set(discussion["paired_vs_untrained"]) == {"0"}
@@ -173,7 +174,7 @@ def test_the_cache_resumes_the_grid_and_renders_the_page_and_json_alone(tmp_path
     out2 = tmp_path / "b" / "LEARNING.md"
     assert learning.main([*args[:-4], "--out", str(out2), "--cells", str(cells), "--render-only"]) == 0
     again = out2.read_text()
-    assert "5 runs read from the cache" in again and "partial" not in again
+    assert "6 runs read from the cache" in again and "partial" not in again
     table = [line for line in page.splitlines() if line.startswith("| ")]
     assert [line.split("|")[1:5] for line in table] == [line.split("|")[1:5] for line in again.splitlines() if line.startswith("| ")]
     assert json.loads((out2.parent / "learning_results.json").read_text())["sections"] == summary["sections"]
@@ -227,6 +228,23 @@ def test_warm_started_rl_arms_are_also_paired_with_the_warm_start_alone():
     plain = [learning.ArmResult(a.label, seeds=[0], scores=[0.0], wall=[1.0], tokens=[0.0], problem_ids=ids,
                                 problem_scores=[[0.0, 0.0, 0.0]]) for a in magrpo.arms]
     assert "warm start only, per seed" not in learning.render(magrpo, plain, [0], 3, None)
+
+
+def test_the_page_claims_an_equal_budget_only_when_every_rl_arm_sampled_the_same_episodes():
+    learning = _learning()
+    magrpo = next(c for c in learning.comparisons() if c.key == "magrpo")
+
+    def page(episodes: dict[str, int]) -> str:
+        results = [learning.ArmResult(a.label, seeds=[0], scores=[0.0], wall=[1.0], tokens=[0.0], problem_ids=[["p"]],
+                                      problem_scores=[[0.0]], episodes=episodes.get(a.label, 0)) for a in magrpo.arms]
+        return learning.render(magrpo, results, [0], 1, None)
+
+    rl = [a.label for a in magrpo.arms if a.rl]
+    assert len(rl) >= 2
+    assert "Equal budget: every RL arm samples the same episodes" in page({label: 80 for label in rl})
+    unequal = page({label: 80 * (i + 1) for i, label in enumerate(rl)})
+    assert "Equal budget" not in unequal
+    assert "Budgets differ: RL arms sampled 80 to 240 episodes (the episodes column)" in unequal
 
 
 def test_pick_level_takes_the_band_with_the_most_varied_groups():
@@ -348,18 +366,18 @@ def test_arms_evaluated_once_fill_every_seed_and_the_runs_go_seed_by_seed(tmp_pa
     out, cells = tmp_path / "LEARNING.md", tmp_path / "cells"
     args = ["--quick", "--only", "magrpo", "--seeds", "3", "--out", str(out), "--cells", str(cells)]
     assert learning.main(args) == 0
-    # the seed-dependent arms (MAGRPO, 2 and 4 papers per step) seed by seed, the prompt baselines last
-    assert order == [(0, 0), (3, 0), (4, 0), (3, 1), (4, 1), (3, 2), (4, 2), (1, 0), (2, 0)]
-    assert len(list((cells / "magrpo").iterdir())) == 9
-    untrained, sequential, _, magrpo, _ = json.loads((tmp_path / "learning_results.json").read_text())["sections"][0]["arms"]
+    # the seed-dependent arms (MAGRPO, 2 and 4 papers per step, 20 steps) seed by seed, the prompt baselines last
+    assert order == [(0, 0), (3, 0), (4, 0), (5, 0), (3, 1), (4, 1), (5, 1), (3, 2), (4, 2), (5, 2), (1, 0), (2, 0)]
+    assert len(list((cells / "magrpo").iterdir())) == 12
+    untrained, sequential, _, magrpo, *_ = json.loads((tmp_path / "learning_results.json").read_text())["sections"][0]["arms"]
     assert untrained["seeds"] == sequential["seeds"] == magrpo["seeds"] == [0, 1, 2]
     assert untrained["evaluated_once"] and untrained["wall_s"] == [1.0, 1.0, 1.0]
     assert {k: round(v["difference"], 6) for k, v in magrpo["paired_vs_untrained"].items()} == {"0": 0.75, "1": 0.76, "2": 0.77}
     assert {k: v["difference"] for k, v in sequential["paired_vs_untrained"].items()} == {"0": 0.25, "1": 0.25, "2": 0.25}
     assert "Evaluated once and reused for every seed" in out.read_text()
-    # a second run reads the nine cells and runs nothing
+    # a second run reads the twelve cells and runs nothing
     order.clear()
-    assert learning.main(args) == 0 and order == [] and "9 runs read from the cache" in out.read_text()
+    assert learning.main(args) == 0 and order == [] and "12 runs read from the cache" in out.read_text()
 
 
 def test_a_run_that_would_wait_on_a_warm_start_being_built_gives_way(tmp_path):
