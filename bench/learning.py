@@ -2,12 +2,14 @@
 held-out problems, against its baselines at an equal sample budget?
 
 For each algorithm on its paper's task at CPU scale, every arm runs with the same steps, problems
-per step and group size (so the same number of sampled episodes), on ``--seeds`` seeds, and is
-scored greedily on held-out problems (``task.split=test``, or a fresh generator seed):
+per step and group size (so the same number of sampled episodes; an arm that names a larger budget
+in its label is the exception, and the page says so), on ``--seeds`` seeds, and is scored greedily on
+held-out problems (``task.split=test``, or a fresh generator seed):
 
 - MAGRPO on writing.tldr (the demo task, 10 steps of 2 papers x 4 samples per agent) and on
   code.helper_main (HumanEval, its last 48 problems held out): untrained team, the prompt baselines
-  ``sequential`` and ``discussion`` (the untrained model through those workflows, eval only) and MAGRPO;
+  ``sequential`` and ``discussion`` (the untrained model through those workflows, eval only), MAGRPO,
+  and MAGRPO at 20 steps of 4 problems (writing also at 10 steps of 4);
 - AT-GRPO on Plan-Path: untrained, warm start only, single-agent GRPO (planner alone), AT-GRPO
   with trajectory grouping (the paper's ablation) and with tree grouping, both after the warm start, and
   tree grouping with one LoRA adapter per role (its own warm start), also scored with the roles' adapters
