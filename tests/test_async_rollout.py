@@ -1,10 +1,16 @@
 """The asynchronous loop (``rollout.max_staleness``, issue 32): bit-exact at k=0, bounded staleness at k=1.
 
-The golden (tests/fixtures/sync_golden.json) was written by tests/make_sync_golden.py from the committed
-synchronous loop, before this one existed.
+Exact comparisons are between two runs computed in the same test session (the plain loop at k=0 and the
+pipeline forced on at k=0). The committed golden (tests/fixtures/sync_golden.json, written by
+tests/make_sync_golden.py from the committed synchronous loop before this one existed) holds another machine's
+floats: it is compared within :data:`GOLDEN_REL_TOL` / :data:`GOLDEN_ABS_TOL`, which float32 reduction order on
+another CPU (about 1e-6 relative after 3 steps: ``grad_norm/shared`` 0.5629196 vs 0.5629200) cannot break, while a
+changed loop (another sample, a step more or less, a stale weight) moves the metrics by far more.
 """
 
+import functools
 import json
+import math
 import threading
 from pathlib import Path
 
@@ -21,6 +27,8 @@ from tests.test_bad_input import assert_one_line_error, run_cli, tiny_train
 from tests.make_sync_golden import CASES, COMMON, GOLDEN, golden_team, numeric_metrics, run_case, same, weights_digest
 
 GOLDEN_DATA = json.loads(GOLDEN.read_text())
+# The committed golden is another machine's floats: metrics and weight sums within these (relative, absolute).
+GOLDEN_REL_TOL, GOLDEN_ABS_TOL = 1e-4, 1e-6
 
 
 def _producers() -> list[threading.Thread]:
@@ -28,6 +36,7 @@ def _producers() -> list[threading.Thread]:
 
 
 def _assert_equal_runs(got: dict, want: dict, case: str) -> None:
+    """Every metric of every step and every weight bit for bit: for two runs of this test session."""
     assert len(got["metrics"]) == len(want["metrics"]) == 3
     for step, (g, w) in enumerate(zip(got["metrics"], want["metrics"]), 1):
         missing = sorted(set(w) - set(g))
@@ -37,10 +46,39 @@ def _assert_equal_runs(got: dict, want: dict, case: str) -> None:
     assert got["weights"] == want["weights"], case
 
 
+def _close(a: float, b: float) -> bool:
+    return same(a, b) or math.isclose(a, b, rel_tol=GOLDEN_REL_TOL, abs_tol=GOLDEN_ABS_TOL)
+
+
+def _assert_close_to_golden(got: dict, want: dict, case: str) -> None:
+    """Every metric of every step and every weight tensor's sum within the golden's tolerance (another machine's
+    floats: its sha256 of the weight bytes cannot be compared)."""
+    assert len(got["metrics"]) == len(want["metrics"]) == 3
+    for step, (g, w) in enumerate(zip(got["metrics"], want["metrics"]), 1):
+        assert set(g) == set(w), (case, step, sorted(set(g) ^ set(w)))
+        bad = {k: (g[k], w[k]) for k in w if not _close(g[k], w[k])}
+        assert not bad, (case, step, bad)
+    assert got["weights"].keys() == want["weights"].keys(), case
+    for policy, digest in want["weights"].items():
+        sums = got["weights"][policy]["sums"]
+        assert sums.keys() == digest["sums"].keys(), (case, policy)
+        bad = {k: (sums[k], v) for k, v in digest["sums"].items() if not _close(sums[k], v)}
+        assert not bad, (case, policy, bad)
+
+
+@functools.cache
+def _synchronous_run(case: str) -> dict:
+    """The plain loop at ``max_staleness=0``, run once per test session (the exact reference of the pipeline's test)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        return run_case(case, Path(d), ["rollout.max_staleness=0"])
+
+
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_max_staleness_0_reproduces_the_committed_synchronous_loop(tmp_path, case):
-    got = run_case(case, tmp_path, ["rollout.max_staleness=0"])
-    _assert_equal_runs(got, GOLDEN_DATA[case], case)
+def test_max_staleness_0_reproduces_the_committed_synchronous_loop(case):
+    got = _synchronous_run(case)
+    _assert_close_to_golden(got, GOLDEN_DATA[case], case)
     # the synchronous loop logs exactly what it logged before: no async/* key
     assert [set(r) for r in got["metrics"]] == [set(r) for r in GOLDEN_DATA[case]["metrics"]]
 
@@ -64,7 +102,8 @@ def test_the_pipeline_at_max_staleness_0_gives_the_synchronous_metrics_and_weigh
         assert frozen[0] and frozen[0] == frozen[1]
 
     got = run_case(case, tmp_path, ["rollout.max_staleness=0"], setup=setup)
-    _assert_equal_runs(got, GOLDEN_DATA[case], case)
+    # exact: the plain loop computed in this session, on this machine
+    _assert_equal_runs(got, _synchronous_run(case), case)
     records = json.loads("[" + ",".join((tmp_path / case / "metrics.jsonl").read_text().splitlines()) + "]")
     assert all(r["async/dropped_stale_share"] == 0.0 for r in records)
     assert all(k.startswith("async/staleness/") is False or k.endswith("/0") for r in records for k in r)
