@@ -266,3 +266,24 @@ def test_an_all_zero_advantage_update_runs_no_pass_but_still_steps_the_optimizer
     assert stats["grad_norm"] == 0.0 and stats["loss"] == 0.0
     for a, b in zip(moved.parameters(), reference.parameters()):
         assert torch.equal(a.detach(), b.detach())
+
+
+def test_logged_kl_clip_frac_and_loss_do_not_depend_on_the_micro_batch_size(tiny):
+    """The statistics are of the whole batch, like the gradient: ``kl`` and ``clip_frac`` are token means over every
+    loss token and ``loss`` is the aggregation's full-batch value, at any micro-batch size (issue 43.5: ``kl``
+    0.03151, 0.02954, 0.02970, 0.02913 at micro-batch 1, 2, 3, 16 against 0.028953 under ``seq_mean_token_mean``)."""
+    model, tok = tiny
+    samples = [_sample(i, tok, a) for i, a in enumerate([1.0, -1.0, 0.5, -0.5, 2.0, -2.0, 0.1])]
+    for agg in ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "dr_grpo"):
+        logged = []
+        for mb in (1, 2, 3, 16):
+            pol = Policy("p", copy.deepcopy(model), None, lr=0.02, weight_decay=0.0, reference_model=copy.deepcopy(model))
+            loss = LossConfig(aggregation=agg, max_completion_length=8, kl_coef=0.1, eps_low=0.05, eps_high=0.05)
+            # two PPO epochs: the second one's statistics are logged, after a step has moved the policy off the reference
+            st = update_policy(pol, samples, UpdateSettings(loss=loss, ppo_epochs=2, micro_batch_size=mb, max_grad_norm=1e9),
+                               tok.pad_token_id, [tok.eos_token_id])
+            logged.append({k: st[k] for k in ("kl", "clip_frac", "loss")})
+        assert logged[0]["kl"] > 1e-4 and logged[0]["clip_frac"] > 0, (agg, logged[0])
+        for mb, got in zip((2, 3, 16), logged[1:]):
+            for k in ("kl", "clip_frac", "loss"):
+                assert abs(got[k] - logged[0][k]) <= 1e-6, (agg, k, mb, got[k], logged[0][k])

@@ -391,10 +391,14 @@ def update_policy(policy: Policy, samples: Sequence[Sample], settings: UpdateSet
                                            ref_logprobs=None if ref[i] is None else ref[i][rows],
                                            sampling_logprobs=None if sampling[i] is None else sampling[i][rows])
                     losses_finite = losses_finite and math.isfinite(st["loss"])
-                    weight = (int(mr.sum()) / total_tokens) if cfg.aggregation == "token_mean" else (mr.shape[0] / total_samples)
+                    token_share = int(mr.sum()) / total_tokens
+                    weight = token_share if cfg.aggregation == "token_mean" else mr.shape[0] / total_samples
                     if last:
-                        for k in ("loss", "kl", "clip_frac"):
-                            stats[k] += st[k] * weight
+                        stats["loss"] += st["loss"] * weight
+                        # token means over the micro-batch: weighted by tokens whatever the aggregation, so that they
+                        # are the whole batch's token means at any micro-batch size
+                        for k in ("kl", "clip_frac"):
+                            stats[k] += st[k] * token_share
                         if settings.role_stats:
                             stats[f"loss@{role}"] = stats.get(f"loss@{role}", 0.0) + st["loss"] * weight
                             stats[f"tokens@{role}"] = stats.get(f"tokens@{role}", 0.0) + float(mr.sum())
