@@ -337,6 +337,53 @@ def test_the_trainer_logs_each_policys_weights_and_none_by_default(tmp_path, mon
     assert not [k for k in rec if k.startswith("is_")] and any(k.startswith("loss/") for k in rec)
 
 
+def test_on_policy_weights_are_1_when_roles_of_one_shared_policy_sample_at_different_temperatures(tmp_path,
+                                                                                                  monkeypatch) -> None:
+    """Each sample's old log-probs are of its own temperature (issue 43.2: every sample's were taken at the first
+    sample's, so a role sampled at T=0.5 beside one at 1.0 on one shared policy trained under the wrong
+    distribution: synchronous weights 0.648..1.407 where they must be 1)."""
+    import dataclasses
+    import itertools
+
+    from teamrl.api import EpisodeOutcome, register_workflow
+    from teamrl.trainer.trainer import Trainer
+    from teamrl.workflows import WORKFLOWS
+
+    assign = Trainer._assign_advantages
+
+    def opposite_advantages(self, samples):  # a random model is never right: give the samples +1 / -1 in turn
+        train = assign(self, samples)
+        for s, a in zip(train, itertools.cycle([1.0, -1.0])):
+            s.advantage = a
+        return train
+
+    monkeypatch.setattr(Trainer, "_assign_advantages", opposite_advantages)
+    temperatures = []
+
+    @register_workflow("two_temperatures", roles=("cool", "warm"))
+    async def two_temperatures(ctx, task, problem, settings):
+        question = task.question(problem)
+        a = await ctx.generate("cool", question, params=dataclasses.replace(ctx.params, temperature=0.5))
+        b = await ctx.generate("warm", question + a)
+        temperatures.extend(s.temperature for c in ctx.calls for s in c.samples)
+        return EpisodeOutcome(b, None, False)
+
+    try:
+        tr = Trainer(load_config(None, [f"run.dir={tmp_path}", "name=two_t", "model=tiny-random", "algorithm=grpo",
+                                        "workflow.name=two_temperatures", "task.name=math.solve", "task.num_problems=12",
+                                        "task.test_size=3", "policy.mode=shared", "rollout.group_size=2",
+                                        "rollout.batch_size=2", "rollout.max_new_tokens=6", "run.progress=false",
+                                        "run.tensorboard=false", "run.log_episodes=false",
+                                        "train.loss.importance_correction=token"]))
+        rec = tr.train_step()
+    finally:
+        del WORKFLOWS["two_temperatures"]
+    assert {0.5, 1.0} <= set(temperatures)
+    assert rec["is_weight_count/shared"] > 0
+    for k in ("is_weight_mean", "is_weight_min", "is_weight_max"):
+        assert rec[f"{k}/shared"] == pytest.approx(1.0, abs=1e-4), rec
+
+
 def test_teamrl_train_stops_in_one_line_with_exit_2_on_a_nan_sampling_logprob(tmp_path, monkeypatch, capsys) -> None:
     """What the engine returned is the run's input: a NaN sampling log-prob (an HTTP server's missing value) is the
     usual one-line error, no traceback, and no checkpoint is written."""

@@ -47,7 +47,7 @@ def build_token_batch(prompts: Sequence[Sequence[int]], completions: Sequence[Se
     return TokenBatch(ids, mask, pos, ids[:, P:], mask[:, P:].bool())
 
 
-def completion_logprobs(model: nn.Module, batch: TokenBatch, temperature: float = 1.0,
+def completion_logprobs(model: nn.Module, batch: TokenBatch, temperature: Temperature = 1.0,
                         with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs [B, T] of the completion tokens under ``softmax(logits / temperature)``.
 
@@ -60,12 +60,27 @@ def completion_logprobs(model: nn.Module, batch: TokenBatch, temperature: float 
     return token_logprobs(out.logits[:, :-1, :], batch.completion_ids, temperature, with_entropy)
 
 
-def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, temperature: float = 1.0,
+# One sampling temperature for every row, or one per row (a float tensor [B]); 0 (greedy) means 1.
+Temperature = float | torch.Tensor
+
+
+def scale_by_temperature(logits: torch.Tensor, temperature: Temperature) -> torch.Tensor:
+    """``logits`` [B, ...] divided by the temperature (each row by its own when it is a tensor [B]); 0 and 1 leave a
+    row as it is (dividing by 1 is exact, so rows at 1 are bit for bit those of an unscaled batch)."""
+    if isinstance(temperature, torch.Tensor):
+        t = temperature.to(device=logits.device, dtype=logits.dtype)
+        t = torch.where(t == 0, torch.ones_like(t), t)
+        if bool((t == 1).all()):
+            return logits
+        return logits / t.view(-1, *([1] * (logits.dim() - 1)))
+    return logits / temperature if temperature not in (0.0, 1.0) else logits
+
+
+def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, temperature: Temperature = 1.0,
                    with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-probs [B, T] of ``token_ids`` under ``softmax(logits / temperature)`` (and entropies)."""
-    logits = logits.float()
-    if temperature not in (0.0, 1.0):
-        logits = logits / temperature
+    """Log-probs [B, T] of ``token_ids`` under ``softmax(logits / temperature)`` (and entropies); ``temperature``
+    is one for every row or a tensor [B] of each row's own."""
+    logits = scale_by_temperature(logits.float(), temperature)
     logp_all = torch.log_softmax(logits, dim=-1)
     logp = logp_all.gather(-1, token_ids.unsqueeze(-1)).squeeze(-1)
     entropy = None
@@ -171,7 +186,7 @@ def _completion_logits(model: nn.Module, batch: SharedPrefixBatch, rows: torch.T
     return torch.cat([first, rest], dim=1)
 
 
-def shared_prefix_logprobs(model: nn.Module, batch: SharedPrefixBatch, temperature: float = 1.0,
+def shared_prefix_logprobs(model: nn.Module, batch: SharedPrefixBatch, temperature: Temperature = 1.0,
                            with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Same result as :func:`completion_logprobs` on the unshared batch, with one prompt pass per distinct prompt."""
     cache, last = _prompt_pass(model, batch)
@@ -182,7 +197,7 @@ def shared_prefix_logprobs(model: nn.Module, batch: SharedPrefixBatch, temperatu
 
 def shared_prefix_backward(model: nn.Module, batch: SharedPrefixBatch, rows_per_pass: int,
                            loss_of: Callable[[slice, torch.Tensor, torch.Tensor | None], torch.Tensor],
-                           temperature: float = 1.0, with_entropy: bool = False) -> None:
+                           temperature: Temperature = 1.0, with_entropy: bool = False) -> None:
     """Backpropagate the sum of ``loss_of(rows, logprobs, entropy)`` over passes of at most ``rows_per_pass``
     completions (``rows``: a slice of the batch's completions), running each distinct prompt once.
 
@@ -210,7 +225,8 @@ def shared_prefix_backward(model: nn.Module, batch: SharedPrefixBatch, rows_per_
         idx = batch.prompt_index.index_select(0, index)
         pass_cache = DynamicCache([(k.index_select(0, idx), v.index_select(0, idx)) for k, v in zip(kv_leaves[::2], kv_leaves[1::2])])
         logits = _completion_logits(model, batch, index, pass_cache, last_leaf)
-        logp, ent = token_logprobs(logits, batch.completion_ids[rows], temperature, with_entropy)
+        rows_t = temperature[rows] if isinstance(temperature, torch.Tensor) else temperature
+        logp, ent = token_logprobs(logits, batch.completion_ids[rows], rows_t, with_entropy)
         loss_of(rows, logp, ent).backward()
     outputs = [(t, leaf.grad) for t, leaf in zip(kv + [last], kv_leaves + [last_leaf]) if leaf.grad is not None]
     if outputs:

@@ -13,8 +13,8 @@ from teamrl.core.config import Config, InputError
 from teamrl.core.memory import trim_freed_memory
 from teamrl.core.sample import Sample
 from teamrl.losses import LossConfig, completion_mask, policy_loss
-from teamrl.policies.logprobs import (SharedPrefixBatch, build_shared_prefix_batch, build_token_batch, completion_logprobs,
-                                     shared_prefix_backward, shared_prefix_logprobs)
+from teamrl.policies.logprobs import (SharedPrefixBatch, Temperature, build_shared_prefix_batch, build_token_batch,
+                                     completion_logprobs, shared_prefix_backward, shared_prefix_logprobs)
 from teamrl.policies.policy import Policy
 from teamrl.policies.router import declared_role, role_type
 
@@ -211,7 +211,14 @@ def _to_device(batch, dev: torch.device):
                                          if isinstance(getattr(batch, f.name), torch.Tensor)})
 
 
-def _logprobs(model, batch, temperature: float, with_entropy: bool = False):
+def sample_temperatures(samples: Sequence[Sample]) -> Temperature:
+    """The temperatures ``samples`` were drawn at, for their log-probs: one float when they share it (the usual case),
+    else one per sample (a tensor); greedy (0 or unset) counts as 1."""
+    temps = [s.temperature or 1.0 for s in samples]
+    return temps[0] if len(set(temps)) <= 1 else torch.tensor(temps, dtype=torch.float32)
+
+
+def _logprobs(model, batch, temperature: Temperature, with_entropy: bool = False):
     if hasattr(batch, "prompt_index"):
         return shared_prefix_logprobs(model, batch, temperature, with_entropy)
     return completion_logprobs(model, batch, temperature, with_entropy)
@@ -226,7 +233,6 @@ def policy_logprobs(policy: Policy, samples: Sequence[Sample], settings: UpdateS
     out: list[torch.Tensor] = []
     if not samples:
         return out
-    temperature = samples[0].temperature or 1.0
     dev = next(iter(policy.parameters())).device
     with policy.active() as model, torch.no_grad():
         model.train()  # the mode update_policy computes its log-probs in
@@ -235,7 +241,7 @@ def policy_logprobs(policy: Policy, samples: Sequence[Sample], settings: UpdateS
             batch = _pack([s.prompt_ids for s in part], [s.completion_ids for s in part], pad_id)
             if dev.type != "cpu":
                 batch = _to_device(batch, dev)
-            logp = _logprobs(model, batch, temperature)[0].float().cpu()
+            logp = _logprobs(model, batch, sample_temperatures(part))[0].float().cpu()
             out += [row[:len(s.completion_ids)] for row, s in zip(logp, part)]
     return out
 
@@ -334,7 +340,6 @@ def update_policy(policy: Policy, samples: Sequence[Sample], settings: UpdateSet
     for s in samples:
         first.setdefault(tuple(s.prompt_ids), (len(s.prompt_ids), len(first)))
     samples = sorted(samples, key=lambda s: (roles.setdefault(role_of(s), len(roles)), first[tuple(s.prompt_ids)]))
-    temperature = samples[0].temperature or 1.0
     adv = torch.tensor([s.advantage for s in samples], dtype=torch.float32)
     names = [role_of(s) for s in samples]
     parts = []
@@ -345,9 +350,12 @@ def update_policy(policy: Policy, samples: Sequence[Sample], settings: UpdateSet
             settings.micro_batch_size)]
     batches = [_pack([s.prompt_ids for s in samples[sl]], [s.completion_ids for s in samples[sl]], pad_id) for sl in parts]
     masks = [completion_mask(b.completion_ids, list(eos_ids), b.completion_pad_mask) for b in batches]
+    # each sample's log-probs at the temperature it was drawn at (roles of one policy may sample at different ones)
+    temps = [sample_temperatures(samples[sl]) for sl in parts]
     dev = next(iter(policy.parameters())).device
     if dev.type != "cpu":  # batches are packed on the CPU; move them to the model's device once
         batches, masks, adv = [_to_device(b, dev) for b in batches], [m.to(dev) for m in masks], adv.to(dev)
+        temps = [t.to(dev) if isinstance(t, torch.Tensor) else t for t in temps]
     computed_tokens = max(1, int(sum(int(m.sum()) for m in masks)))
 
     stats: dict[str, float] = {"loss": 0.0, "kl": 0.0, "clip_frac": 0.0, "entropy": 0.0}
@@ -363,10 +371,10 @@ def update_policy(policy: Policy, samples: Sequence[Sample], settings: UpdateSet
                     old[i] = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True).to(device=dev)
                     old[i] = torch.nn.functional.pad(old[i], (0, b.completion_len - old[i].shape[1]))
                 elif settings.ppo_epochs > 1:
-                    old[i] = _logprobs(model, b, temperature)[0]
+                    old[i] = _logprobs(model, b, temps[i])[0]
                 if cfg.kl_coef > 0:
                     with policy.reference() as ref_model:
-                        ref[i] = _logprobs(ref_model, b, temperature)[0]
+                        ref[i] = _logprobs(ref_model, b, temps[i])[0]
                 if weighted:
                     sampling[i] = _padded([s.sampling_logprobs for s in samples[sl]], b.completion_len).to(device=dev)
         grad_norms = []
@@ -419,9 +427,9 @@ def update_policy(policy: Policy, samples: Sequence[Sample], settings: UpdateSet
                 if isinstance(b, SharedPrefixBatch) and completions > settings.micro_batch_size:
                     # one prompt group larger than a micro-batch: its prompt runs once, its completions in passes
                     shared_prefix_backward(model, b, _rows_per_pass(completions, settings.micro_batch_size), weighted_loss,
-                                           temperature, with_entropy=epoch == 0)
+                                           temps[i], with_entropy=epoch == 0)
                 else:
-                    logp, ent = _logprobs(model, b, temperature, with_entropy=epoch == 0)
+                    logp, ent = _logprobs(model, b, temps[i], with_entropy=epoch == 0)
                     weighted_loss(slice(0, completions), logp, ent).backward()
                 if last and settings.role_stats and (i + 1 == len(parts) or names[parts[i + 1].start] != role):
                     now = _flat_grad(params)
