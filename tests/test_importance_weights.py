@@ -335,6 +335,12 @@ def test_the_trainer_logs_each_policys_weights_and_none_by_default(tmp_path, mon
         assert rec[f"is_truncated_frac/{name}"] == 0.0
     _, rec = step("iw_auto")
     assert not [k for k in rec if k.startswith("is_")] and any(k.startswith("loss/") for k in rec)
+    # EOS blocked for the first 4 tokens: the engine records the unblocked distribution's log-probs, the trainer's
+    # (issue 43.6: weights mean 0.99799, min 0.99463 with min_new_tokens=6)
+    tr, rec = step("iw_min_tokens", "train.loss.importance_correction=token", "rollout.min_new_tokens=4")
+    for name in tr.router.policies:
+        for k in ("is_weight_mean", "is_weight_min", "is_weight_max"):
+            assert rec[f"{k}/{name}"] == pytest.approx(1.0, abs=1e-4), (k, rec)
 
 
 def test_on_policy_weights_are_1_when_roles_of_one_shared_policy_sample_at_different_temperatures(tmp_path,

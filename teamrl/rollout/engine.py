@@ -25,8 +25,9 @@ class SamplingParams:
     generation goes on past it); with ``min_new_tokens`` EOS cannot be drawn before that many
     tokens (its probability is 0 until then, as HF's ``min_new_tokens`` and vLLM's ``min_tokens``):
     ``min_new_tokens = max_new_tokens`` gives texts of exactly that length with no EOS in them
-    (benchmarks against frameworks that force length that way). Log-probs are those of the
-    distribution sampled from, with EOS removed while it is blocked.
+    (benchmarks against frameworks that force length that way). Log-probs are those of
+    ``softmax(logits / temperature)`` with EOS not removed (the blocking is a sampling filter, like
+    top-k/top-p, which the trainer's log-probs do not model either).
     """
 
     max_new_tokens: int = 64
@@ -66,10 +67,12 @@ class Completion:
     """One sampled completion.
 
     ``logprobs[i]`` is the log-prob of ``token_ids[i]`` under ``softmax(logits / temperature)``
-    (before top-k/top-p filtering), the distribution the trainer recomputes. For greedy
+    (before top-k/top-p filtering and with EOS in it while ``min_new_tokens`` blocks it), the distribution
+    the trainer recomputes. For greedy
     requests it is the log-prob under temperature 1. Through a vLLM server (``HTTPEngine``,
     ``--logprobs-mode processed_logprobs``) it is vLLM's: after top-k/top-p, renormalised over the
-    kept tokens (the same without them); the loss never uses these (it recomputes its own), the
+    kept tokens (the same without them). The loss recomputes its own log-probs; it reads these only
+    for the importance correction (``train.loss.importance_correction`` token or sequence), and the
     server checks compare them with the trainer's truncated distribution. ``token_ids`` include
     the EOS token when ``finish_reason == "eos"``; ``text`` is decoded without special tokens.
     """

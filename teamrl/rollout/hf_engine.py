@@ -247,10 +247,14 @@ class HFEngine(Engine):
         live = torch.arange(R, device=dev)  # output row of each batch row
         steps = int(max_new.max())
         for t in range(steps):
-            if t < eos_blocked_until:
-                logits = _block_tokens(logits, min_new.index_select(0, live) > t, self.eos_ids)
-            nxt, lp = self._sample_per_policy(logits, temp.index_select(0, live), top_k.index_select(0, live),
+            blocked = min_new.index_select(0, live) > t if t < eos_blocked_until else None
+            nxt, lp = self._sample_per_policy(logits if blocked is None else _block_tokens(logits, blocked, self.eos_ids),
+                                              temp.index_select(0, live), top_k.index_select(0, live),
                                               top_p.index_select(0, live), gens, row_owner_t, live)
+            if blocked is not None and bool(blocked.any()):
+                # the EOS block is a sampling filter, like top-k/top-p: record the unfiltered distribution's log-prob,
+                # the one the trainer recomputes (else the on-policy importance weight is not 1)
+                lp = torch.where(blocked, _token_logprob(logits, nxt, temp.index_select(0, live)), lp)
             nxt_l, lp_l, live_l = nxt.tolist(), lp.tolist(), live.tolist()
             done = torch.zeros(len(live_l), dtype=torch.bool)
             eos_hit = torch.isin(nxt, self.eos_ids) & ~ignore_eos.index_select(0, live)
@@ -408,6 +412,17 @@ def _prefill_groups(lengths: list[int]) -> list[list[int]]:
 def _cut_after_stop(text: str, stops: tuple[str, ...]) -> str:
     cuts = [text.index(s) + len(s) for s in stops if s in text]
     return text[:min(cuts)] if cuts else text
+
+
+def _token_logprob(logits: torch.Tensor, tok: torch.Tensor, temp: torch.Tensor) -> torch.Tensor:
+    """Each row's log-prob of ``tok`` under ``softmax(logits / temp)`` (temperature 0: 1), computed as :func:`_sample`
+    computes it."""
+    scaled = logits.float()
+    if not bool((temp == 1).all()):
+        scaled = scaled / torch.where(temp == 0, torch.ones_like(temp), temp).unsqueeze(1)
+    peak = scaled.amax(-1, keepdim=True)
+    log_z = (scaled - peak).exp_().sum(-1, keepdim=True).log_()
+    return (scaled.gather(-1, tok.unsqueeze(1)) - peak - log_z).squeeze(1)
 
 
 def _sample(logits: torch.Tensor, temp: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
