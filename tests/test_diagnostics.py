@@ -116,6 +116,41 @@ def test_sp_and_ip_policies_and_equalised_steps(tmp_path, monkeypatch):
     assert eq.train_step()["optimizer_steps/generator"] == 1
 
 
+def test_role_grad_norm_is_the_mean_over_the_roles_optimizer_steps_whatever_the_flags(tmp_path, monkeypatch):
+    """One definition (the workflow study's): a role's gradient norm is the mean of its norms over the optimizer steps
+    that trained it, with ``train.role_grad_norms`` on or off (issue 43.4: IP generator, equalize_steps false, 3 steps:
+    the sum 2.948 with the flag, the last step's 1.176 without it, the mean 0.983)."""
+    import itertools
+
+    import teamrl.trainer.workers as workers
+    from teamrl.tasks.solve import MathSolve
+    from teamrl.trainer.trainer import Trainer
+
+    real, steps = workers.update_policy_steps, []
+
+    def recording(policy, parts, *a, **k):
+        out = real(policy, parts, *a, **k)
+        steps.append((policy.name, [s["grad_norm"] for s in out if "grad_norm" in s]))
+        return out
+
+    monkeypatch.setattr(workers, "update_policy_steps", recording)
+    recs = []
+    for flag in ("true", "false"):
+        flip = itertools.cycle([True, False, False])
+        monkeypatch.setattr(MathSolve, "correct_many", lambda self, problem, answers: [next(flip) for _ in answers])
+        steps.clear()
+        tr = Trainer(_cfg(tmp_path / flag, "policy.mode=lora_per_role", "policy.equalize_steps=false", "rollout.batch_size=2",
+                          f"train.role_grad_norms={flag}"))
+        rec = tr.train_step()
+        norms = dict(steps)["generator"]
+        assert rec["optimizer_steps/generator"] == 3 and len(norms) == 3 and len(set(norms)) == 3, norms
+        assert rec["role_grad_norm/generator"] == pytest.approx(sum(norms) / 3, rel=1e-5), (flag, norms, rec)
+        assert rec["grad_norm/generator"] == pytest.approx(sum(norms) / 3, rel=1e-5), (flag, norms, rec)
+        recs.append(rec)
+    assert recs[0]["role_grad_norm/generator"] == pytest.approx(recs[1]["role_grad_norm/generator"], rel=1e-5)
+    assert recs[0]["role_capture/generator"] == pytest.approx(recs[1]["role_capture/generator"], rel=1e-5)
+
+
 def test_cliff_warns_keeps_the_best_checkpoint_and_stops(tmp_path, monkeypatch, capsys):
     from teamrl.core.metrics import read_metrics
     from teamrl.trainer.checkpoint import list_checkpoints

@@ -10,7 +10,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 import yaml
@@ -98,6 +98,18 @@ STARTUP_PROBE = "Write a few words about the weather."
 # The prompts of the sync check after every adapter load: fixed (each check also scores the last one's tokens) and
 # short, without the chat template (any tokens exercise the adapter; the trainer's forward is most of the check's cost)
 SYNC_PROBES = ("The weather today is", "Three colours I like are")
+
+
+# Statistics of several optimizer steps of one policy (policy.equalize_steps false) that add up; every other one is
+# the mean over the steps that have it (a role's gradient norm: the mean over the steps that trained it, as the
+# workflow study defines it and verl's reduce_metrics averages).
+SUMMED_OVER_STEPS = ("tokens", "skipped_steps")
+
+
+def over_steps(stat: str, values: Sequence[float]) -> float:
+    """One statistic of a policy's (or role's) optimizer steps of an iteration: the sum for :data:`SUMMED_OVER_STEPS`,
+    else the mean."""
+    return sum(values) if stat in SUMMED_OVER_STEPS else sum(values) / len(values)
 
 
 class Trainer:
@@ -588,14 +600,14 @@ class Trainer:
             check_sampling_logprobs(train_samples, mode)  # would come back wrapped in its remote traceback
         steps = self.placement.update(parts_by_policy, self.update_settings, self.tokenizer.pad_token_id, self.eos_ids)
         for name, parts in parts_by_policy.items():
+            policy_stats: dict[str, list[float]] = {}
             for part_stats in steps[name]:
                 for k, v in part_stats.items():
                     if "@" in k:
                         role_stats.setdefault(k, []).append(v)
-                    elif k == "skipped_steps":
-                        record[f"{k}/{name}"] = record.get(f"{k}/{name}", 0.0) + v
-                    elif k not in IMPORTANCE_STATS:  # those are of every step's weights (below), not the last step's
-                        record[f"{k}/{name}"] = v
+                    elif k not in IMPORTANCE_STATS:  # those are of every step's weights (below)
+                        policy_stats.setdefault(k, []).append(v)
+            record.update({f"{k}/{name}": over_steps(k, v) for k, v in policy_stats.items()})
             record.update({f"{k}/{name}": v for k, v in combine_importance_stats(steps[name]).items()})
             record[f"optimizer_steps/{name}"] = len([p for p in parts if p]) - int(record.get(f"skipped_steps/{name}", 0))
             if self.pipelined:
@@ -605,8 +617,7 @@ class Trainer:
             for k, v in getattr(self.engine, "sync_figures", {}).get(name, {}).items():  # the server's sync check
                 if k != "version":
                     record[f"sync/{name}/{k}"] = v
-        # per-role statistics add up over the instances' steps (entropy: their mean)
-        self.last_role_stats = {k: (sum(v) / len(v) if k.startswith("entropy@") else sum(v)) for k, v in role_stats.items()}
+        self.last_role_stats = {k: over_steps(k.split("@", 1)[0], v) for k, v in role_stats.items()}
         return samples, train_samples
 
     def _assign_advantages(self, samples: list[Sample]) -> list[Sample]:
