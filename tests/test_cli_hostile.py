@@ -222,6 +222,61 @@ def test_resume_with_a_truncated_last_checkpoint_names_it_and_offers_the_intact_
     torch.load(ckpts / "step_000002" / broken, weights_only=False)  # rewritten whole
 
 
+class _RunsACommand:
+    """What an attacker puts into a checkpoint: unpickling it runs ``touch <path>`` (issue 44, H3)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.path}",))
+
+
+def test_a_checkpoint_that_would_run_code_is_refused_in_one_line_and_runs_nothing(capsys, tmp_path, two_checkpoints):
+    # old: trainer_state.pt was loaded with weights_only=False: both commands ran `touch PWNED`
+    shutil.copytree(two_checkpoints, tmp_path, dirs_exist_ok=True)
+    last = tmp_path / "r" / "checkpoints" / "step_000002"
+    pwned = tmp_path / "PWNED"
+    state = torch.load(last / "trainer_state.pt", weights_only=False)  # the test crafts it: its own file
+    state["rng"]["python"] = _RunsACommand(pwned)
+    torch.save(state, last / "trainer_state.pt")
+    rc, err = run_cli(capsys, "eval", "--checkpoint", str(tmp_path / "r"), "--limit", "1")
+    assert not pwned.exists()
+    assert_one_line_error(rc, err, str(last / "trainer_state.pt"))
+    rc, err = run_cli(capsys, *tiny_train(tmp_path, "name=r", "train.steps=3"), "--resume")
+    assert not pwned.exists()
+    assert_one_line_error(rc, err, str(last / "trainer_state.pt"))
+
+
+def test_rng_states_are_plain_data_and_a_checkpoint_of_the_old_layout_still_restores(tmp_path):
+    """RNG states are stored as tensors and lists (weights_only loads them); the tuples and numpy array of checkpoints
+    written before still restore (rebuilding an array runs no code of the file's)."""
+    import random
+
+    import numpy as np
+
+    from teamrl.core.seeding import rng_state, set_rng_state
+    from teamrl.trainer.checkpoint import _read
+
+    legacy = lambda: {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}  # noqa: E731
+    for capture in (rng_state, legacy):
+        torch.save({"rng": capture()}, tmp_path / "s.pt")
+        want = (random.random(), float(np.random.rand()), float(torch.rand(1)))
+        random.random(), np.random.rand(), torch.rand(1)  # move every generator on
+        set_rng_state(_read(tmp_path / "s.pt")["rng"])
+        assert (random.random(), float(np.random.rand()), float(torch.rand(1))) == want
+
+
+def test_no_file_a_run_directory_holds_is_unpickled_with_code_allowed():
+    """Every load of a checkpoint is ``torch.load(..., weights_only=True)``: tensors and plain data only."""
+    import re
+
+    root = Path(__file__).resolve().parents[1] / "teamrl"
+    found = [f"{p}:{i}" for p in root.rglob("*.py") for i, line in enumerate(p.read_text().splitlines(), 1)
+             if re.search(r"weights_only\s*=\s*False|pickle\.loads?\(|torch\.load\((?!.*weights_only=True)", line)]
+    assert not found, found
+
+
 def test_resume_intact_without_any_intact_checkpoint_is_one_line(capsys, tmp_path, two_checkpoints):
     shutil.copytree(two_checkpoints, tmp_path, dirs_exist_ok=True)
     for step in ("step_000001", "step_000002"):

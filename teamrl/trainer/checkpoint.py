@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import errno
 import os
+import pickle
 import re
 import shutil
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Protocol
 
+import numpy as np
 import torch
 
 from teamrl.core.config import InputError, InputFileMissing
@@ -131,11 +133,21 @@ def _write(obj: Any, path: Path) -> None:
         torch.save(obj, f)
 
 
-def _read(path: Path, **kwargs: Any) -> Any:
-    """``torch.load(path)``; a file that does not load (truncated, corrupt) is a :class:`CheckpointUnreadable` naming it."""
+# What checkpoints written before RNG states were plain data hold besides tensors: numpy's RNG key array.
+# Rebuilding an array runs no code of the file's choosing; anything else that is not plain data is refused.
+_LEGACY_SAFE_GLOBALS = [np._core.multiarray._reconstruct, np.ndarray, np.dtype, np.dtypes.UInt32DType]
+
+
+def _read(path: Path, mmap: bool = False) -> Any:
+    """Load a checkpoint file as tensors and plain data only (``weights_only``: unpickling can run no code). A file
+    that does not load (truncated, corrupt, or holding anything else) is a :class:`CheckpointUnreadable` naming it."""
     try:
-        return torch.load(path, map_location="cpu", **kwargs)
+        with torch.serialization.safe_globals(_LEGACY_SAFE_GLOBALS):
+            return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except Exception as e:  # torch raises RuntimeError, EOFError, UnpicklingError, ... for a damaged file
+        if "Weights only load failed" in str(e) or isinstance(e, pickle.UnpicklingError):
+            raise CheckpointUnreadable(f"checkpoint file {path} holds something other than tensors and plain data "
+                                       "(loading it could run code); refused: use a checkpoint teamrl wrote") from e
         reason = " ".join(str(e).split(". ")[0].split()) or type(e).__name__
         raise CheckpointUnreadable(f"checkpoint file {path} is truncated or corrupt ({reason})") from e
 
@@ -144,10 +156,7 @@ def verify_checkpoint(path: Path) -> None:
     """Check that every file of the checkpoint at ``path`` reads back whole (without loading the tensors:
     memory-mapped); raise :class:`CheckpointUnreadable` naming the first that does not."""
     for f in sorted(path.glob("*.pt")):
-        if f.name == "trainer_state.pt":
-            _read(f, weights_only=False)
-        else:
-            _read(f, weights_only=True, mmap=True)
+        _read(f, mmap=f.name != "trainer_state.pt")
 
 
 def checkpoint_to_resume(folder: Path, intact: bool = False) -> tuple[Path | None, list[tuple[Path, Path]]]:
@@ -235,7 +244,7 @@ def load_checkpoint(path: Path, policies: PolicyRouter | PolicyStates) -> dict[s
         if not f.is_file():
             raise InputFileMissing(f"checkpoint {path} has no weights for policy {name!r} ({f.name}); was the policy mode changed?")
         # a GPU run resumes on a CPU too (_read maps to the CPU)
-        states.load_policy_state(name, _read(f, weights_only=True), _read(path / f"optimizer_{name}.pt", weights_only=True))
-    state = _read(path / "trainer_state.pt", weights_only=False)
+        states.load_policy_state(name, _read(f), _read(path / f"optimizer_{name}.pt"))
+    state = _read(path / "trainer_state.pt")
     set_rng_state(state["rng"])
     return state
