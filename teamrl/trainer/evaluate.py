@@ -21,7 +21,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
@@ -55,7 +55,7 @@ class EvalRow:
     tokens_per_s: float
     seconds_per_problem: float
     pass_at_1: float | None = None  # for tasks that can say whether an answer is fully correct
-    valid: float | None = None  # share of replies the task reads as a valid answer/action (None: the task cannot tell)
+    valid: float | None = None  # share of judged replies in their role's format (reply_valid; None: nothing could be judged)
     replies_per_problem: float = 0.0
     scores: list[float] = field(default_factory=list)  # normalised return per problem, in problem order
     stats: dict[str, float] = field(default_factory=dict)  # a workflow run's diagnostics (accuracy, verdicts, votes, ...)
@@ -252,7 +252,7 @@ def evaluate(cfg: Config, methods: list[str], checkpoint: Path | None = None, li
         outcomes = [r.outcome for r in results if r.outcome is not None]
         stats = workflow_stats(spec, outcomes) if len(outcomes) == n else {}
         passed = stats.get("accuracy")
-        episodes = [episode_record(method, baseline.name, p, ctx, r, max_reward, task) for p, ctx, r in zip(problems, ctxs, results)]
+        episodes = [episode_record(method, baseline.name, p, ctx, r, max_reward, task, spec.formats) for p, ctx, r in zip(problems, ctxs, results)]
         verdicts = [c["valid"] for e in episodes for c in e["calls"] if c["valid"] is not None]
         valid = sum(verdicts) / len(verdicts) if verdicts else None
         rows.append(EvalRow(method, mean, stderr, n, tokens / wall, wall / n, passed, valid, len(replies) / n, scores, stats,
@@ -301,10 +301,11 @@ def _plain(value: Any) -> Any:
 
 
 def episode_record(method: str, workflow: str, problem: Any, ctx: EpisodeContext, result: Any, max_reward: float,
-                   task: Any) -> dict[str, Any]:
+                   task: Any, formats: Mapping[str, Callable[[str], bool] | None] | None = None) -> dict[str, Any]:
     """One evaluated episode as a JSON-friendly dict: its score and outcome, every call (role, policy,
     turn, the prompt messages and rendered prompt, the completion, token counts, the call's own reward,
-    whether the task reads it as a valid reply) and every reward the workflow reported, in order
+    whether it is a valid reply of its role: :func:`~teamrl.tasks.task.reply_valid` with the workflow's
+    ``formats``) and every reward the workflow reported, in order
     (``after_call``: the index of the last call issued before it)."""
     calls, rewards, last_call = [], [], None
     for event in ctx.events:
@@ -318,7 +319,7 @@ def episode_record(method: str, workflow: str, problem: Any, ctx: EpisodeContext
                 "messages": _plain(event.messages), "prompt": s.prompt_text, "completion": s.text,
                 "finish_reason": s.finish_reason, "prompt_tokens": len(s.prompt_ids),
                 "completion_tokens": len(s.completion_ids), "own_reward": own_reward(s),
-                "valid": reply_valid(task, problem, s.text),
+                "valid": reply_valid(task, problem, s.text, role=s.role, formats=formats),
                 **({"tags": _plain(s.tags)} if s.tags else {}),
             })
     outcome = result.outcome
