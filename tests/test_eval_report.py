@@ -79,6 +79,33 @@ def test_report_writes_plots_and_page(toy_cfg, tmp_path):
     assert r.returncode == 2 and "metrics.jsonl" in r.stderr
 
 
+def _stats_run(run_dir, workflow: str):
+    """A run folder with three steps of a workflow's statistics (orch/*, critic/*) and its config."""
+    import json
+
+    import yaml
+
+    run_dir.mkdir(parents=True)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump({"workflow": {"name": workflow}}))
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(
+        {"step": i, "reward_mean": 0.1 * i, "orch/subtasks_mean": 1.0 + i, "critic/agree": 0.5}) + "\n" for i in (1, 2, 3)))
+    return run_dir
+
+
+def test_a_users_workflow_stats_are_charted_without_a_shipped_title(tmp_path):
+    """orch/* of a user's workflow was drawn under the Orch-Workers title, critic/* had no PNG chart."""
+    page = write_report(_stats_run(tmp_path / "mine", "my_orchestrator")).parent
+    md, html = (page / "report.md").read_text(), (page / "index.html").read_text()
+    assert "Orch-Workers" not in md and "Orch-Workers" not in html
+    for family in ("orch/*", "critic/*"):
+        assert f"## {family}" in md, md  # a PNG chart each, titled by the prefix
+        assert f"<figcaption>{family}</figcaption><svg" in html
+    assert sum(f"]({p.name})" in md for p in page.glob("*.png")) == len(list(page.glob("*.png"))) >= 3
+
+    shipped = write_report(_stats_run(tmp_path / "theirs", "orch_workers")).parent  # the shipped workflow keeps its title
+    assert "## Orch-Workers: subtasks per plan, over-limit rate" in (shipped / "report.md").read_text()
+
+
 def test_tensorboard_events_are_written(toy_cfg, tmp_path):
     Trainer(toy_cfg).train()
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator

@@ -60,6 +60,44 @@ def test_eval_of_a_users_workflow_routes_trained_and_base_weights_and_keeps_its_
     assert team.replies_per_problem == 2
 
 
+async def shaped(ctx, task, problem, settings) -> float:
+    """A user workflow scored by its own reward (0.25 for trying), not the task's 1 / 0."""
+    await ctx.generate("solver", task.prompt(problem))
+    return 0.25
+
+
+def test_eval_says_when_rows_are_scored_by_different_measures(tmp_path, monkeypatch):
+    """The single baseline is scored by the task's reward, a user workflow by its own: the table and
+    results.json name each row's measure and say that their returns do not compare."""
+    import json
+
+    from teamrl.trainer.evaluate import write_results
+
+    monkeypatch.setitem(WORKFLOWS, "shaped", Workflow(shaped, ("solver",)))
+    cfg = _cfg(tmp_path, "workflow.name=shaped", "task.split=test")
+    rows = evaluate(cfg, ["untrained", "single"], limit=2, progress=False)
+    by = {r.method: r for r in rows}
+    assert by["untrained"].scores == [0.25, 0.25]
+    assert "'shaped'" in by["untrained"].scored_by and "math.solve" in by["single"].scored_by
+    table = format_table(rows)
+    assert "| scored by |" in table and "different measures" in table, table
+    from teamrl.trainer.evaluate import compare, format_comparison
+
+    assert "not comparable" in format_comparison(compare(rows, "untrained", "single"))  # the paired difference says so too
+    results = json.loads((write_results(rows, tmp_path / "ev", cfg, ["teamrl", "eval"]) / "results.json").read_text())
+    assert results["methods"]["single"]["scored_by"] == by["single"].scored_by
+    assert results["comparisons"][0]["same_measure"] is False and results["measures_differ"] is True
+    from teamrl.trainer.report import _eval_table
+
+    assert "<th>scored by</th>" in _eval_table(results) and "different measures" in _eval_table(results)  # the HTML report
+
+
+def test_shipped_workflow_rows_share_one_measure(tmp_path):
+    rows = evaluate(_cfg(tmp_path, "task.split=test"), ["untrained", "single"], limit=1, progress=False)
+    assert rows[0].scored_by == rows[1].scored_by
+    assert "different measures" not in format_table(rows) and "scored by" not in format_table(rows)
+
+
 def test_cli_eval_of_a_workflow_run_defaults_to_team_untrained_single(tmp_path, capsys):
     from teamrl.cli import main
 

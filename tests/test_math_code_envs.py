@@ -56,6 +56,20 @@ def test_extract_answer():
     assert extract_answer("Answer: 1\nwait, no.\nAnswer: 2") == "2"
 
 
+@pytest.mark.parametrize("text", [
+    "The final answer is: 42", "answer is: $42", "answer is:42", "The answer is: \\boxed{42}", "answer is 42.",
+    "So the **answer is**: 42", "The answer is = 42",
+])
+def test_answer_is_with_a_colon_reads_and_grades_right(text):
+    # a colon after "is" was kept in the answer (": 42"), so a right reply scored 0
+    from teamrl.tasks.solve import MathSolve, MathSolveOptions
+    from teamrl.tasks.task import Problem
+
+    assert extract_answer(text).lstrip("$") == "42"
+    task = MathSolve(MathSolveOptions(num_problems=8, test_size=2, last_number=False))
+    assert task.reward(Problem("p", {"question": "6 * 7", "answer": "42"}), text) == 1.0
+
+
 # What math-verify decides that the old hand-written grader (removed in issue 35) got wrong or
 # could not read; the old verdict is in each comment.
 @pytest.mark.parametrize("answer, truth, right", [

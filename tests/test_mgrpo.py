@@ -165,6 +165,30 @@ def test_sub_rewards_follow_the_parent_outcome_as_configured(mode):
         prepare_sub_samples([_sub("q", 7, 0, 0, True)], {("q", 0): 1.0}, d_max=2, mode=mode, seed=5)
 
 
+def test_sub_calls_per_rollout_counts_a_user_workflows_sub_episodes(monkeypatch):
+    """A user workflow opens workers with ``ctx.sub_episode`` and reports no ``stats["calls"]``: the
+    metric counted only reported calls, so it logged 0.0 while the workers ran 1.5 times per rollout."""
+    from teamrl.algorithms.m_grpo import MGRPO, MGRPOSettings
+    from teamrl.tasks.solve import MathSolve, MathSolveOptions
+    from teamrl.workflows import WORKFLOWS, EpisodeOutcome, register_workflow
+    from tests.fakes import run_all, scripted_factory
+
+    monkeypatch.setattr(WORKFLOWS, "_items", dict(WORKFLOWS._items))  # leave the library's registry alone
+
+    @register_workflow("orch_counted", roles=("orchestrator", "worker"), sub_roles=("worker",))
+    async def orch(ctx, task, problem, settings):
+        await ctx.generate("orchestrator", task.prompt(problem))
+        for _ in range(1 + ctx.episode % 2):  # episodes 0, 2: one worker; 1, 3: two
+            await ctx.sub_episode("worker").generate("worker", "do a part")
+        return EpisodeOutcome("", None, False)
+
+    task = MathSolve(MathSolveOptions(num_problems=4, test_size=2))
+    algo = MGRPO(MGRPOSettings(k=4), workflow="orch_counted")
+    samples = algo.rollout(task.problems(), task, scripted_factory(), run_all)
+    assert sum(s.role == "worker" and not s.tags.get("duplicate") for s in samples) == 2 * 6
+    assert algo.metrics(samples)["sub_calls_per_rollout"] == 1.5
+
+
 # --- end to end on a tiny model ----------------------------------------------------------------
 
 

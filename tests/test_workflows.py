@@ -242,6 +242,41 @@ def test_eval_opt_on_code(tmp_path):
     assert outcome.correct and outcome.stats["iterations"] == 1
 
 
+def test_a_valid_code_reply_holds_a_program_defining_the_function():
+    """code.solve's format: a program that parses and defines the entry point; prose (a critic's) is not one."""
+    task = CodeSolve(CodeSolveOptions(num_problems=2, test_size=1))
+    problem = task.problems()[0]
+    code = problem.data["code"]
+    assert task.valid(problem, f"Here:\n```python\n{code.canonical_solution}\n```") is True
+    assert task.valid(problem, "The function looks right to me; it handles the empty list.") is False
+    assert task.valid(problem, "Correct") is False  # parses as Python, but defines nothing
+    assert task.valid(problem, "```python\ndef (broken:\n```") is False
+    assert task.valid(problem, "```python\ndef other(): pass\n```") is False  # not the function asked for
+
+
+def test_eval_validity_is_judged_per_role():
+    """teamrl eval's valid replies: a role that gives the task's answer is judged by the task's format, a role
+    with its own format by that (Eval-Opt's evaluator: a readable verdict), a free-text role not at all."""
+    from teamrl.trainer.evaluate import episode_record
+    from teamrl.workflows.episode import EpisodeResult
+
+    task = CodeSolve(CodeSolveOptions(num_problems=2, test_size=1))
+    problem = task.problems()[0]
+    good = f"```python\n{problem.data['code'].canonical_solution}\n```"
+
+    def valid_by_role(generator: str, evaluator: str) -> dict[str, bool | None]:
+        outcome, ctx, _ = run_episode(eval_opt, task, problem, lambda p, t, i: generator if p == "generator" else evaluator,
+                                      settings=WorkflowSettings(max_iterations=2))
+        rec = episode_record("team", "eval_opt", problem, ctx, EpisodeResult(outcome, 0.0, 0.0), 1.0, task,
+                             formats=WORKFLOWS["eval_opt"].formats)
+        return {c["role"]: c["valid"] for c in rec["calls"]}
+
+    assert valid_by_role(good, "Verdict: Correct") == {"generator": True, "evaluator": True}
+    assert valid_by_role(good, "I think this is right.") == {"generator": True, "evaluator": False}  # no verdict
+    assert valid_by_role("I would loop over the list.", "Verdict: Incorrect") == {"generator": False, "evaluator": True}
+    assert WORKFLOWS["orch_workers"].formats["worker"] is None  # a worker's output is free text: not judged
+
+
 # --- the algorithm --------------------------------------------------------------------------------
 
 

@@ -86,6 +86,31 @@ NOTES = (
     "at_grpo and m_grpo credit the rewards a workflow reports in their own way and refuse any `workflow.reward` other "
     "than `outcome` in one line: report that reward from the workflow instead (`ctx.reward`, "
     "`EpisodeOutcome(team_reward=...)`), which every algorithm reads.",
+    "",
+    "## Your own workflow",
+    "",
+    "The table covers the shipped workflows; a workflow you register (`@register_workflow(name, roles=..., ...)`, "
+    "[write_your_own_team.md](write_your_own_team.md)) is checked by the same rules, before any model loads:",
+    "",
+    "| your workflow | grpo | magrpo | at_grpo | m_grpo |",
+    "|---|---|---|---|---|",
+    "| no `sub_roles`, replayable (the default) | runs | runs | runs | refused: it opens no sub-episodes |",
+    "| `replayable=False` (not deterministic given its texts) | runs | refused | refused | refused: it opens no sub-episodes |",
+    "| `sub_roles=(...)` (opens `ctx.sub_episode`) | refused: use m_grpo | refused | refused | runs |",
+    "",
+    "- It runs on any task (a shipped workflow names the kind of task it needs); magrpo and at_grpo branch it by "
+    "replaying its calls, so it must draw randomness from `ctx.rng` only ([episodes.md](episodes.md)).",
+    "- Under m_grpo every sample generated inside a `ctx.sub_episode` is the sub-agent's (grouped per question after "
+    "trajectory alignment), the rest the main agent's; the main reward is the episode's team return. "
+    "`sub_calls_per_rollout` counts the sub-episodes each rollout opened. `m_grpo.sub_reward: gated` (and `format`) "
+    "reads a sub-call's format validity from `outcome.stats[\"calls\"]`: a list with one entry per sub-episode in the "
+    "order they were opened, each with a `format_valid` attribute (e.g. `SubCall` of "
+    "`teamrl.workflows.research_team`); a workflow that reports none has every sub-call valid (`gated` is then "
+    "`outcome`, `format` always 1), and `sub_format_valid` is not logged "
+    "([write_your_own_team.md](write_your_own_team.md#sub-episodes-m-grpo)).",
+    "- `workflow.reward` other than `outcome` is applied by grpo only, as above.",
+    "- `teamrl eval` scores it by its own return (the `scored by` column says so beside the baselines, which are "
+    "scored by the task's reward; [evaluation.md](evaluation.md)).",
 )
 
 

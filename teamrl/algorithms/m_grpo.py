@@ -299,7 +299,8 @@ class MGRPO(Algorithm):
             "success_rate": sum(correct(r) for r in results) / len(results),
             "main_reward": sum(r.team_return for r in results) / len(results),
             "main_valid": sum(bool(r.outcome.stats.get("valid", True)) if r.outcome else True for r in results) / len(results),
-            "sub_calls_per_rollout": len(all_calls) / len(results),
+            # the sub-episodes each rollout opened, whether or not its workflow reports stats["calls"]
+            "sub_calls_per_rollout": sum(ctx.sub_episodes for _, ctx in jobs) / len(results),
         }
         if all_calls:
             metrics["sub_format_valid"] = sum(c.format_valid for c in all_calls) / len(all_calls)

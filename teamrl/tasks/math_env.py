@@ -122,12 +122,16 @@ def last_boxed(text: str) -> str | None:
     return found
 
 
-_ANSWER_LINE = re.compile(r"(?im)(?:^|[\s.,;:])[*_#>\- \t]*(?:the[^\S\n]+)?(?:final[^\S\n]+)?answer[^\S\n]*[*_]*[^\S\n]*(?:is\b|[:=])[*_]*[^\S\n]*(.*)$")
+# "answer is" may be followed by its own colon or equals sign ("The final answer is: 42", "**answer is**: 42"),
+# which is punctuation, not part of the answer
+_ANSWER_LINE = re.compile(r"(?im)(?:^|[\s.,;:])[*_#>\- \t]*(?:the[^\S\n]+)?(?:final[^\S\n]+)?answer[^\S\n]*[*_]*[^\S\n]*"
+                          r"(?:is\b[*_]*[^\S\n]*[:=]?|[:=])[*_]*[^\S\n]*(.*)$")
 
 
 def extract_answer(text: str) -> str | None:
     """The answer in a reasoner's text: the last ``\\boxed{...}``, else what follows the last
-    ``Answer:`` label (at the start of a line or after text on it; markdown emphasis allowed),
+    ``Answer:`` label, ``answer is`` or ``answer is:`` (at the start of a line or after text on it;
+    markdown emphasis allowed),
     stripped of a final period; None if none."""
     if not isinstance(text, str):
         return None

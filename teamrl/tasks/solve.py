@@ -21,6 +21,7 @@ the rest, ``split: test`` gives the held-out ones (evaluation during training, `
 
 from __future__ import annotations
 
+import ast
 import re
 from dataclasses import dataclass
 from typing import ClassVar, Sequence
@@ -165,6 +166,20 @@ class CodeSolve(CodeProblems, SolveTask):
     def extract(self, text: str) -> str | None:
         code = extract_code(text)
         return code or None
+
+    def valid(self, problem: Problem, text: str) -> bool:
+        """Format validity (``teamrl eval``): the reply holds a program (its fenced block, else the
+        whole text) that parses as Python and defines the function asked for. Any non-empty text is
+        *scored* (:meth:`extract`), but prose, a critique or a verdict is not a code reply."""
+        code = self.extract(text)
+        if code is None:
+            return False
+        try:
+            tree = ast.parse(code)
+        except (SyntaxError, ValueError):  # ValueError: a NUL byte in the text
+            return False
+        entry = problem.data["code"].entry_point
+        return any(isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == entry for node in ast.walk(tree))
 
     def correct_many(self, problem: Problem, answers: Sequence[str | None]) -> list[bool]:
         """Distinct programs run once each, in parallel, in the sandbox."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field, replace
-from typing import Any, ClassVar, Sequence
+from typing import Any, Callable, ClassVar, Mapping, Sequence
 
 from teamrl.core.config import ConfigError, InputError
 
@@ -56,10 +56,23 @@ def checked_rewards(task_name: str, call: str, values: Any, expected: int, per: 
     return [checked_reward(task_name, f"{call}[{i}]", v) for i, v in enumerate(values)]
 
 
-def reply_valid(task: Any, problem: Problem, text: str) -> bool | None:
-    """Whether ``text`` is a reply in the task's format (an answer it can read, an action it can
-    parse), from the task's optional hook ``valid(problem, text) -> bool``; None when the task
-    has no such hook (format validity unknown). Anything but a bool or None is an :class:`InputError`."""
+def reply_valid(task: Any, problem: Problem, text: str, role: str | None = None,
+                formats: Mapping[str, Callable[[str], bool] | None] | None = None) -> bool | None:
+    """Whether ``text`` is a reply in the format its role must give; None when that is unknown.
+
+    ``formats`` (a workflow's :attr:`~teamrl.workflows.Workflow.formats`) names the roles that do not
+    give the task's answer: role (or role type: ``worker0`` -> ``worker``) -> its own check of a reply,
+    or None for a free-text role (not judged: None). Every other role gives the task's answer and is
+    judged by the task's optional hook ``valid(problem, text) -> bool`` (an answer it can read, an
+    action it can parse); None when the task has no such hook. Anything but a bool or None from the
+    task's hook is an :class:`InputError`."""
+    if role is not None and formats:
+        from teamrl.policies.router import role_type  # imported here: teamrl.policies imports the tasks
+
+        kind = role if role in formats else role_type(role)
+        if kind in formats:
+            check = formats[kind]
+            return None if check is None else bool(check(text))
     hook = getattr(task, "valid", None)
     if hook is None:
         return None

@@ -21,7 +21,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
@@ -55,12 +55,13 @@ class EvalRow:
     tokens_per_s: float
     seconds_per_problem: float
     pass_at_1: float | None = None  # for tasks that can say whether an answer is fully correct
-    valid: float | None = None  # share of replies the task reads as a valid answer/action (None: the task cannot tell)
+    valid: float | None = None  # share of judged replies in their role's format (reply_valid; None: nothing could be judged)
     replies_per_problem: float = 0.0
     scores: list[float] = field(default_factory=list)  # normalised return per problem, in problem order
     stats: dict[str, float] = field(default_factory=dict)  # a workflow run's diagnostics (accuracy, verdicts, votes, ...)
     episodes: list[dict[str, Any]] = field(default_factory=list)  # per problem, in problem order: :func:`episode_record`
     note: str = ""  # a line the table opens with: :func:`training_problems_note`
+    scored_by: str = ""  # what its scores measure (:func:`score_measure`); rows that differ are not comparable
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,7 @@ class Comparison:
     difference: float
     stderr: float
     problems: int
+    same_measure: bool = True  # both rows scored by one measure (else the difference compares unlike numbers)
 
     @property
     def beyond_noise(self) -> bool:
@@ -97,14 +99,25 @@ def compare(rows: Sequence[EvalRow], trained: str = "team", untrained: str = "un
         raise ValueError(f"compare: rows {trained!r} and {untrained!r} scored {len(a)} and {len(b)} problems; "
                          "a paired comparison needs the same problems")
     diff, se = mean_and_stderr([x - y for x, y in zip(a, b)])
-    return Comparison(trained, untrained, diff, se, len(a))
+    return Comparison(trained, untrained, diff, se, len(a), by[trained].scored_by == by[untrained].scored_by)
 
 
 def format_comparison(c: Comparison) -> str:
     """One line: the paired difference, its standard error and whether it exceeds the noise."""
     verdict = "exceeds 2 standard errors" if c.beyond_noise else "within 2 standard errors (not distinguishable from noise)"
+    unlike = "" if c.same_measure else " [scored by different measures: not comparable]"
     return (f"{c.trained} - {c.untrained}: {c.difference:+.3f} +/- {c.stderr:.3f} normalised return "
-            f"(paired over the same {c.problems} problems): {verdict}")
+            f"(paired over the same {c.problems} problems): {verdict}{unlike}")
+
+
+def score_measure(workflow: str, spec: Workflow, task: Any) -> str:
+    """What a row's normalised return measures. The shipped workflows and baselines score an episode by
+    the task's own reward; a user's workflow by whatever it returns and reports (its team return), which
+    need not be the task's reward, so a user workflow's rows and the baselines' are labelled apart."""
+    module = getattr(spec.run, "__module__", "") or ""
+    if module == "teamrl" or module.startswith("teamrl."):
+        return f"task reward ({getattr(task, 'name', '?')})"
+    return f"workflow {workflow!r} return"
 
 
 def workflow_stats(workflow: Workflow, outcomes: Sequence[EpisodeOutcome]) -> dict[str, float]:
@@ -252,11 +265,11 @@ def evaluate(cfg: Config, methods: list[str], checkpoint: Path | None = None, li
         outcomes = [r.outcome for r in results if r.outcome is not None]
         stats = workflow_stats(spec, outcomes) if len(outcomes) == n else {}
         passed = stats.get("accuracy")
-        episodes = [episode_record(method, baseline.name, p, ctx, r, max_reward, task) for p, ctx, r in zip(problems, ctxs, results)]
+        episodes = [episode_record(method, baseline.name, p, ctx, r, max_reward, task, spec.formats) for p, ctx, r in zip(problems, ctxs, results)]
         verdicts = [c["valid"] for e in episodes for c in e["calls"] if c["valid"] is not None]
         valid = sum(verdicts) / len(verdicts) if verdicts else None
         rows.append(EvalRow(method, mean, stderr, n, tokens / wall, wall / n, passed, valid, len(replies) / n, scores, stats,
-                            episodes))
+                            episodes, scored_by=score_measure(baseline.name, spec, task)))
     note = training_problems_note(cfg, checkpoint)
     for r in rows:
         r.note = note
@@ -269,15 +282,23 @@ def format_table(rows: list[EvalRow]) -> str:
     (the problems are the run's training problems) opens the table."""
     with_pass = any(r.pass_at_1 is not None for r in rows)
     with_valid = any(r.valid is not None for r in rows)
+    # a user workflow's own return beside the baselines' task reward: say so, row by row
+    unlike = len({r.scored_by for r in rows}) > 1
     note = next((r.note for r in rows if r.note), "")
-    head = ("| method | normalised return (mean +/- stderr) |" + (" pass@1 / success |" if with_pass else "")
-            + (" valid replies |" if with_valid else ""))
-    lines = ([note, ""] if note else []) + [head + " problems | generated tokens/s | s / problem |",
-                                            "|---" * (head.count("|") + 2) + "|"]
+    notes = [note] if note else []
+    if unlike:
+        notes.append("note: the rows are scored by different measures (the scored by column), so their normalised returns and "
+                     "paired differences do not compare" + ("; pass@1 / success (correctness) does, where rows have it" if with_pass else ""))
+    head = ("| method | normalised return (mean +/- stderr) |" + (" scored by |" if unlike else "")
+            + (" pass@1 / success |" if with_pass else "") + (" valid replies |" if with_valid else ""))
+    lines = (notes + [""] if notes else []) + [head + " problems | generated tokens/s | s / problem |",
+                                               "|---" * (head.count("|") + 2) + "|"]
     for r in rows:
+        m = f" {r.scored_by} |" if unlike else ""
         p = (f" {r.pass_at_1:.3f} |" if r.pass_at_1 is not None else " - |") if with_pass else ""
         v = (f" {r.valid:.3f} |" if r.valid is not None else " - |") if with_valid else ""
-        lines.append(f"| {r.method} | {r.mean:.3f} +/- {r.stderr:.3f} |{p}{v} {r.problems} | {r.tokens_per_s:.0f} | {r.seconds_per_problem:.2f} |")
+        lines.append(f"| {r.method} | {r.mean:.3f} +/- {r.stderr:.3f} |{m}{p}{v} {r.problems} | {r.tokens_per_s:.0f} | "
+                     f"{r.seconds_per_problem:.2f} |")
     keys = list(dict.fromkeys(k for r in rows for k in r.stats))
     if keys:
         lines += ["", "| statistic | " + " | ".join(r.method for r in rows) + " |", "|---" * (len(rows) + 1) + "|"]
@@ -301,10 +322,11 @@ def _plain(value: Any) -> Any:
 
 
 def episode_record(method: str, workflow: str, problem: Any, ctx: EpisodeContext, result: Any, max_reward: float,
-                   task: Any) -> dict[str, Any]:
+                   task: Any, formats: Mapping[str, Callable[[str], bool] | None] | None = None) -> dict[str, Any]:
     """One evaluated episode as a JSON-friendly dict: its score and outcome, every call (role, policy,
     turn, the prompt messages and rendered prompt, the completion, token counts, the call's own reward,
-    whether the task reads it as a valid reply) and every reward the workflow reported, in order
+    whether it is a valid reply of its role: :func:`~teamrl.tasks.task.reply_valid` with the workflow's
+    ``formats``) and every reward the workflow reported, in order
     (``after_call``: the index of the last call issued before it)."""
     calls, rewards, last_call = [], [], None
     for event in ctx.events:
@@ -318,7 +340,7 @@ def episode_record(method: str, workflow: str, problem: Any, ctx: EpisodeContext
                 "messages": _plain(event.messages), "prompt": s.prompt_text, "completion": s.text,
                 "finish_reason": s.finish_reason, "prompt_tokens": len(s.prompt_ids),
                 "completion_tokens": len(s.completion_ids), "own_reward": own_reward(s),
-                "valid": reply_valid(task, problem, s.text),
+                "valid": reply_valid(task, problem, s.text, role=s.role, formats=formats),
                 **({"tags": _plain(s.tags)} if s.tags else {}),
             })
     outcome = result.outcome
@@ -428,6 +450,8 @@ def write_results(rows: Sequence[EvalRow], out_dir: Path, cfg: Config, command: 
         "problems": {**problem_source(cfg, training_task), "ids": [e["problem_id"] for e in rows[0].episodes] if rows else []},
         "methods": methods,
         "comparisons": [{**dataclasses.asdict(c), "beyond_noise": c.beyond_noise} for c in paired_comparisons(rows)],
+        # set only when the rows' measures differ (a user workflow's own return beside the task's reward)
+        "measures_differ": len({r.scored_by for r in rows}) > 1,
         "config": _plain(config_to_dict(cfg)),
     }
     (out_dir / RESULTS_FILE).write_text(json.dumps(results, indent=1) + "\n")

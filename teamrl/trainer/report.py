@@ -41,6 +41,55 @@ PLOTS = (
 )
 
 
+# the PLOTS of one shipped workflow's statistics: titled by that workflow only on its own runs (a user's workflow
+# may log orch/* or evaluator/* too; its chart must not claim to be Orch-Workers or Eval-Opt)
+WORKFLOW_PLOTS = frozenset({"eval_opt", "voting", "orch_workers"})
+
+
+def run_workflow(run_dir: Path) -> str | None:
+    """The ``workflow.name`` of the run's ``config.yaml``; None without one (or without the file)."""
+    conf = Path(run_dir) / "config.yaml"
+    if not conf.is_file():
+        return None
+    import yaml
+
+    try:
+        data = yaml.safe_load(conf.read_text()) or {}
+    except yaml.YAMLError:
+        return None
+    workflow = data.get("workflow") if isinstance(data, dict) else None
+    name = workflow.get("name") if isinstance(workflow, dict) else None
+    return str(name) if name else None
+
+
+def _family_title(prefixes: Iterable[str]) -> str:
+    """A chart title from metric prefixes alone: ``orch/`` -> ``orch/*``."""
+    return ", ".join(p + "*" if p.endswith("/") else p for p in prefixes)
+
+
+def plot_groups(everything: list[dict], workflow: str | None) -> list[tuple[str, str, "Series"]]:
+    """(file stem, title, series) of every chart: each :data:`PLOTS` group (a shipped workflow's title only on
+    that workflow's run, else one from its prefixes), then one per other family of per-step metrics
+    (``critic/*``: the part of the name before its first '/'), titled by its prefix. Empty groups are kept."""
+    groups, covered = [], set()
+    for stem, title, prefixes in PLOTS:
+        series = _series(everything, prefixes)
+        covered |= set(series)
+        groups.append((stem, title if stem not in WORKFLOW_PLOTS or workflow == stem else _family_title(prefixes), series))
+    families: dict[str, list[str]] = {}
+    for k in sorted({k for m in everything for k, v in m.items()
+                     if "/" in k and isinstance(v, (int, float)) and not isinstance(v, bool)} - covered):
+        families.setdefault(k.split("/")[0], []).append(k)
+    taken = {stem for stem, _, _ in PLOTS}
+    for family, keys in families.items():
+        stem = "stats_" + re.sub(r"[^A-Za-z0-9_.-]", "_", family)
+        while stem in taken:  # two families that differ only in unsafe characters
+            stem += "_"
+        taken.add(stem)
+        groups.append((stem, _family_title([family + "/"]), _series(everything, tuple(k for k in keys))))
+    return groups
+
+
 def _series(metrics: list[dict], prefixes: tuple[str, ...]) -> "Series":
     names = sorted({k for m in metrics for k in m if any(k == p or (p.endswith("/") and k.startswith(p)) or k.startswith(p + "/") for p in prefixes)})
     out = {}
@@ -108,8 +157,7 @@ def write_report(run_dir: str | Path) -> Path:
         page += [f"## Latest eval ({results_file.parent.name})", "", format_table(rows_from_results(results)), ""]
     page += ["The HTML report, with every eval transcript and the training episodes: [index.html](index.html)", ""]
     html_page = render_html(run_dir, everything, results_file, results)  # first: it reads the eval's and episodes' files
-    for stem, title, prefixes in PLOTS:
-        series = _series(everything, prefixes)
+    for stem, title, series in plot_groups(everything, run_workflow(run_dir)):
         if not series:
             continue
         save_line_plot(series, title, out / f"{stem}.png")
@@ -245,18 +293,17 @@ def _figure(series: Series, title: str) -> str:
     return f'<figure><figcaption>{_e(title)}</figcaption>{chart}</figure>' if chart else ""
 
 
-def _curves(everything: list[dict]) -> str:
-    """A chart per :data:`PLOTS` group, then one per any other logged per-step metric (grouped by the
-    part of its name before '/': ``zero_var_groups/<role>/<turn>`` is one chart)."""
+def _curves(everything: list[dict], workflow: str | None = None) -> str:
+    """A chart per :func:`plot_groups` group (every :data:`PLOTS` group and every other family of metrics
+    named ``<family>/...``), then, collapsed, one per any other logged per-step metric."""
     figures, covered = [], set()
-    for _stem, title, prefixes in PLOTS:
-        series = _series(everything, prefixes)
+    for _stem, title, series in plot_groups(everything, workflow):
         covered |= set(series)
         figures.append(_figure(series, title))
     groups: dict[str, list[str]] = {}
     for k in sorted({k for m in everything for k, v in m.items()
-                     if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool)} - covered):
-        groups.setdefault(k.split("/")[0], []).append(k)
+                     if k != "step" and "/" not in k and isinstance(v, (int, float)) and not isinstance(v, bool)} - covered):
+        groups.setdefault(k, []).append(k)
     others = [_figure({k: ([m["step"] for m in everything if isinstance(m.get(k), (int, float))],
                            [m[k] for m in everything if isinstance(m.get(k), (int, float))]) for k in keys},
                       group + ("/*" if any("/" in k for k in keys) else "")) for group, keys in groups.items()]
@@ -285,16 +332,20 @@ def _eval_table(results: dict) -> str:
     methods = results["methods"]
     with_pass = any(m.get("pass_at_1") is not None for m in methods.values())
     with_valid = any(m.get("valid") is not None for m in methods.values())
-    head = (["method", "normalised return", "+/- stderr"] + (["pass@1 / success"] if with_pass else [])
+    unlike = len({m.get("scored_by", "") for m in methods.values()}) > 1  # a user workflow's return beside the task's reward
+    head = (["method", "normalised return", "+/- stderr"] + (["scored by"] if unlike else []) + (["pass@1 / success"] if with_pass else [])
             + (["valid replies"] if with_valid else []) + ["problems", "replies / problem", "generated tokens/s", "s / problem"])
     rows = []
     for name, m in methods.items():
-        cells = [m.get("mean"), m.get("stderr")] + ([m.get("pass_at_1")] if with_pass else []) + (
+        cells = [m.get("mean"), m.get("stderr")] + ([m.get("scored_by")] if unlike else []) + ([m.get("pass_at_1")] if with_pass else []) + (
             [m.get("valid")] if with_valid else []) + [m.get("problems"), m.get("replies_per_problem")]
         speed = [f'{m.get("tokens_per_s", 0):.0f}', f'{m.get("seconds_per_problem", 0):.2f}']
         rows.append(f'<tr><th>{_e(name)}</th>' + "".join(f'<td class="n">{_num(c)}</td>' for c in cells)
                     + "".join(f'<td class="n">{s}</td>' for s in speed) + "</tr>")
     note = next((m["note"] for m in methods.values() if m.get("note")), "")  # e.g. the problems were the training problems
+    if unlike:
+        note = (note + " " if note else "") + ("The rows are scored by different measures (scored by): their normalised "
+                                               "returns and paired differences do not compare.")
     out = ((f'<p class="bad">{_e(note)}</p>' if note else "")
            + f'<table id="eval-table"><thead><tr>{"".join(f"<th>{_e(h)}</th>" for h in head)}</tr></thead>'
            f'<tbody>{"".join(rows)}</tbody></table>')
@@ -502,6 +553,6 @@ def render_html(run_dir: Path, everything: list[dict], results_file: Path | None
             '<nav><a href="#summary">summary</a><a href="#eval">eval</a><a href="#curves">curves</a>'
             '<a href="#transcripts">eval transcripts</a><a href="#episodes">training episodes</a></nav>'
             f'<h2 id="summary">Summary</h2>{top}<h2 id="eval">Latest eval</h2>{eval_table}'
-            f'<h2 id="curves">Curves</h2>{_curves(everything)}<h2 id="transcripts">Eval transcripts</h2>{transcripts}'
+            f'<h2 id="curves">Curves</h2>{_curves(everything, run_workflow(run_dir))}<h2 id="transcripts">Eval transcripts</h2>{transcripts}'
             f'<h2 id="episodes">Training episodes</h2>{_training_episodes(run_dir)}'
             f'<script>{SCRIPT}</script></body></html>\n')

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Sequence
 
 from teamrl.core.config import ConfigError, InputError, register_moved_key
@@ -54,7 +54,10 @@ class Workflow:
     texts), so the branching algorithms (magrpo, at_grpo) refuse it. ``summary``: its own statistics
     over a batch of its episodes' outcomes (metric name -> number), logged beside the accuracy by
     GRPO's step metrics and evaluations and shown by ``teamrl eval`` (:func:`outcome_metrics`);
-    None: ``teamrl eval`` shows the mean of each numeric ``stats`` entry instead.
+    None: ``teamrl eval`` shows the mean of each numeric ``stats`` entry instead. ``formats``: what
+    ``teamrl eval`` counts as a valid reply of a role that does not give the task's answer (role
+    type -> ``check(text) -> bool``, or None for a free-text role that is not judged); every role not
+    named is judged by the task's own ``valid`` hook (:func:`~teamrl.tasks.task.reply_valid`).
     """
 
     run: Callable[..., Awaitable[Any]]
@@ -64,6 +67,8 @@ class Workflow:
     replayable: bool = True
     task_kind: type | None = None  # the task class it runs on (None: any)
     summary: Summary | None = None
+    # roles that do not give the task's answer (teamrl eval's valid replies): role -> check of a reply, None = free text
+    formats: Mapping[str, Callable[[str], bool] | None] | None = field(default=None, compare=False)  # a dict: not hashed
 
     def roles_for(self, task: Any) -> tuple[str, ...]:
         """The role types acting on ``task``: the workflow's own, or (default adapters) the task's."""
@@ -86,14 +91,15 @@ WORKFLOWS.register("env", Workflow(adapters.env, (), options=adapters.EnvOptions
 WORKFLOWS.register("research", Workflow(research, ("main", "sub"), sub_roles=("sub",), task_kind=ResearchEnv))
 WORKFLOWS.register("research_single", Workflow(research_solo, ("main",), task_kind=ResearchEnv))
 WORKFLOWS.register("eval_opt", Workflow(eval_opt, ("generator", "evaluator"), options=WorkflowSettings, task_kind=SolveTask,
-                                        summary=eval_opt_module.summary))
+                                        summary=eval_opt_module.summary, formats=eval_opt_module.FORMATS))
 WORKFLOWS.register("voting", Workflow(voting, ("generator", "aggregator"), options=WorkflowSettings, task_kind=SolveTask,
-                                      summary=voting_module.summary))
+                                      summary=voting_module.summary, formats=voting_module.FORMATS))
 # the study workflows' options were top-level workflow keys before: old configs keep working
 for _key in ("max_iterations", "num_generators", "max_subtasks"):
     register_moved_key(f"workflow.{_key}", f"workflow.options.{_key}")
 WORKFLOWS.register("orch_workers", Workflow(orch_workers, ("orchestrator", "worker", "synthesizer"), options=WorkflowSettings,
-                                            task_kind=SolveTask, summary=orch_workers_module.summary))
+                                            task_kind=SolveTask, summary=orch_workers_module.summary,
+                                            formats=orch_workers_module.FORMATS))
 
 TASK_KINDS = {Task: "a one-role task", TeamTask: "a team task (roles acting together)",
               Environment: "a multi-turn environment (plan_path, sokoban, sudoku, ...)",
@@ -109,14 +115,20 @@ def check_task(name: str, spec: Workflow, task: Any) -> None:
 
 
 def register_workflow(name: str, roles: tuple[str, ...], options: type | None = None, sub_roles: tuple[str, ...] = (),
-                      replayable: bool = True, summary: Summary | None = None) -> Callable:
+                      replayable: bool = True, summary: Summary | None = None,
+                      formats: Mapping[str, Callable[[str], bool] | None] | None = None) -> Callable:
     """Decorator: register an ``async def run(ctx, task, problem, settings) -> EpisodeOutcome | float | None``
     as ``workflow.name: <name>`` with its role types (and its options dataclass, if it has one; the
     roles of its sub-episodes; ``replayable=False`` if it is not deterministic given its texts;
-    ``summary(outcomes) -> {metric: number}``, its own statistics over a batch of its outcomes).
+    ``summary(outcomes) -> {metric: number}``, its own statistics over a batch of its outcomes;
+    ``formats``, the roles that do not give the task's answer, as :class:`Workflow` documents).
     The function is returned unchanged, with the :class:`Workflow` in ``fn.teamrl_workflow``."""
     if isinstance(roles, str) or not roles or not all(isinstance(r, str) and r for r in roles):
         raise ConfigError(f"register_workflow {name!r}: roles must be a tuple of role names, got {roles!r}")
+    if formats is not None and (not isinstance(formats, Mapping)
+                                or not all(isinstance(r, str) and (c is None or callable(c)) for r, c in formats.items())):
+        raise ConfigError(f"register_workflow {name!r}: formats must map role names to a check(text) -> bool or None, "
+                          f"got {formats!r}")
     if summary is not None and not callable(summary):
         raise ConfigError(f"register_workflow {name!r}: summary must be callable (outcomes -> {{metric: number}}) or None, "
                           f"got {summary!r}")
@@ -127,7 +139,7 @@ def register_workflow(name: str, roles: tuple[str, ...], options: type | None = 
         if not (inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(inspect.unwrap(fn))):
             raise ConfigError(f"register_workflow {name!r}: {getattr(fn, '__qualname__', fn)!r} is not a coroutine "
                               "function; write it as async def run(ctx, task, problem, settings) and await ctx.generate")
-        spec = Workflow(fn, tuple(roles), options, tuple(sub_roles), replayable, summary=summary)
+        spec = Workflow(fn, tuple(roles), options, tuple(sub_roles), replayable, summary=summary, formats=formats)
         fn.teamrl_workflow = WORKFLOWS.register(name, spec)  # type: ignore[attr-defined]
         return fn
 

@@ -91,6 +91,11 @@ class BaseContext:
         """The episode's calls in issue order."""
         return [e for e in self.events if isinstance(e, Call)]
 
+    @property
+    def sub_episodes(self) -> int:
+        """How many nested sub-episodes (``ctx.sub_episode``) this episode opened: its sub-agent calls."""
+        return self._sub_episodes
+
     async def generate(self, role: str, messages: Messages | str, turn: int | None = None, branch: int = 0,
                        params: SamplingParams | None = None) -> str:
         """Sample one completion for ``role`` and return its text."""

@@ -51,6 +51,15 @@ def parse_verdict(text: str) -> bool | None:
     return None
 
 
+def verdict_readable(text: str) -> bool:
+    """Whether an evaluator reply is in its format (``teamrl eval``'s valid replies): a readable verdict."""
+    return parse_verdict(text) is not None
+
+
+#: the evaluator gives a verdict, not the task's answer (the generator's replies are judged by the task)
+FORMATS = {"evaluator": verdict_readable}
+
+
 def redact_critique(text: str) -> str:
     """The critique without answer lines, ``\\boxed{}`` values, code blocks or the verdict label."""
     text = _CODE_BLOCK.sub("", text)

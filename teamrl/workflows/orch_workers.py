@@ -40,6 +40,15 @@ def parse_plan(text: str) -> list[str]:
     return found
 
 
+def plan_readable(text: str) -> bool:
+    """Whether an orchestrator reply is in its format (``teamrl eval``'s valid replies): a plan of subtasks."""
+    return bool(parse_plan(text))
+
+
+#: the orchestrator writes a plan, a worker free text (not judged); the synthesizer gives the task's answer
+FORMATS = {"orchestrator": plan_readable, "worker": None}
+
+
 def orchestrator_prompt(task: SolveTask, problem: Problem, max_subtasks: int) -> list[dict[str, str]]:
     return [{"role": "user", "content": (
         f"{task.question(problem)}\n\nYou lead a team. Split this problem into at most {max_subtasks} subtasks that "

@@ -49,6 +49,15 @@ def parse_choice(text: str, n: int) -> int | None:
     return valid[-1] if valid else None
 
 
+def choice_readable(text: str) -> bool:
+    """Whether an aggregator reply is in its format (``teamrl eval``'s valid replies): a ``Choice: k`` line."""
+    return _CHOICE.search(text) is not None
+
+
+#: the aggregator names a candidate (its fallbacks to a stated answer are leniency, not the format)
+FORMATS = {"aggregator": choice_readable}
+
+
 def choose(reply: str, answers: list[str | None], task: SolveTask) -> tuple[int, str]:
     """(chosen candidate, how it was chosen): the documented fallback order."""
     n = len(answers)
