@@ -318,3 +318,30 @@ def test_disk_full_on_a_real_small_tmpfs_is_one_line(tmp_path):
                         *tiny_train(full, "name=r", "train.steps=2", "run.save_every=1")],
                        capture_output=True, text=True, timeout=180, env=QUIET)
     assert_one_line_error(r.returncode, r.stderr, str(full / "r" / "checkpoints"), "No space left on device")
+
+
+# ---- issue 44 H14: one process per run directory ----------------------------------------------------
+
+def test_a_second_train_of_the_same_run_is_refused_in_one_line_naming_the_first(capsys, tmp_path):
+    """old: two `teamrl train` of one name both ran; one failed with a misleading 'could not be written ... free
+    space' and metrics.jsonl got step 1 twice (likewise two concurrent --resume)."""
+    import time
+
+    argv = [sys.executable, "-c", "import sys; from teamrl.cli import main; sys.exit(main())", *tiny_train(tmp_path, "name=twice", "train.steps=40", "rollout.max_new_tokens=8")]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    first = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "twice" / "metrics.jsonl").exists():  # the first holds the run directory
+            assert first.poll() is None and time.monotonic() < deadline, first.stderr.read() if first.poll() is not None else "slow"
+            time.sleep(0.2)
+        rc, err = run_cli(capsys, *tiny_train(tmp_path, "name=twice", "train.steps=2"))
+        assert_one_line_error(rc, err, str(tmp_path / "twice"), f"pid {first.pid}")
+        rc, err = run_cli(capsys, *tiny_train(tmp_path, "name=twice", "train.steps=2"), "--resume")
+        assert_one_line_error(rc, err, str(tmp_path / "twice"), f"pid {first.pid}")
+    finally:
+        first.kill()
+        first.wait()
+    # the first process is gone (killed: its lock went with it): the run resumes
+    rc, err = run_cli(capsys, *tiny_train(tmp_path, "name=twice", "train.steps=2", "run.save_every=1"), "--resume")
+    assert rc == 0, err

@@ -130,7 +130,15 @@ def _write(obj: Any, path: Path) -> None:
     """``torch.save`` through a Python file: a failed write is an ``OSError`` with its errno (ENOSPC, EROFS),
     where torch's own writer raises a RuntimeError such as ``unexpected pos 6784 vs 6676``."""
     with open(path, "wb") as f:
-        torch.save(obj, f)
+        try:
+            torch.save(obj, f)
+        except RuntimeError as e:
+            # torch's zip writer can see a short write on a full disk first (``unexpected pos 125824 vs 125712``),
+            # before any OSError: a file system with less than a block left is that disk-full error
+            free = os.statvfs(path.parent)
+            if free.f_bavail * free.f_frsize < 2 * free.f_bsize:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path)) from e
+            raise
 
 
 # What checkpoints written before RNG states were plain data hold besides tensors: numpy's RNG key array.
@@ -212,6 +220,61 @@ def check_run_dir(run_dir: Path) -> None:
             why = "is on a read-only file system" if os.statvfs(p).f_flag & os.ST_RDONLY else "is not writable by this user"
             raise RunDirError(f"run directory {run_dir} cannot be written: {p} {why}; choose a writable run.dir= "
                               "(run.dir/name is where checkpoints and metrics go)")
+
+
+class RunInUse(InputError):
+    """Another process holds the run directory (its lock names its pid)."""
+
+
+# run directory -> (its lock file's descriptor, holders in this process): the lock keeps other processes out; one
+# process may open a run again (a test's second trainer, an evaluation of the run being trained)
+_HELD: dict[Path, tuple[int, int]] = {}
+LOCK_FILE = ".lock"
+
+
+def lock_run_dir(run_dir: Path) -> bool:
+    """Hold ``run_dir`` for this process (``run_dir/.lock``, an exclusive ``flock`` that the kernel releases when the
+    process ends, however it ends). Another process holding it is a :class:`RunInUse` naming its pid. Returns whether
+    this call created the directory (:func:`unlock_run_dir` removes it again on a failed start)."""
+    import fcntl
+
+    key = Path(os.path.abspath(run_dir))
+    if key in _HELD:
+        fd, n = _HELD[key]
+        _HELD[key] = (fd, n + 1)
+        return False
+    created = not key.exists()
+    with run_dir_writes(run_dir):
+        key.mkdir(parents=True, exist_ok=True)
+        fd = os.open(key / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.read(fd, 64).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise RunInUse(f"run directory {run_dir} is in use by another teamrl process (pid {holder}); wait for it to "
+                       "end (or stop it), or choose another name=") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, str(os.getpid()).encode(), 0)
+    _HELD[key] = (fd, 1)
+    return created
+
+
+def unlock_run_dir(run_dir: Path, remove_created: bool = False) -> None:
+    """Give back one hold of :func:`lock_run_dir`; the last one releases the lock. ``remove_created``: the start that
+    created the directory failed, so a directory holding nothing but the lock file is removed (a refused run leaves no
+    trace)."""
+    key = Path(os.path.abspath(run_dir))
+    if key not in _HELD:
+        return
+    fd, n = _HELD.pop(key)
+    if n > 1:
+        _HELD[key] = (fd, n - 1)
+        return
+    if remove_created and [p.name for p in key.iterdir()] == [LOCK_FILE]:
+        (key / LOCK_FILE).unlink()
+        key.rmdir()
+    os.close(fd)  # closing the descriptor releases the flock
 
 
 @contextmanager

@@ -32,8 +32,8 @@ from teamrl.rollout.hf_engine import HFEngine
 from teamrl.rollout.scheduler import GenerationScheduler
 from teamrl.tasks import Problem, make_task
 from teamrl.tasks.solve import SolveTask
-from teamrl.trainer.checkpoint import (check_run_dir, checkpoint_to_resume, list_checkpoints, load_checkpoint, run_dir_writes,
-                                       save_checkpoint)
+from teamrl.trainer.checkpoint import (check_run_dir, checkpoint_to_resume, list_checkpoints, load_checkpoint, lock_run_dir,
+                                      run_dir_writes, save_checkpoint, unlock_run_dir)
 from teamrl.trainer.diagnostics import CliffDetector, learning_signal, role_capture
 from teamrl.trainer.evaluate import workflow_stats
 from teamrl.trainer.pipeline import Rollout, RolloutPipeline
@@ -128,6 +128,18 @@ class Trainer:
         self.ckpt_dir = self.run_dir / "checkpoints"
         resume = resume or resume_intact
         check_run_dir(self.run_dir)  # a read-only or unwritable run.dir: one line before any model loads
+        created = lock_run_dir(self.run_dir)  # one process per run: another one's train or --resume is refused (its pid)
+        self._locked = True
+        try:
+            self._set_up(resume, resume_intact)
+        except BaseException:
+            self._locked = False
+            unlock_run_dir(self.run_dir, remove_created=created)
+            raise
+
+    def _set_up(self, resume: bool, resume_intact: bool) -> None:
+        """Everything of :meth:`__init__` after the run directory is held."""
+        cfg = self.cfg
         if list_checkpoints(self.ckpt_dir) and not resume:
             raise RunExists(f"run directory {self.run_dir} already has checkpoints: pass --resume to continue it, or choose another name=")
         if cfg.threads:
@@ -669,8 +681,13 @@ class Trainer:
             if close is not None:
                 close()
         finally:
-            self._stop_vllm_server()  # after the adapters are unloaded from it
-        self.placement.shutdown()
+            try:
+                self._stop_vllm_server()  # after the adapters are unloaded from it
+                self.placement.shutdown()
+            finally:
+                if getattr(self, "_locked", False):
+                    self._locked = False
+                    unlock_run_dir(self.run_dir)
 
     def _train_loop(self) -> list[dict[str, Any]]:
         from tqdm import tqdm
