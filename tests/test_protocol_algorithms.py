@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from teamrl.algorithms import ATGRPO, GRPO, MAGRPO, ATGRPOSettings, MAGRPOSettings, make_algorithm
@@ -87,3 +89,55 @@ def test_at_grpo_replay_applies_each_environment_step_once(monkeypatch):
     samples = scripted_rollout(ATGRPO(ATGRPOSettings(k=4)), env.problems(), env,
                                lambda policy, prompt, n: [f"Answer: {j}" for j in range(n)])
     assert len(samples) == 48 and len(calls) == len(samples)
+
+
+async def tool_or_round_two(ctx, task, problem, settings):
+    """The critic's second call is a post-tool call in even episodes and a round-2 review (after a revision) in odd ones:
+    both are its call position 1, which GRPO groups together."""
+    code = await ctx.generate("coder", f"{problem.id} write")
+    review = await ctx.generate("critic", f"{problem.id} review {code}")
+    if ctx.episode % 2 == 0:
+        await ctx.generate("critic", f"{problem.id} the tool said ok")
+    else:
+        code = await ctx.generate("coder", f"{problem.id} revise after {review}")
+        await ctx.generate("critic", f"{problem.id} review round 2 {code}")
+    return 1.0
+
+
+TOOL_OR_ROUND_TWO = Workflow(tool_or_round_two, ("coder", "critic"))
+
+
+async def some_workers(ctx, task, problem, settings):
+    """An orchestrator, 1 or 2 workers at once (by episode), a synthesizer: the synthesizer's call is one kind of call."""
+    await ctx.generate("orchestrator", f"{problem.id} plan")
+    await asyncio.gather(*[ctx.generate(f"worker{i}", f"{problem.id} part {i}") for i in range(1 + ctx.episode % 2)])
+    await ctx.generate("synthesizer", f"{problem.id} combine")
+    return 1.0
+
+
+SOME_WORKERS = Workflow(some_workers, ("orchestrator", "worker", "synthesizer"))
+
+
+def test_grpo_warns_once_when_a_group_mixes_calls_of_different_kinds(capsys):
+    # before: the critic's post-tool call and another episode's round-2 review formed one group, silently
+    algo = GRPO(2, workflow=REF + "TOOL_OR_ROUND_TWO")
+    samples = scripted_rollout(algo, PROBLEMS, None, lambda policy, prompt, n: ["ok"] * n)
+    assert len({s.episode for s in samples if s.group == ("p0", "critic", 1)}) == 2  # the mixed group
+    err = capsys.readouterr().err
+    print(err)
+    warnings = [line for line in err.splitlines() if line.startswith("warning: grpo:")]
+    assert len(warnings) == 1 and "'critic'" in warnings[0] and "turn 1" in warnings[0] and "turn=" in warnings[0]
+    scripted_rollout(algo, PROBLEMS, None, lambda policy, prompt, n: ["ok"] * n)
+    assert "warning:" not in capsys.readouterr().err  # once per run
+
+
+def test_grpo_does_not_warn_when_every_group_holds_one_call(capsys):
+    scripted_rollout(GRPO(2, workflow=REF + "TWO_STEPS"), PROBLEMS, None, _script)
+    scripted_rollout(GRPO(2, workflow=REF + "SOME_WORKERS"), PROBLEMS, None, lambda policy, prompt, n: ["ok"] * n)
+    # voting: generator0..2 (one role type, called at once) form one group with each other: one kind of call
+    cfg = load_config(None, ["algorithm=grpo", "rollout.group_size=2", "workflow.name=voting", "task.name=math.solve",
+                             "task.num_problems=4", "task.test_size=1"])
+    task = make_task(cfg.task)
+    samples = scripted_rollout(make_algorithm(cfg, task), task.problems()[:1], task, lambda p, prompt, n: ["Answer: 1"] * n)
+    assert len({s.role for s in samples if s.role.startswith("generator")}) > 1
+    assert "warning:" not in capsys.readouterr().err

@@ -59,7 +59,7 @@ import itertools
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Hashable, Sequence
 
-from teamrl.algorithms.base import Algorithm, FinishedEpisode
+from teamrl.algorithms.base import Algorithm, FinishedEpisode, warn_once
 from teamrl.algorithms.episodes import ContextFactory, bind, play_out, resolve_workflow, workflow_roles, workflow_settings
 from teamrl.core.config import option, register_section
 from teamrl.core.sample import Sample
@@ -176,6 +176,11 @@ class MAGRPO(Algorithm):
         for s in samples:
             if s.group is None:
                 s.group = self.group_key(s)
+        played = [s for s in samples if s.tags.get("rollout")]
+        if played:  # acting calls that never train: say so, once
+            warn_once(self, "num_turns", f"magrpo: {len(played)} calls of role(s) {sorted({s.role for s in played})} came "
+                      f"after their role's first magrpo.num_turns={self.s.num_turns} call(s) and were played untrained "
+                      "(one sample, no group); raise magrpo.num_turns to train them")
         return samples
 
     def branched(self, branch: Branch, frontier: Sequence[Call]) -> bool:
