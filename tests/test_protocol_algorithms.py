@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from teamrl.algorithms import ATGRPO, GRPO, MAGRPO, ATGRPOSettings, MAGRPOSettings, make_algorithm
-from teamrl.core.config import ConfigError, load_config
+from teamrl.core.config import ConfigError, InputError, load_config
 from teamrl.tasks import make_task
 from teamrl.tasks.task import Problem
 from teamrl.workflows import Workflow
@@ -141,3 +141,44 @@ def test_grpo_does_not_warn_when_every_group_holds_one_call(capsys):
     samples = scripted_rollout(make_algorithm(cfg, task), task.problems()[:1], task, lambda p, prompt, n: ["Answer: 1"] * n)
     assert len({s.role for s in samples if s.role.startswith("generator")}) > 1
     assert "warning:" not in capsys.readouterr().err
+
+
+async def maybe_workers(ctx, task, problem, settings):
+    """A lead that hands the problem to a worker sub-episode only when the problem is 'deep'."""
+    plan = await ctx.generate("lead", f"{problem.id} plan")
+    if problem.id == "deep":
+        await ctx.sub_episode("worker").generate("worker", f"{problem.id} part")
+    await ctx.generate("lead", f"{problem.id} answer after {plan}")
+    return 1.0
+
+
+MAYBE_WORKERS = Workflow(maybe_workers, ("lead", "worker"), sub_roles=("worker",))
+ALGORITHMS = {"grpo": lambda: GRPO(2, workflow=REF + "MAYBE_WORKERS"),
+              "magrpo": lambda: MAGRPO(MAGRPOSettings(group_size=2), workflow=REF + "MAYBE_WORKERS"),
+              "at_grpo": lambda: ATGRPO(ATGRPOSettings(k=2), workflow=REF + "MAYBE_WORKERS")}
+
+
+@pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
+def test_a_workflow_declaring_sub_roles_trains_while_it_opens_no_sub_episode(algorithm):
+    # before: refused at config time ("the research environment's sub-episodes") though no sub-episode was ever opened
+    cfg = load_config(None, [f"algorithm={algorithm}", f"workflow.name={REF}MAYBE_WORKERS", "task.name=word_count"])
+    assert make_algorithm(cfg, make_task(cfg.task)).name == algorithm
+    samples = scripted_rollout(ALGORITHMS[algorithm](), PROBLEMS, None, lambda policy, prompt, n: ["ok"] * n)
+    assert {s.role for s in samples if s.trainable} == {"lead"}
+
+
+@pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
+def test_opening_a_sub_episode_under_an_algorithm_that_cannot_align_it_is_refused_in_one_line(algorithm):
+    # before: the sub-episode ran and its calls were grouped by call position with the lead's, silently
+    with pytest.raises(InputError) as refused:
+        scripted_rollout(ALGORITHMS[algorithm](), [Problem("deep")], None, lambda policy, prompt, n: ["ok"] * n)
+    message = str(refused.value)
+    print(message)
+    assert "\n" not in message and f"workflow '{REF}MAYBE_WORKERS'" in message and f"algorithm {algorithm}" in message
+    assert "ctx.sub_episode('worker')" in message and "algorithm=m_grpo" in message and "research" not in message
+
+
+def test_the_research_workflow_is_still_refused_before_any_model_loads():
+    cfg = load_config(None, ["algorithm=grpo", "task.name=research"])
+    with pytest.raises(ConfigError, match=r"algorithm: grpo does not align the sub-agent calls of workflow 'research'"):
+        make_algorithm(cfg, make_task(cfg.task))

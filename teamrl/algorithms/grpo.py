@@ -127,6 +127,7 @@ class GRPO(Algorithm):
         ctxs = [make_ctx(p, e, tags) for p, e, tags in jobs]
         for ctx in ctxs:
             ctx.workflow = name
+            ctx.refuse_sub_episodes = self.name  # its groups cannot align sub-agent calls (m_grpo does)
         results = run([run_episode(bind(spec, task, p, settings), ctx) for (p, _, _), ctx in zip(jobs, ctxs)])
         return ctxs, results
 

@@ -171,6 +171,7 @@ class MAGRPO(Algorithm):
         ctxs = [make_ctx(inst, 0, {}) for inst in batch_instances(problems)]  # a repeated problem: its own groups
         for c in ctxs:
             c.workflow = name
+            c.refuse_sub_episodes = self.name  # its joint actions cannot align sub-agent calls (m_grpo does)
         run([self._root(ctx, bind(spec, task, p, settings)) for ctx, p in zip(ctxs, problems)])
         samples = [s for c in ctxs for s in c.samples]
         for s in samples:
