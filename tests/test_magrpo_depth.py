@@ -56,3 +56,18 @@ def test_later_calls_of_a_role_are_played_untrained_and_num_turns_two_trains_the
     # the b of the last level that says 'Answer: 1' is credited the final reward; its sibling 0
     last = sorted((s for s in two if s.tags["depth"] == 3 and s.tags["path"] == (0, 0, 0)), key=lambda s: s.branch)
     assert [s.reward for s in last] == [0.0, 1.0]
+
+
+def test_calls_played_untrained_are_reported_once_naming_magrpo_num_turns(capsys):
+    # before: a and b's second calls were sampled, logged trainable: false, and nothing said so
+    algo = MAGRPO(MAGRPOSettings(group_size=2, num_turns=1), workflow=REF + "TWO_ROUNDS")
+    scripted_rollout(algo, [Problem("p")], None, _answers)
+    err = capsys.readouterr().err
+    print(err)
+    warnings = [line for line in err.splitlines() if line.startswith("warning: magrpo:")]
+    assert len(warnings) == 1 and "magrpo.num_turns=1" in warnings[0] and "['a', 'b']" in warnings[0]
+    scripted_rollout(algo, [Problem("p")], None, _answers)
+    assert "warning:" not in capsys.readouterr().err  # once per run
+    scripted_rollout(MAGRPO(MAGRPOSettings(group_size=2, num_turns=2), workflow=REF + "TWO_ROUNDS"), [Problem("p")], None,
+                     _answers)
+    assert "warning:" not in capsys.readouterr().err  # every call trained: nothing to say

@@ -10,16 +10,19 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from teamrl.algorithms import make_algorithm
-from teamrl.algorithms.m_grpo import align_subtrajectories, group_key, prepare_sub_samples
+from teamrl.algorithms.m_grpo import MGRPO, MGRPOSettings, align_subtrajectories, group_key, prepare_sub_samples
 from teamrl.cli import main as cli_main
 from teamrl.core.config import ConfigError, load_config
 from teamrl.core.sample import Sample
 from teamrl.tasks import TASKS, make_task
+from teamrl.tasks.task import Problem
 from teamrl.tasks.research import (Action, ResearchEnv, ResearchOptions, answers_match, open_page, parse_action, search,
                                    sub_reward, well_formed)
 from teamrl.rollout.scheduler import GenerationScheduler
 from teamrl.trainer.trainer import Trainer, make_trainer
+from teamrl.workflows import Workflow
 from teamrl.workflows.context import EpisodeContext
+from tests.scripted import scripted_rollout
 
 CONFIGS = os.path.join(os.path.dirname(__file__), "..", "configs")
 
@@ -363,3 +366,43 @@ def test_decoupled_checkpoint_resumes_every_worker_and_eval_runs(tmp_path, scrip
     rc = cli_main(["eval", "--checkpoint", str(tmp_path / "ckpt"), "--limit", "2", "policy.mode=lora_per_role"])
     out = capsys.readouterr().out
     assert rc == 0 and all(f"| {m} |" in out for m in ("team", "untrained", "single"))
+
+
+# --- d_max: a rollout whose sub-agent calls are dropped or duplicated says so ---------------------
+
+SUB_CALLS: list[int] = []  # sub-agent calls of each episode, set by the test
+
+
+async def lead_with_workers(ctx, task, problem, settings):
+    """The lead opens SUB_CALLS[episode] worker sub-episodes, then answers."""
+    for i in range(SUB_CALLS[ctx.episode]):
+        await ctx.sub_episode("worker").generate("worker", f"{problem.id} part {i}")
+    await ctx.generate("lead", f"{problem.id} answer")
+    return float(ctx.episode % 2)
+
+
+LEAD_WITH_WORKERS = Workflow(lead_with_workers, ("lead", "worker"), sub_roles=("worker",))
+
+
+def _workers_rollout(calls: list[int], d_max: int = 2):
+    SUB_CALLS[:] = calls
+    algo = MGRPO(MGRPOSettings(k=len(calls), d_max=d_max), workflow="tests.test_mgrpo:LEAD_WITH_WORKERS")
+    return algo, scripted_rollout(algo, [Problem("q")], None, lambda policy, prompt, n: ["ok"] * n)
+
+
+def test_d_max_dropping_or_duplicating_sub_calls_is_reported_once(capsys):
+    # before: with 0..3 calls per rollout and d_max 2, a worker call was dropped untrained and others duplicated, silently
+    algo, samples = _workers_rollout([0, 1, 2, 3])
+    assert any(s.tags.get("dropped") for s in samples) and any(s.tags.get("duplicate") for s in samples)
+    err = capsys.readouterr().err
+    print(err)
+    warnings = [line for line in err.splitlines() if line.startswith("warning: m_grpo:")]
+    assert len(warnings) == 1 and "m_grpo.d_max=2" in warnings[0] and "0 to 3" in warnings[0]
+    scripted_rollout(algo, [Problem("q")], None, lambda policy, prompt, n: ["ok"] * n)
+    assert "warning:" not in capsys.readouterr().err  # once per run
+
+
+def test_d_max_matching_every_rollout_is_not_reported(capsys):
+    _, samples = _workers_rollout([2, 2, 2, 2])
+    assert not any(s.tags.get("dropped") or s.tags.get("duplicate") for s in samples)
+    assert "warning:" not in capsys.readouterr().err

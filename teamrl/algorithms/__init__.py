@@ -19,6 +19,7 @@ from teamrl.algorithms.magrpo import MAGRPO, MAGRPOConfig, MAGRPOSettings
 from teamrl.core.config import Config, ConfigError, build_dataclass, register_check, register_choices
 from teamrl.core.registry import Registry
 from teamrl.workflows import WORKFLOWS, Workflow, WorkflowSettings, check_task, default_workflow
+from teamrl.workflows.research_team import research
 
 
 @dataclass(frozen=True)
@@ -36,14 +37,15 @@ class AlgorithmEntry:
 
 
 def _one_call(algorithm: str, needs: str) -> Callable[[str, Workflow, Config], str | None]:
-    """Branching algorithms: refuse black-box workflows, the one-call ``single`` workflow and research's sub-agents."""
-    def refuse(name: str, spec: Workflow, cfg: Config) -> str | None:
+    """Branching algorithms: refuse black-box workflows, the one-call ``single`` workflow and research's sub-agents
+    (another workflow's sub-episodes are refused when it opens one: ``EpisodeContext.refuse_sub_episodes``)."""
+    def refuse(name: str, spec: Workflow, cfg: Config) -> str | None:  # sub-episodes of other workflows: when opened
         if not spec.replayable:
             return (f"{algorithm} branches episodes by replaying their calls; workflow {name!r} is registered with "
                     "replayable=False (not deterministic given its texts): use algorithm=grpo")
         if name == "single":
             return f"{algorithm} needs {needs}; workflow 'single' is one agent's one call (branching it is GRPO): use algorithm=grpo"
-        if spec.sub_roles:
+        if spec.run is research:
             return (f"{algorithm} does not train the sub-agents of workflow {name!r} (its sub-episodes need m_grpo's "
                     "alignment and rewards flowing down): use algorithm=m_grpo")
         return None
@@ -51,7 +53,9 @@ def _one_call(algorithm: str, needs: str) -> Callable[[str, Workflow, Config], s
 
 
 def _grpo_refuse(name: str, spec: Workflow, cfg: Config) -> str | None:
-    if spec.sub_roles:
+    # The research team exists to call its sub-agent: refused before any model loads. Any other workflow is refused
+    # only if it opens a sub-episode (ctx.sub_episode refuses then): declaring sub_roles alone trains.
+    if spec.run is research:
         return (f"grpo does not align the sub-agent calls of workflow {name!r} (the research environment's sub-episodes): "
                 "use algorithm=m_grpo (m_grpo.agents=single for one agent with the tools)")
     return None

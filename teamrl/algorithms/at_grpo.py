@@ -142,6 +142,7 @@ class ATGRPO(Algorithm):
             ctxs = [make_ctx(inst, 0, {"grouping": "tree"}) for inst in instances]
             for c in ctxs:
                 c.workflow = name
+                c.refuse_sub_episodes = self.name  # its candidates cannot align sub-agent calls (m_grpo does)
             results = run([self._tree(c, bind(spec, task, p, settings), rng) for c, p in zip(ctxs, problems)])
         else:
             jobs = [(p, make_ctx(inst, e, {"grouping": "trajectory"})) for p, inst in zip(problems, instances)
@@ -149,6 +150,7 @@ class ATGRPO(Algorithm):
             ctxs = [c for _, c in jobs]
             for c in ctxs:
                 c.workflow = name
+                c.refuse_sub_episodes = self.name  # its candidates cannot align sub-agent calls (m_grpo does)
             results = run([run_episode(bind(spec, task, p, settings), c) for p, c in jobs])
             for ctx, result in zip(ctxs, results):
                 self._trajectory_rewards(ctx, result)

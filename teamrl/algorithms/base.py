@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, ClassVar, Hashable, Protocol, Sequence
 
@@ -21,6 +22,18 @@ class FinishedEpisode:
     episode: int
     result: EpisodeResult
     where: dict[str, Any] = field(default_factory=dict)
+
+
+def warn_once(owner: Any, key: str, message: str) -> None:
+    """Print ``warning: <message>`` (one line, on stderr, between progress bars) the first time ``owner`` warns
+    about ``key``: an algorithm's warnings come once per run (the trainer builds one algorithm per run)."""
+    warned: set[str] = owner.__dict__.setdefault("_warned", set())
+    if key in warned:
+        return
+    warned.add(key)
+    from tqdm import tqdm
+
+    tqdm.write(f"warning: {message}", file=sys.stderr)
 
 
 class Algorithm(Protocol):

@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Awaitable, Callable, Hashable, Sequence
 
-from teamrl.algorithms.base import Algorithm, FinishedEpisode
+from teamrl.algorithms.base import Algorithm, FinishedEpisode, warn_once
 from teamrl.algorithms.episodes import ContextFactory, bind, resolve_workflow, workflow_roles, workflow_settings
 from teamrl.core.config import InputError
 from teamrl.core.sample import Sample
@@ -36,6 +36,38 @@ from teamrl.workflows.episode import EpisodeResult, run_episode
 def group_key(sample: Sample) -> Hashable:
     """Samples are compared within (problem, role type, turn)."""
     return (sample.problem_id, role_type(sample.role), sample.turn)
+
+
+def _kind(kind: tuple[str, ...]) -> str:
+    return "after " + ", ".join(kind) if kind else "first"
+
+
+def calls_before(ctx: EpisodeContext) -> list[tuple[Sample, tuple[str, ...]]]:
+    """Each sample of an episode with the kind of its call: the role types that acted before it, in order, a run
+    of calls of one type counted once, up to the last call of another type than its own (so the instances of
+    one role called at once, ``generator0..2``, are one kind). Two samples of one group (problem, role type,
+    turn) of different kinds are different calls that share a call position (a critic's post-tool call and
+    another episode's round-2 review after a revision)."""
+    acted: list[str] = []
+    out = []
+    for call in ctx.calls:
+        own = role_type(call.role)
+        kind = tuple(acted[:-1] if acted and acted[-1] == own else acted)
+        out += [(s, kind) for s in call.samples]
+        if not acted or acted[-1] != own:
+            acted.append(own)
+    return out
+
+
+def mixed_group(ctxs: Sequence[EpisodeContext]) -> tuple[Sample, tuple, tuple] | None:
+    """A group that holds calls of two kinds (see :func:`calls_before`): one of its samples and the two kinds; None if none."""
+    kinds: dict[Hashable, tuple] = {}
+    for ctx in ctxs:
+        for s, kind in calls_before(ctx):
+            seen = kinds.setdefault(s.group, kind)
+            if seen != kind:
+                return s, seen, kind
+    return None
 
 
 def assign_rewards(samples: Sequence[Sample], outcome: EpisodeOutcome, mode: str) -> None:
@@ -95,6 +127,7 @@ class GRPO(Algorithm):
         ctxs = [make_ctx(p, e, tags) for p, e, tags in jobs]
         for ctx in ctxs:
             ctx.workflow = name
+            ctx.refuse_sub_episodes = self.name  # its groups cannot align sub-agent calls (m_grpo does)
         results = run([run_episode(bind(spec, task, p, settings), ctx) for (p, _, _), ctx in zip(jobs, ctxs)])
         return ctxs, results
 
@@ -117,6 +150,12 @@ class GRPO(Algorithm):
                 if result.outcome is not None:
                     s.tags["correct"] = result.outcome.correct
             samples += ctx.samples
+        mixed = None if per_problem else mixed_group(ctxs)
+        if mixed:  # a group of GRPO compares calls by position: say once when a position holds different calls
+            s, one, other = mixed
+            warn_once(self, "mixed_group", f"grpo: workflow {self._workflow_run!r}: the group of role {role_type(s.role)!r} "
+                      f"turn {s.turn} (problem {s.problem_id!r}) holds different calls "
+                      f"({_kind(one)} vs {_kind(other)}); pass turn= to ctx.generate to give each kind of call its own group")
         return samples
 
     def evaluate(self, problems: Sequence[Problem], task: Any, make_ctx: ContextFactory,

@@ -48,7 +48,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Hashable, Sequence
 
-from teamrl.algorithms.base import Algorithm, FinishedEpisode
+from teamrl.algorithms.base import Algorithm, FinishedEpisode, warn_once
 from teamrl.algorithms.episodes import ContextFactory, bind, workflow_settings
 from teamrl.core.config import ConfigError, option, register_check, register_section
 from teamrl.core.sample import Sample
@@ -270,8 +270,24 @@ class MGRPO(Algorithm):
                 run: Callable[[list[Awaitable]], list]) -> list[Sample]:
         """All rollouts of all questions together; main and aligned sub samples with rewards and groups set."""
         raw = self.rollout_raw(problems, env, make_ctx, run)
-        return raw.main + prepare_sub_samples(raw.sub, raw.outcomes, self.s.d_max, self.s.sub_reward, raw.seed,
-                                              frozen=self.s.sub_agent == "frozen")
+        sub = prepare_sub_samples(raw.sub, raw.outcomes, self.s.d_max, self.s.sub_reward, raw.seed,
+                                  frozen=self.s.sub_agent == "frozen")
+        self._warn_alignment(raw, sub)
+        return raw.main + sub
+
+    def _warn_alignment(self, raw: RawRollout, sub: Sequence[Sample]) -> None:
+        """Say once per run when ``d_max`` dropped sub-agent calls (untrained) or filled slots with duplicates."""
+        dropped = {(s.problem_id, s.tags["parent_episode"], s.tags["call"]) for s in sub if s.tags.get("dropped")}
+        duplicated = {(s.problem_id, s.trajectory) for s in sub if s.tags.get("duplicate")}
+        if not (dropped or duplicated):
+            return
+        made: dict[tuple[Hashable, int], set[int]] = {key: set() for key in raw.outcomes}
+        for s in raw.sub:
+            made[(s.problem_id, s.tags["parent_episode"])].add(s.tags["call"])
+        counts = [len(calls) for calls in made.values()]
+        warn_once(self, "d_max", f"m_grpo: the rollouts made {min(counts)} to {max(counts)} sub-agent calls, not "
+                  f"m_grpo.d_max={self.s.d_max} each: sub-trajectories dropped untrained: {len(dropped)}, slots filled "
+                  f"with duplicates: {len(duplicated)}; set m_grpo.d_max to the number of calls a rollout makes")
 
     def rollout_raw(self, problems: Sequence[Problem], env: Any, make_ctx: ContextFactory,
                     run: Callable[[list[Awaitable]], list]) -> RawRollout:

@@ -37,10 +37,14 @@ The three places where algorithms differ:
 
 Early termination (``termination_threshold`` set): a joint action whose normalised reward
 reaches the threshold ends its branch (no children) and is credited with its reward for every
-remaining turn, ``R_t = r_t * (1 + gamma + ... + gamma^(T-1-t))`` (t: the lowest call position
-of the node's calls, with ``team`` its turn; T: ``num_turns``): the solved state is taken to be
-absorbing. Every joint action's return thus sums the same number of turns, whether it stopped or
-not, so stopping early never looks worse than continuing from a worse state.
+level left, its own included, ``R = r * (1 + gamma + ... + gamma^(L-1))``: the solved state is
+taken to be absorbing. L is the larger of ``num_turns`` minus the node's lowest call position
+(with ``team``: the turns left) and the branched levels of the problem's tree from the node's
+down to its deepest (in a sequential workflow each role's first call is a level of its own: a
+proposer -> critic -> judge team that solves at the proposer is credited three times). Returns
+are assigned once the whole tree is expanded, so L is known. Every joint action's return thus
+sums as many levels as a sibling's that continues, so stopping early never looks worse than
+continuing from a worse state.
 
 Differences from the reference code (CoMLRL), on purpose: the discount is applied; early
 termination is off unless ``termination_threshold`` is set, and is decided per joint action
@@ -55,7 +59,7 @@ import itertools
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Hashable, Sequence
 
-from teamrl.algorithms.base import Algorithm, FinishedEpisode
+from teamrl.algorithms.base import Algorithm, FinishedEpisode, warn_once
 from teamrl.algorithms.episodes import ContextFactory, bind, play_out, resolve_workflow, workflow_roles, workflow_settings
 from teamrl.core.config import option, register_section
 from teamrl.core.sample import Sample
@@ -95,10 +99,10 @@ def discounted_return(reward: float, child_returns: Sequence[float], gamma: floa
     return reward + (gamma * sum(child_returns) / len(child_returns) if child_returns else 0.0)
 
 
-def terminated_return(reward: float, remaining_turns: int, gamma: float) -> float:
-    """The return of a joint action that ended its branch with ``remaining_turns`` turns (its own
-    included) left: its reward at every one of them, discounted (the solved state is absorbing)."""
-    return reward * sum(gamma ** k for k in range(remaining_turns))
+def terminated_return(reward: float, remaining_levels: int, gamma: float) -> float:
+    """The return of a joint action that ended its branch with ``remaining_levels`` branched levels (team
+    turns; its own included) left: its reward at every one of them, discounted (the solved state is absorbing)."""
+    return reward * sum(gamma ** k for k in range(remaining_levels))
 
 
 def call_position(calls: Sequence[Call], call: Call) -> int:
@@ -167,11 +171,17 @@ class MAGRPO(Algorithm):
         ctxs = [make_ctx(inst, 0, {}) for inst in batch_instances(problems)]  # a repeated problem: its own groups
         for c in ctxs:
             c.workflow = name
+            c.refuse_sub_episodes = self.name  # its joint actions cannot align sub-agent calls (m_grpo does)
         run([self._root(ctx, bind(spec, task, p, settings)) for ctx, p in zip(ctxs, problems)])
         samples = [s for c in ctxs for s in c.samples]
         for s in samples:
             if s.group is None:
                 s.group = self.group_key(s)
+        played = [s for s in samples if s.tags.get("rollout")]
+        if played:  # acting calls that never train: say so, once
+            warn_once(self, "num_turns", f"magrpo: {len(played)} calls of role(s) {sorted({s.role for s in played})} came "
+                      f"after their role's first magrpo.num_turns={self.s.num_turns} call(s) and were played untrained "
+                      "(one sample, no group); raise magrpo.num_turns to train them")
         return samples
 
     def branched(self, branch: Branch, frontier: Sequence[Call]) -> bool:
@@ -182,23 +192,28 @@ class MAGRPO(Algorithm):
     async def _root(self, real: EpisodeContext, start: EpisodeFn) -> None:
         branch = Branch(start, real)
         await branch.advance()
-        await self._walk(real, branch, 0, ())
+        returns, _ = await self._walk(real, branch, 0, (), deepest := [0])
+        returns(deepest[0])  # returns wait for the whole tree: a terminated joint action is credited down to its deepest level
 
-    async def _walk(self, real: EpisodeContext, branch: Branch, depth: int, path: tuple) -> tuple[list[float], float]:
+    async def _walk(self, real: EpisodeContext, branch: Branch, depth: int, path: tuple,
+                    deepest: list[int]) -> tuple[Callable[[int], list[float]], float]:
         """Play ``branch`` on from its frontier (one untrained sample per call) until its next branched step, a
         node, or the end of its episode. Returns the child returns it passes up (each of that node's joint
         returns plus the team rewards played before the node; those rewards alone when the episode ended
-        first) and the mean team return of the episodes below."""
+        first), as a function of the tree's number of levels, and the mean team return of the episodes below."""
         played = total(await play_out(real, branch, {"path": path}, until=lambda frontier: self.branched(branch, frontier)))
         if branch.done:
             self._finish(real, branch, path)
-            return [played], branch.cumulative_team_reward()
-        returns, team = await self._node(real, branch, depth, path)
-        return [total([played, r]) for r in returns], sum(team) / len(team)
+            return (lambda levels: [played]), branch.cumulative_team_reward()
+        returns, team = await self._node(real, branch, depth, path, deepest)
+        return (lambda levels: [total([played, r]) for r in returns(levels)]), sum(team) / len(team)
 
-    async def _node(self, real: EpisodeContext, branch: Branch, depth: int, path: tuple) -> tuple[list[float], list[float]]:
-        """Sample this node's joint actions, walk their episodes on, assign returns; return the joint actions'
-        returns and the mean team return of the episodes below each."""
+    async def _node(self, real: EpisodeContext, branch: Branch, depth: int, path: tuple,
+                    deepest: list[int]) -> tuple[Callable[[int], list[float]], list[float]]:
+        """Sample this node's joint actions and walk their episodes on; return the function that, given the
+        number of branched levels of the tree (``deepest[0]`` once every episode ended), assigns the node's
+        returns to its samples and returns them, and the mean team return of the episodes below each joint action."""
+        deepest[0] = max(deepest[0], depth + 1)
         G, frontier = self.s.group_size, branch.frontier
         groups = await asyncio.gather(*[real.sample(c.role, c.messages, G, c.turn, 0, c.params,
                                                     {**c.tags, "path": path, "depth": depth}) for c in frontier])
@@ -209,35 +224,39 @@ class MAGRPO(Algorithm):
         rewards = [c.segment_team_reward() for c in copies]
         stop = [self._terminated(r) for r in rewards]
         go_on = [not t and not c.done for t, c in zip(stop, copies)]
-        later = iter(await asyncio.gather(*[
-            self._walk(real, copies[k], depth + 1, path + (k,)) for k in range(len(joint)) if go_on[k]]))
-        first = min(call_position(branch.ctx.calls, c) for c in frontier)  # the turn of a team's step
-        left = self.s.num_turns - first
-        returns, team = [], []
-        for k, r in enumerate(rewards):
-            if go_on[k]:
-                child_returns, below = next(later)
-                returns.append(discounted_return(r, child_returns, self.s.gamma))
-                team.append(below)
-                continue
-            if stop[k]:
-                returns.append(terminated_return(r, left, self.s.gamma))
-            else:
-                returns.append(discounted_return(r, [], self.s.gamma))
-            team.append(copies[k].cumulative_team_reward())  # a terminated branch: the team rewards so far
-            if copies[k].done:
-                self._finish(real, copies[k], path + (k,))
-            copies[k].cancel()
-        per_sample = completion_returns(joint, returns, G, len(frontier))
-        per_reward = completion_returns(joint, rewards, G, len(frontier))
-        per_team = completion_returns(joint, team, G, len(frontier))
-        for a, samples in enumerate(groups):
-            for j, s in enumerate(samples):
-                s.reward = per_sample[a][j]
-                s.tags["turn_reward"] = per_reward[a][j]
-                s.tags["normalised_reward"] = per_reward[a][j] / self.max_reward
-                s.tags["team_return"] = per_team[a][j]
-        return returns, team
+        walked = await asyncio.gather(*[
+            self._walk(real, copies[k], depth + 1, path + (k,), deepest) for k in range(len(joint)) if go_on[k]])
+        below = iter(walked)
+        children = [next(below) if go_on[k] else None for k in range(len(joint))]
+        team = [child[1] if child else copies[k].cumulative_team_reward()  # a terminated branch: the team rewards so far
+                for k, child in enumerate(children)]
+        for k in range(len(joint)):
+            if not go_on[k]:
+                if copies[k].done:
+                    self._finish(real, copies[k], path + (k,))
+                copies[k].cancel()
+        # with team: turns left counted from the step's turn; in a sequential workflow each role's first call is a level
+        # of its own, so the levels of the tree below count too (the ones a continuing sibling walks)
+        first = min(call_position(branch.ctx.calls, c) for c in frontier)
+
+        def assign(levels: int) -> list[float]:
+            left = max(self.s.num_turns - first, levels - depth)
+            returns = [discounted_return(r, child[0](levels), self.s.gamma) if child
+                       else terminated_return(r, left, self.s.gamma) if stop[k]
+                       else discounted_return(r, [], self.s.gamma)
+                       for k, (r, child) in enumerate(zip(rewards, children))]
+            per_sample = completion_returns(joint, returns, G, len(frontier))
+            per_reward = completion_returns(joint, rewards, G, len(frontier))
+            per_team = completion_returns(joint, team, G, len(frontier))
+            for a, samples in enumerate(groups):
+                for j, s in enumerate(samples):
+                    s.reward = per_sample[a][j]
+                    s.tags["turn_reward"] = per_reward[a][j]
+                    s.tags["normalised_reward"] = per_reward[a][j] / self.max_reward
+                    s.tags["team_return"] = per_team[a][j]
+            return returns
+
+        return assign, team
 
     def _finish(self, real: EpisodeContext, branch: Branch, path: tuple) -> None:
         assert branch.result is not None

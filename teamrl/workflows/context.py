@@ -12,7 +12,8 @@ A workflow is ``async def run(ctx, task, problem, settings)``; it acts only thro
 - ``ctx.memo(key, compute)`` computes once per episode what its replay copies would recompute
   (a pure function of the texts so far, named by ``key``).
 - ``ctx.sub_episode(role)`` opens a nested sub-episode whose samples are tagged with the parent
-  episode and the call slot (M-GRPO's sub-agent calls).
+  episode and the call slot (M-GRPO's sub-agent calls); under grpo, magrpo and at_grpo, which
+  cannot align them, opening one is refused in one line (``refuse_sub_episodes``).
 
 The contract that makes branching by replay exact (:mod:`teamrl.workflows.episode`): given the
 texts it receives, a workflow is deterministic (its randomness comes from ``ctx.rng`` only, and it
@@ -85,6 +86,8 @@ class BaseContext:
         self.cache: dict[Any, Any] = {}
         self._role_calls: dict[str, int] = {}
         self._sub_episodes = 0
+        # the algorithm that cannot align sub-episodes (grpo, magrpo, at_grpo): ``sub_episode`` refuses, naming it
+        self.refuse_sub_episodes: str | None = None
 
     @property
     def calls(self) -> list[Call]:
@@ -143,6 +146,10 @@ class BaseContext:
     def sub_episode(self, role_or_tags: str | dict) -> "SubEpisode":
         """A nested sub-episode: its calls are this episode's, tagged with ``parent_episode`` and ``call``
         (the sub-episode's slot: how many this episode opened before); a dict adds its own tags."""
+        if self.refuse_sub_episodes:  # refused when opened, not at registration: a workflow may never open one
+            raise InputError(f"workflow {self.workflow or '?'!r} opened a sub-episode (ctx.sub_episode({role_or_tags!r}), "
+                             f"problem {self.problem_id!r}), which algorithm {self.refuse_sub_episodes} cannot align: use "
+                             "algorithm=m_grpo (the workflow registered with sub_roles=...), or do not call ctx.sub_episode")
         extra = role_or_tags if isinstance(role_or_tags, dict) else {"sub_role": role_or_tags}
         slot = self._sub_episodes
         self._sub_episodes += 1

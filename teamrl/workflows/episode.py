@@ -166,6 +166,7 @@ class ReplayContext(BaseContext):
     def __init__(self, real: EpisodeContext, script: Sequence[list[Sample]]) -> None:
         super().__init__(real.problem_id, real.episode, real.tags, real.params, seed=real.seed, workflow=real.workflow)
         self.cache = real.cache  # a copy reuses what the episode's other copies computed from the same texts
+        self.refuse_sub_episodes = real.refuse_sub_episodes
         self.real = real
         self.script = list(script)
         self.pending: list[tuple[Call, asyncio.Future]] = []
