@@ -90,13 +90,17 @@ NOTES = (
     "## Your own workflow",
     "",
     "The table covers the shipped workflows; a workflow you register (`@register_workflow(name, roles=..., ...)`, "
-    "[write_your_own_team.md](write_your_own_team.md)) is checked by the same rules, before any model loads:",
+    "[write_your_own_team.md](write_your_own_team.md)) is checked by the same rules, before any model loads, but for "
+    "sub-episodes: grpo, magrpo and at_grpo refuse one when the workflow opens it (`ctx.sub_episode`), in one line "
+    "naming the workflow, so a workflow registered with `sub_roles` that opens none on a run trains under them:",
     "",
     "| your workflow | grpo | magrpo | at_grpo | m_grpo |",
     "|---|---|---|---|---|",
     "| no `sub_roles`, replayable (the default) | runs | runs | runs | refused: it opens no sub-episodes |",
     "| `replayable=False` (not deterministic given its texts) | runs | refused | refused | refused: it opens no sub-episodes |",
-    "| `sub_roles=(...)` (opens `ctx.sub_episode`) | refused: use m_grpo | refused | refused | runs |",
+    "| `sub_roles=(...)`, opens `ctx.sub_episode` | refused when it opens one: use m_grpo | refused when it opens one "
+    "| refused when it opens one | runs |",
+    "| `sub_roles=(...)`, opens none on this run | runs | runs | runs | runs |",
     "",
     "- It runs on any task (a shipped workflow names the kind of task it needs); magrpo and at_grpo branch it by "
     "replaying its calls, so it must draw randomness from `ctx.rng` only ([episodes.md](episodes.md)).",
