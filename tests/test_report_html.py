@@ -2,6 +2,7 @@
 checked in a real browser (headless Chromium; skipped only where it is not installed)."""
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -156,3 +157,56 @@ def test_report_of_a_broken_eval_file_is_one_line(run, tmp_path, capsys):
     assert main(["report", str(copy)]) == 2
     err = capsys.readouterr().err
     assert "team.jsonl: line 1 is not JSON" in err and len(err.strip().splitlines()) == 1
+
+
+# ---- issue 44 H15: structurally wrong files -------------------------------------------------------------------------
+
+def _metrics_lines(run_dir):
+    return (run_dir / "metrics.jsonl").read_text().splitlines()
+
+
+@pytest.mark.parametrize("bad_line", ["null", "3", "[1, 2]", '{"step": "three", "reward_mean": 1.0}',
+                                      '{"reward_mean": 1.0}', '{"step": 2, "reward_mean": 1.0, "update_s": "slow"}',
+                                      '{"step": 3, "eval/accuracy": "high"}'])
+def test_report_skips_and_counts_a_malformed_metrics_line(run, tmp_path, capsys, bad_line):
+    """old: a null, number or list line, a string step, a missing step, non-numeric seconds or a string eval/accuracy
+    in metrics.jsonl ended `teamrl report` in a traceback."""
+    copy = tmp_path / "ev"
+    shutil.copytree(run, copy)
+    lines = _metrics_lines(copy)
+    (copy / "metrics.jsonl").write_text("\n".join([lines[0], bad_line, *lines[1:]]) + "\n")
+    assert main(["report", str(copy)]) == 0
+    err = capsys.readouterr().err
+    assert f"{copy / 'metrics.jsonl'}: skipped 1 malformed line (line 2)" in err, err
+    assert "skipped 1 malformed line" in (copy / "report" / "report.md").read_text()
+
+
+@pytest.mark.parametrize("results", ["[]", '{"methods": []}', '{"methods": {"team": 3}}'])
+def test_report_of_a_results_file_of_the_wrong_shape_is_one_line(run, tmp_path, capsys, results):
+    copy = tmp_path / "ev"
+    shutil.copytree(run, copy)
+    path = _eval_dir(copy, "eval") / "results.json"
+    path.write_text(results)
+    os.utime(path)  # the newest: the one the report reads
+    assert main(["report", str(copy)]) == 2
+    err = capsys.readouterr().err
+    assert str(path) in err and "not a results file of teamrl eval" in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_report_of_an_episodes_line_that_is_a_list_is_one_line(run, tmp_path, capsys):
+    copy = tmp_path / "ev"
+    shutil.copytree(run, copy)
+    (_eval_dir(copy, "eval") / "team.jsonl").write_text("[1, 2]\n")
+    assert main(["report", str(copy)]) == 2
+    err = capsys.readouterr().err
+    assert "team.jsonl: line 1 is not a JSON object" in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_report_where_the_report_folder_is_a_file_is_one_line(run, tmp_path, capsys):
+    copy = tmp_path / "ev"
+    shutil.copytree(run, copy)
+    shutil.rmtree(copy / "report", ignore_errors=True)
+    (copy / "report").write_text("x")
+    assert main(["report", str(copy)]) == 2
+    err = capsys.readouterr().err
+    assert str(copy / "report") in err and len(err.strip().splitlines()) == 1, err

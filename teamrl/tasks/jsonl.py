@@ -14,7 +14,7 @@ def read_jsonl_lines(path: str | Path, what: str, hint: str = "") -> list[tuple[
     """(line number, object) for every non-blank line of a JSONL file (``.gz`` read transparently).
 
     A missing file raises :class:`InputFileMissing` (a ``FileNotFoundError``) naming ``what`` and the path (plus ``hint``); a
-    line that is not JSON raises :class:`InputError` (a ``ValueError``) naming the file and line.
+    line that is not a JSON object raises :class:`InputError` (a ``ValueError``) naming the file and line.
     """
     p = Path(path).expanduser()
     if not str(path) or not p.is_file():
@@ -25,9 +25,13 @@ def read_jsonl_lines(path: str | Path, what: str, hint: str = "") -> list[tuple[
         for n, line in enumerate(fh, 1):
             if line.strip():
                 try:
-                    rows.append((n, json.loads(line)))
+                    row = json.loads(line)
                 except json.JSONDecodeError as e:
                     raise InputError(f"{p}: line {n} is not JSON ({e.msg})") from None
+                if not isinstance(row, dict):
+                    raise InputError(f"{p}: line {n} is not a JSON object (got {type(row).__name__}); each line must "
+                                     "be one {...} record")
+                rows.append((n, row))
     return rows
 
 

@@ -15,10 +15,11 @@ import html
 import json
 import math
 import re
+import sys
 from pathlib import Path
 from typing import Any, Iterable
 
-from teamrl.core.metrics import accuracy_summary, read_metrics, training_records
+from teamrl.core.metrics import accuracy_summary, training_records
 
 # (file stem, title, metric-name prefixes to draw on that plot)
 PLOTS = (
@@ -131,13 +132,21 @@ def write_report(run_dir: str | Path) -> Path:
     mfile = run_dir / "metrics.jsonl"
     if not mfile.is_file():
         raise FileNotFoundError(f"{run_dir}: no metrics.jsonl; is it a run directory (runs/<name>)?")
-    everything = read_metrics(mfile)
+    everything, skipped = read_report_metrics(mfile)
     metrics = training_records(everything)
     if not metrics:
         raise ValueError(f"{mfile} is empty: the run has not finished a step yet")
     out = run_dir / "report"
-    out.mkdir(exist_ok=True)
+    try:
+        out.mkdir(exist_ok=True)
+    except FileExistsError:
+        raise ValueError(f"{out} is a file, not a folder: remove or rename it, and the report goes there") from None
     page = [f"# Run report: {run_dir.name}", ""]
+    if skipped:
+        note = (f"{mfile}: skipped {len(skipped)} malformed line{'s' if len(skipped) > 1 else ''} (line "
+                f"{', '.join(map(str, skipped[:5]))}{', ...' if len(skipped) > 5 else ''}): not a record of a step")
+        print(f"teamrl report: {note}", file=sys.stderr)
+        page += [note, ""]
     main, k, first, last, secs = summary(metrics)
     page += ["| steps | " + main + f", first {k} | " + main + f", last {k} | seconds per step |", "|---|---|---|---|",
              f"| {len(metrics)} | {first:.3f} | {last:.3f} | {secs:.1f} |", ""]
@@ -147,16 +156,16 @@ def write_report(run_dir: str | Path) -> Path:
                  f"| {acc['untrained']:.3f} | {acc['peak']:.3f} ({acc['peak_step']}) | {acc['final']:.3f} | "
                  f"{', '.join(map(str, acc['cliffs'])) or 'none'} |", ""]
     results_file = _latest_results(run_dir)
-    try:
-        results = json.loads(results_file.read_text()) if results_file else None
-    except ValueError as e:
-        raise ValueError(f"{results_file}: not a results file of teamrl eval ({e})") from None
-    if results is not None:
-        from teamrl.trainer.evaluate import format_table, rows_from_results
-
-        page += [f"## Latest eval ({results_file.parent.name})", "", format_table(rows_from_results(results)), ""]
+    results = _read_results(results_file) if results_file else None
     page += ["The HTML report, with every eval transcript and the training episodes: [index.html](index.html)", ""]
-    html_page = render_html(run_dir, everything, results_file, results)  # first: it reads the eval's and episodes' files
+    try:
+        if results is not None:
+            from teamrl.trainer.evaluate import format_table, rows_from_results
+
+            page[-2:-2] = [f"## Latest eval ({results_file.parent.name})", "", format_table(rows_from_results(results)), ""]
+        html_page = render_html(run_dir, everything, results_file, results)  # first: it reads the eval's and episodes' files
+    except (KeyError, TypeError, AttributeError) as e:  # a field missing or of another type than eval writes
+        raise ValueError(f"{results_file}: not a results file of teamrl eval ({type(e).__name__}: {e})") from None
     for stem, title, series in plot_groups(everything, run_workflow(run_dir)):
         if not series:
             continue
@@ -166,6 +175,41 @@ def write_report(run_dir: str | Path) -> Path:
     path = out / "index.html"
     path.write_text(html_page)
     return path
+
+
+def read_report_metrics(path: Path) -> tuple[list[dict[str, Any]], list[int]]:
+    """(the records of ``metrics.jsonl`` that are records of a step, the numbers of the lines that are not). A record
+    is a JSON object with an integer ``step`` whose values are numbers, booleans or null (a NaN the run logged);
+    anything else (a list, a string step, no step, a string where a number goes) is skipped and counted."""
+    records, skipped = [], []
+    for n, line in enumerate(Path(path).read_text(errors="replace").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            r = json.loads(line)
+        except ValueError:
+            r = None
+        ok = (isinstance(r, dict) and type(r.get("step")) is int
+              and all(v is None or isinstance(v, (int, float)) for v in r.values()))
+        if ok:
+            records.append(r)
+        else:
+            skipped.append(n)
+    return records, skipped
+
+
+def _read_results(path: Path) -> dict[str, Any]:
+    """``results.json`` of ``teamrl eval``: a JSON object whose ``methods`` maps each method to an object; anything
+    else is a ValueError naming the file."""
+    try:
+        results = json.loads(path.read_text())
+    except ValueError as e:
+        raise ValueError(f"{path}: not a results file of teamrl eval ({e})") from None
+    methods = results.get("methods") if isinstance(results, dict) else None
+    if not isinstance(methods, dict) or not all(isinstance(m, dict) for m in methods.values()):
+        raise ValueError(f"{path}: not a results file of teamrl eval (it must be an object whose 'methods' maps each "
+                         "method to an object)")
+    return results
 
 
 # ---- the HTML page ------------------------------------------------------------------------------
