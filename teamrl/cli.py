@@ -22,10 +22,14 @@ other error is a bug and keeps its traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import signal
 import sys
+import threading
 from pathlib import Path
+from typing import Iterator
 
 
 def _split(args: list[str]) -> tuple[str | None, list[str]]:
@@ -73,12 +77,43 @@ def _bench(argv: list[str]) -> int:
     return int(runpy.run_path(str(script), run_name="teamrl_bench")["main"](argv) or 0)
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the main thread is, as Ctrl-C's KeyboardInterrupt is: every ``finally`` runs."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"signal {signum}")
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM ends the command as Ctrl-C does (in the main thread only: elsewhere signals cannot be set)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: object) -> None:
+        raise Terminated(signum)
+
+    before = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run ``teamrl`` with ``argv`` (default: the process's arguments); returns the exit code."""
     from teamrl.core.config import ConfigError, InputError
 
     try:
-        return _main(sys.argv[1:] if argv is None else argv)
+        with _sigterm_as_interrupt():
+            return _main(sys.argv[1:] if argv is None else argv)
+    except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: what was saved stays, a half-written checkpoint does not
+        signum = e.signum if isinstance(e, Terminated) else signal.SIGINT
+        print(f"teamrl: interrupted ({signal.Signals(signum).name}); checkpoints already written are kept: a training run "
+              "continues with the same command and --resume", file=sys.stderr)
+        return 128 + signum
     except InputError as e:  # only the user's input: anything else is a bug and keeps its traceback
         if os.environ.get("TEAMRL_TRACEBACK", "") not in ("", "0"):
             import traceback
@@ -250,9 +285,9 @@ def _main(argv: list[str]) -> int:
     print(f"seconds per step: {secs:.1f}")
     from teamrl.trainer.diagnostics import signal_summary
 
-    signal = signal_summary(metrics)  # a run whose groups never varied learned nothing from its rewards: say so
-    if signal:
-        print(signal)
+    no_signal = signal_summary(metrics)  # a run whose groups never varied learned nothing from its rewards: say so
+    if no_signal:
+        print(no_signal)
     acc = accuracy_summary(everything)
     if acc:
         print(f"held-out accuracy: first {acc['untrained']:.3f}, peak {acc['peak']:.3f} (step {acc['peak_step']}), "

@@ -345,3 +345,55 @@ def test_a_second_train_of_the_same_run_is_refused_in_one_line_naming_the_first(
     # the first process is gone (killed: its lock went with it): the run resumes
     rc, err = run_cli(capsys, *tiny_train(tmp_path, "name=twice", "train.steps=2", "run.save_every=1"), "--resume")
     assert rc == 0, err
+
+
+# ---- issue 44: Ctrl-C and SIGTERM end in one line, clean up, and the run resumes -----------------------------------
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_a_signal_ends_train_in_one_line_and_the_run_resumes(capsys, tmp_path, sig):
+    """old: SIGINT printed a KeyboardInterrupt traceback (exit 1); SIGTERM left a .tmp_step_* folder."""
+    import signal
+    import time
+
+    argv = [sys.executable, "-c", "import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+            "from teamrl.cli import main; sys.exit(main())",
+            *tiny_train(tmp_path, "name=sig", "train.steps=400", "run.save_every=1", "rollout.max_new_tokens=8")]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    ckpts = tmp_path / "sig" / "checkpoints"
+    deadline = time.monotonic() + 120
+    while len(list(ckpts.glob("step_*"))) < 2:
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.poll() is not None else "slow"
+        time.sleep(0.1)
+    proc.send_signal(getattr(signal, sig))
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + getattr(signal, sig), (proc.returncode, err)
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "interrupted" in lines[0] and "--resume" in lines[0] and "Traceback" not in err, err
+    assert not list(ckpts.glob(".tmp_step_*")), list(ckpts.iterdir())
+    last = int(sorted(ckpts.glob("step_*"))[-1].name[5:])
+    rc, err = run_cli(capsys, *tiny_train(tmp_path, "name=sig", f"train.steps={last + 1}", "run.save_every=1"), "--resume")
+    assert rc == 0, err
+    assert (ckpts / f"step_{last + 1:06d}").is_dir()
+
+
+def test_an_interrupt_while_a_checkpoint_is_written_leaves_no_temporary_folder(tmp_path, monkeypatch):
+    import teamrl.trainer.checkpoint as checkpoint
+
+    real, written = checkpoint._write, []
+
+    def interrupted(obj, path):
+        if written:
+            raise KeyboardInterrupt
+        written.append(path)
+        real(obj, path)
+
+    monkeypatch.setattr(checkpoint, "_write", interrupted)
+    from teamrl.trainer.trainer import Trainer
+    from teamrl.core.config import load_config
+
+    argv = tiny_train(tmp_path, "name=int")[1:]
+    tr = Trainer(load_config(None, argv))
+    with pytest.raises(KeyboardInterrupt):
+        tr.train()
+    assert written and not list((tmp_path / "int" / "checkpoints").glob(".tmp_step_*"))

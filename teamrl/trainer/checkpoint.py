@@ -121,6 +121,9 @@ def save_checkpoint(folder: Path, step: int, policies: PolicyRouter | PolicyStat
         reason = f"[Errno {e.errno}] {e.strerror}" if e.strerror else str(e)
         raise CheckpointWriteError(f"checkpoint {final} could not be written ({reason}); {kept}: free space or make "
                                    f"{folder} writable, then continue with teamrl train ... --resume") from e
+    except BaseException:  # Ctrl-C or SIGTERM mid-write: no half-written folder stays behind
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     for old in list_checkpoints(folder)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return final
