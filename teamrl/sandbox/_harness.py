@@ -35,7 +35,8 @@ Known gap: a program written against these internals can walk its own stack
 function. That gains nothing: a split test's verdict is the caller's, and a test of any other
 shape is only *served* here (``serve``: the judge's process, a separate sandbox run that never
 holds the program, runs it and relays each call of the program's functions; the value goes back
-as plain data). The harness runs tests as snippets only in the judge's process, where the
+as plain data), and its source never comes here: the payload says only ``serve``, so no frame,
+object or file of this process holds a whole test's expected values. The harness runs tests as snippets only in the judge's process, where the
 "program" is ``_judge_runtime.py``.
 """
 
