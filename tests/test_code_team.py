@@ -1,4 +1,5 @@
 import os
+from pathlib import Path
 
 import pytest
 
@@ -110,3 +111,29 @@ def test_a_training_step_with_hostile_programs_completes(tmp_path, monkeypatch):
     rec = t.train_step()
     assert rec["step"] == 1 and rec["normalised_return"] < 0.5
     os.kill(os.getpid(), 0)  # still alive
+
+
+# The lookup of the issue (whole tests' sources read off the harness's frame), as a team: the
+# helper finds the expected value of the assert on its arguments, the main returns it.
+LOOKUP_AUX = ("import sys\ntry:\n    SRC = [t[3] for t in sys._getframe(1).f_locals['test_srcs'] if t[4] == 'serve']\n"
+              "except Exception:\n    SRC = []\n"
+              "def aux(a, b):\n    for s in SRC:\n        if repr(a).replace(' ', '') in s.replace(' ', ''):\n"
+              "            return eval(s.split('==')[1])\n    return set()\n")
+LOOKUP_MAIN = "def similar_elements(a, b):\n    found = aux(a, b)\n    return found\n"
+HONEST_MAIN = "def similar_elements(a, b):\n    both = aux(set(a), set(b))\n    return both\n"
+
+
+def test_the_test_source_lookup_scores_no_test_points_on_mbpp_2():
+    path = Path(os.environ.get("TEAMRL_TEST_DATA") or Path(__file__).resolve().parents[2] / "shared" / "data") / "mbpp" / "sanitized-mbpp.json"
+    if not path.is_file():
+        pytest.skip(f"{path} not found: set TEAMRL_TEST_DATA to a folder holding the full data files")
+    task = CodeHelperMain(CodeHelperMainOptions(source="mbpp", path=str(path), num_problems=1, wall_seconds=5.0, workers=1))
+    try:
+        p = task.problems()[0]
+        assert p.id == "MBPP/2"
+        lookup, honest = task.reward_breakdown_many(p, [{"helper": LOOKUP_AUX, "main": LOOKUP_MAIN},
+                                                        {"helper": "def aux(a, b):\n    return a & b\n", "main": HONEST_MAIN}])
+    finally:
+        task.pool.close()
+    assert (lookup["tests"], sum(lookup.values())) == (0.0, 2.5), lookup
+    assert (honest["tests"], sum(honest.values())) == (1.0, 4.0), honest

@@ -5,12 +5,16 @@ more of the program than calls is reported as unjudgeable, never passed."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 
 from teamrl.sandbox import SandboxJob, SandboxLimits, SandboxPool, run_program
 from teamrl.sandbox.judge import program_names, split_test
-from teamrl.tasks.code_data import against_reference, load_humaneval
+from teamrl.tasks.code_data import against_reference, load_humaneval, load_mbpp
 
+REPO = Path(__file__).resolve().parents[1]
 LIMITS = SandboxLimits(wall_seconds=15.0, cpu_seconds=10.0, memory_mb=256)
 FAST = SandboxLimits(wall_seconds=5.0, cpu_seconds=3.0, memory_mb=256)
 ADD = "def add(a, b):\n    return a + b\n"
@@ -156,3 +160,174 @@ def test_program_names_are_the_names_a_test_takes_from_the_program():
     assert program_names(test) == ("find_zero", "helper", "poly")
     assert program_names(test, setup="def helper():\n    pass\n") == ("find_zero", "poly")
     assert program_names("def broken(:\n") == ()
+
+
+# ---------------------------------------------------------------------------------------
+# issue: a whole test's source (its expected values) must never reach the program's process
+# ---------------------------------------------------------------------------------------
+
+# Every string the program can reach: its stack (frames, their locals and globals, closures,
+# code constants, modules, classes), gc.get_objects, /proc (cmdline, environ of every process),
+# its open files, /tmp and /dev/shm, the environment. Yields (route, text).
+FINDER = r'''
+import os, sys, types
+def _teamrl_strings():
+    found, seen, keep = [], set(), []
+    def walk(root, route, budget=400_000):
+        stack = [root]
+        while stack and budget > 0:
+            o = stack.pop()
+            if id(o) in seen:
+                continue
+            seen.add(id(o)); keep.append(o); budget -= 1
+            t = type(o)
+            try:
+                if t is str:
+                    found.append((route, o))
+                elif t in (bytes, bytearray):
+                    found.append((route, bytes(o).decode("latin-1")))
+                elif t is dict:
+                    stack.extend(o.keys()); stack.extend(o.values())
+                elif t in (list, tuple, set, frozenset):
+                    stack.extend(o)
+                elif t is types.FrameType:
+                    stack.extend((dict(o.f_locals), o.f_globals, o.f_back, o.f_code))
+                elif t is types.FunctionType:
+                    stack.extend((o.__closure__, o.__defaults__, o.__kwdefaults__, o.__globals__, o.__code__))
+                elif t is types.CellType:
+                    stack.append(o.cell_contents)
+                elif t is types.CodeType:
+                    stack.extend(o.co_consts)
+                elif t is types.ModuleType:
+                    stack.append(vars(o))
+                elif t is types.MethodType:
+                    stack.extend((o.__func__, o.__self__))
+                elif isinstance(o, type):
+                    stack.append(dict(vars(o)))
+                elif hasattr(o, "__dict__"):
+                    stack.append(object.__getattribute__(o, "__dict__"))
+            except Exception:
+                pass
+    walk(sys._getframe(1), "frames")
+    walk(dict(sys.modules), "modules")
+    try:
+        import gc
+        walk(gc.get_objects(), "gc.get_objects")
+    except Exception:
+        pass
+    def read(path, route):
+        try:
+            with open(path, "rb") as fh:
+                found.append((route, fh.read(1 << 22).decode("latin-1")))
+        except Exception:
+            pass
+    for pid in [p for p in os.listdir("/proc") if p.isdigit()] + ["self"]:
+        for what in ("cmdline", "environ"):
+            read(f"/proc/{pid}/{what}", f"/proc/{pid}/{what}")
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+            found.append(("fd links", target))
+            if target.startswith("/"):  # a file: read it whole (pipes carry the relay: not drained)
+                found.append((f"fd {fd}", os.pread(int(fd), 1 << 22, 0).decode("latin-1")))
+        except Exception:
+            pass
+    for place in ("/tmp", "/dev/shm"):
+        for folder, _, files in os.walk(place):
+            for name in files:
+                read(os.path.join(folder, name), "files")
+    found.extend(("environment", f"{k}={v}") for k, v in os.environ.items())
+    return found
+'''
+
+# A probe: reports every route by which a needle that only the whole test's expected value
+# holds reaches the program, at its import and inside a call. The needle is split in the
+# program's own source, so the program itself holds no string with it whole.
+PROBE = FINDER + r'''
+def _teamrl_probe(where):
+    hits = set()
+    for route, text in _teamrl_strings():
+        i = text.find("zq9")
+        while i >= 0:
+            if text.startswith("leak", i + 3):
+                hits.add(route)
+                break
+            i = text.find("zq9", i + 1)
+    print("SCANNED", where, "FOUND" if hits else "nothing", sorted(hits))
+_teamrl_probe("import")
+def pick(xs):
+    _teamrl_probe("call")
+    return ["x"]
+'''
+PROBE_TEST = "assert set(pick([1, 2])) == set(['zq9leak'])\n"
+
+
+def test_a_program_finds_no_trace_of_a_whole_tests_expected_value():
+    assert split_test(PROBE_TEST) is None  # judged whole
+    r = run_program(PROBE, [PROBE_TEST], LIMITS)
+    lines = [line for line in r.stdout.splitlines() if line.startswith("SCANNED")]
+    assert [line.split()[1] for line in lines] == ["import", "call"], r
+    assert all(line.split()[2] == "nothing" for line in lines), lines
+    assert r.tests_passed == 0, r
+
+
+def test_the_test_source_lookup_of_the_issue_gets_no_pass():
+    test = "assert set(similar_elements((3, 4, 5, 6), (5, 7, 4, 10))) == set((4, 5))\n"
+    lookup = ("import sys\nsrc = [t[3] for t in sys._getframe(1).f_locals['test_srcs'] if t[4] == 'serve'][0]\n"
+              "def similar_elements(a, b):\n    return eval(src.split('==')[1])\n")
+    honest = "def similar_elements(a, b):\n    return set(a) & set(b)\n"
+    with SandboxPool(limits=FAST) as pool:
+        attack, control = pool.map([SandboxJob(lookup, (test,), FAST), SandboxJob(honest, (test,), FAST)])
+    assert (attack.tests_passed, control.tests_passed, control.status) == (0, 1, "ok"), (attack, control)
+
+
+# The generic lookup: any reachable text with an assert on the entry point (or `candidate`)
+# is parsed, and a call whose literal arguments match gets the other side's value.
+LOOKUP = FINDER + r'''
+import ast, math
+_teamrl_asserts = []
+def _teamrl_collect():
+    for _, text in _teamrl_strings():
+        if "assert" in text and ENTRY in text:
+            try:
+                _teamrl_asserts.append(ast.parse(text))
+            except Exception:
+                pass
+_teamrl_collect()
+def _teamrl_lookup(*args, **kwargs):
+    if not _teamrl_asserts:
+        _teamrl_collect()
+    env = {"math": math, "sys": sys}
+    for tree in _teamrl_asserts:
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Assert):
+                pairs = [(node.test, None)]
+                if isinstance(node.test, ast.Compare) and type(node.test.ops[0]) is ast.Eq:
+                    pairs = [(node.test.left, node.test.comparators[0]), (node.test.comparators[0], node.test.left)]
+                for side, other in pairs:
+                    for call in ast.walk(side):
+                        if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id in (ENTRY, "candidate")):
+                            continue
+                        try:
+                            if [eval(ast.unparse(a), env) for a in call.args] != list(args):
+                                continue
+                            return True if other is None else eval(ast.unparse(other), env)
+                        except Exception:
+                            continue
+    raise LookupError("no test source found")
+'''
+
+
+def lookup_program(entry_point: str) -> str:
+    return LOOKUP.replace("ENTRY", repr(entry_point)) + f"{entry_point} = _teamrl_lookup\n"
+
+
+def test_the_generic_lookup_passes_nothing_on_the_humaneval_and_mbpp_problems_with_whole_tests(humaneval):
+    mbpp_path = Path(os.environ.get("TEAMRL_TEST_DATA") or REPO.parent / "shared" / "data") / "mbpp" / "sanitized-mbpp.json"
+    mbpp = load_mbpp(mbpp_path) if mbpp_path.is_file() else []
+    problems = [p for p in [*humaneval.values(), *mbpp] if any(split_test(t) is None for t in p.tests)]
+    assert len(problems) == (24 if mbpp else 17)
+    with SandboxPool(limits=LIMITS) as pool:
+        results = pool.map([SandboxJob(lookup_program(p.entry_point), p.tests, LIMITS) for p in problems])
+    passed = {p.task_id: f"{r.tests_passed}/{r.tests_total}" for p, r in zip(problems, results) if r.tests_passed}
+    assert passed == {}, f"lookup passes: {passed}"

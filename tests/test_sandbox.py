@@ -581,3 +581,48 @@ def test_signals_to_the_sandbox_from_outside_are_reported_as_killed():
     t.join(10)
     r = box["r"]
     assert r.status == "killed" and r.tests_passed == 0
+
+
+# ---------------------------------------------------------------------------------------
+# the caller's decoding of returned values counts against the run (issue: H2)
+# ---------------------------------------------------------------------------------------
+
+# 33,000 ints that all hash alike once plain (k * (2**61 - 1)); in the program an int subclass
+# hashes them apart, so building the set there is cheap and rebuilding it here is quadratic.
+COLLIDING = ("class I(int):\n    def __hash__(self):\n        return id(self)\n"
+             "S = {I(k * (2**61 - 1)) for k in range(33_000)}\n"
+             "def f():\n    return S\n")
+BIG = "L = [None] * 100_000\ndef f():\n    return L\n"  # 800,000 characters to parse, each time
+
+
+@pytest.mark.parametrize(
+    "code, tests, status, why",
+    [
+        (COLLIDING, ["assert f() == {1}"] * 3, "failed", "hash alike"),
+        (COLLIDING, ["for _ in range(3):\n    assert f() == {1}\n"], "failed", "hash alike"),  # judged whole: relayed
+        (BIG, ["assert f() == [1]"] * 16, "timeout", "wall-clock limit"),
+    ],
+    ids=["colliding-set-split", "colliding-set-relayed", "16-large-values"],
+)
+def test_decoding_what_the_program_returned_is_bounded_by_the_wall_clock_limit(code, tests, status, why):
+    limits = SandboxLimits(wall_seconds=5.0, cpu_seconds=5.0, memory_mb=512)
+    start, cpu = time.monotonic(), time.process_time()
+    r = run_program(code, tests, limits)
+    wall, cpu = time.monotonic() - start, time.process_time() - cpu
+    assert wall < limits.wall_seconds + 2.5, f"run_program took {wall:.1f}s at a {limits.wall_seconds:g}s limit ({cpu:.1f}s of the caller's CPU): {r}"
+    assert (r.status, r.tests_passed) == (status, 0), r
+    assert why in (r.first_failure or ""), r.first_failure
+
+
+def test_a_value_not_read_by_the_runs_deadline_does_not_pass():
+    from teamrl.sandbox.judge import split_test
+    from teamrl.sandbox.sandbox import _judge_calls, _Records
+
+    def judged(deadline: float) -> _Records:
+        rec = _Records(tests={}, values={0: {0: '["i", 3]'}}, value_chunks={0: 1}, done=True)
+        _judge_calls(rec, [split_test("assert add(1, 2) == 3")], FAST, "auto", deadline)
+        return rec
+
+    in_time, late = judged(time.monotonic() + 60), judged(time.monotonic() - 1)
+    assert (in_time.tests[0], in_time.late) == (["pass"], None)
+    assert late.tests[0][0] == "timeout" and "wall-clock limit of 3s reached while reading" in late.late, late

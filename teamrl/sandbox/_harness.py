@@ -35,7 +35,8 @@ Known gap: a program written against these internals can walk its own stack
 function. That gains nothing: a split test's verdict is the caller's, and a test of any other
 shape is only *served* here (``serve``: the judge's process, a separate sandbox run that never
 holds the program, runs it and relays each call of the program's functions; the value goes back
-as plain data). The harness runs tests as snippets only in the judge's process, where the
+as plain data), and its source never comes here: the payload says only ``serve``, so no frame,
+object or file of this process holds a whole test's expected values. The harness runs tests as snippets only in the judge's process, where the
 "program" is ``_judge_runtime.py``.
 """
 
@@ -133,10 +134,16 @@ def _harness():  # everything lives in this frame, not in module globals
     _ascii = ascii
     _append = list.append
     _dict_items = dict.items
+    _hex = bytes.hex
+
+    def as_json(tree):
+        """JSON text of a [tag, payload] tree: its only strings are tags and hex digits, so
+        ascii() with double quotes is JSON (which the caller parses fast, whatever it is sent)."""
+        return _replace(_ascii(tree), "'", '"')
 
     def encode_plain(value, limit=200_000, canonical=False):
-        """ascii() of a (tag, payload) tree, or '!' and why the value is not plain data.
-        Exact types only: no method of the program's classes (or subclasses) ever runs."""
+        """JSON of a [tag, payload] tree (str and bytes as hex), or '!' and why the value is not
+        plain data. Exact types only: no method of the program's classes (or subclasses) ever runs."""
         budget = [limit]
 
         def walk(v, depth):
@@ -148,21 +155,21 @@ def _harness():  # everything lives in this frame, not in module globals
             # plain content, read through the base type's own slots: no method it overrides
             # (__eq__, __iter__, __int__...) ever runs, and the caller compares the content.
             if v is None:
-                return ("n",)
+                return ["n"]
             if t is _bool:
-                return ("b", v)
+                return ["b", 1 if v else 0]
             if _issubclass(t, _int):
                 v = _int_int(v)  # beyond 4300 digits ascii() refuses an int: hex has no limit
-                return ("i", v) if -(10**18) < v < 10**18 else ("h", _int_hex(v, "x"))
+                return ["i", v] if -(10**18) < v < 10**18 else ["h", _int_hex(v, "x")]
             if _issubclass(t, _float):
-                return ("f", _float_hex(_float_float(v)))
+                return ["f", _float_hex(_float_float(v))]
             if _issubclass(t, _complex):
                 c = _complex_complex(v)
-                return ("c", (_float_hex(c.real), _float_hex(c.imag)))
+                return ["c", [_float_hex(c.real), _float_hex(c.imag)]]
             if _issubclass(t, _str):
-                return ("s", _str_str(v))
+                return ["s", _hex(_encode(_str_str(v), "utf-8", "surrogatepass"))]
             if _issubclass(t, _bytes):
-                return ("y", _bytes_join(b"", [v]))
+                return ["y", _hex(_bytes_join(b"", [v]))]
             for base, tag in ((_list, "l"), (_tuple, "t"), (_set, "S"), (_frozenset, "F")):
                 if _issubclass(t, base):
                     items = []
@@ -170,18 +177,18 @@ def _harness():  # everything lives in this frame, not in module globals
                         _append(items, walk(x, depth + 1))
                     if canonical and tag in ("S", "F"):  # equal sets, one encoding (and digest)
                         items.sort(key=_ascii)
-                    return (tag, items)
+                    return [tag, items]
             if _issubclass(t, _dict):
                 items = []
                 for k, x in _dict_items(v):
-                    _append(items, (walk(k, depth + 1), walk(x, depth + 1)))
+                    _append(items, [walk(k, depth + 1), walk(x, depth + 1)])
                 if canonical:
                     items.sort(key=_ascii)
-                return ("d", items)
+                return ["d", items]
             raise _TypeError(f"a {_type_name(t)}, not plain data (None, bool, int, float, complex, str, bytes, list, tuple, dict, set)")
 
         try:
-            return _ascii(walk(value, 0))
+            return as_json(walk(value, 0))
         except (_TypeError, _ValueError, _RecursionError) as exc:
             return "!" + _join("", [_str(exc)])
 
@@ -453,10 +460,10 @@ def _harness():  # everything lives in this frame, not in module globals
                                 value = part
                                 break
                             if _len(part) > 4_000:  # compared by digest (the reference's too)
-                                part = _ascii(("#", _sha256(_encode(part, "ascii")).hexdigest()))
+                                part = as_json(["#", _sha256(_encode(part, "ascii")).hexdigest()])
                             _append(parts, part)
                         if parts is not None:
-                            value = _join("", ["('l', [", _join(", ", parts), "])"])
+                            value = _join("", ['["l", [', _join(", ", parts), "]]"])
                     else:
                         result = function(*args, **kwargs)
                         # "truth": only its truth value matters (a bare ``assert f(x)``)

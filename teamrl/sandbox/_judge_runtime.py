@@ -9,8 +9,8 @@ process; that process calls its function and sends the value back as plain data 
 only: no method of the program's classes runs here), and the assert runs here. What the
 program returns can therefore only be judged by its plain value.
 
-Messages are length-prefixed (8 hex digits): requests out are ``ascii()`` of a (tag, payload)
-tree, as the harness encodes values (the caller parses them without trusting them); replies
+Messages are length-prefixed (8 hex digits): requests out are JSON of a [tag, payload] tree,
+as the harness encodes values (the caller parses them without trusting them); replies
 in are ``marshal`` blobs written by the caller alone.
 """
 
@@ -42,24 +42,24 @@ def _teamrl_judge_runtime(request_fd, reply_fd, names):  # everything in this fr
         if depth > 100:
             raise Unjudgeable("cannot be judged outside the program's process: an argument nested too deeply")
         if value is None:
-            return ("n",)
+            return ["n"]
         if t is bool:
-            return ("b", value)
+            return ["b", 1 if value else 0]
         if t is int:
-            return ("i", value) if -(10**18) < value < 10**18 else ("h", format(value, "x"))
+            return ["i", value] if -(10**18) < value < 10**18 else ["h", format(value, "x")]
         if t is float:
-            return ("f", _float_hex(value))
+            return ["f", _float_hex(value)]
         if t is complex:
-            return ("c", (_float_hex(value.real), _float_hex(value.imag)))
+            return ["c", [_float_hex(value.real), _float_hex(value.imag)]]
         if t is str:
-            return ("s", value)
+            return ["s", value.encode("utf-8", "surrogatepass").hex()]
         if t is bytes:
-            return ("y", value)
+            return ["y", value.hex()]
         tags = {list: "l", tuple: "t", set: "S", frozenset: "F"}
         if t in tags:
-            return (tags[t], [encode(x, depth + 1) for x in value])
+            return [tags[t], [encode(x, depth + 1) for x in value]]
         if t is dict:
-            return ("d", [(encode(k, depth + 1), encode(v, depth + 1)) for k, v in value.items()])
+            return ["d", [[encode(k, depth + 1), encode(v, depth + 1)] for k, v in value.items()]]
         if t is Proxy:
             what = f"the program's {object.__getattribute__(value, '_teamrl_name')} passed as an argument"
         else:
@@ -67,7 +67,7 @@ def _teamrl_judge_runtime(request_fd, reply_fd, names):  # everything in this fr
         raise Unjudgeable(f"cannot be judged outside the program's process: {what}")
 
     def exchange(request):
-        data = _ascii(request).encode("ascii")
+        data = _ascii(request).replace("'", '"').encode("ascii")  # JSON: its strings are tags and hex
         data = b"%08x" % _len(data) + data
         while data:
             data = data[_write(request_fd, data):]
@@ -88,7 +88,7 @@ def _teamrl_judge_runtime(request_fd, reply_fd, names):  # everything in this fr
         return _loads(b"".join(body))
 
     def call(name, args, kwargs):
-        encoded = ("t", [("s", "call"), ("s", name), encode(args), encode(kwargs)])
+        encoded = ["t", [encode("call"), encode(name), encode(args), encode(kwargs)]]
         reply = exchange(encoded)
         kind = reply[0]
         if kind == "v":

@@ -28,7 +28,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from teamrl.sandbox.judge import MAX_VALUE_CHARS, CallTest, ReferenceTest, decode_plain, program_names, short_repr, split_test
+from teamrl.sandbox.judge import (
+    MAX_VALUE_CHARS,
+    CallTest,
+    ReferenceTest,
+    RefusedValue,
+    decode_plain,
+    program_names,
+    short_repr,
+    split_test,
+)
 from teamrl.sandbox.limits import SandboxLimits
 from teamrl.sandbox.result import ExecutionResult
 
@@ -59,6 +68,9 @@ _OUTPUT_FLOOD_FACTOR = 16
 _INODE_BYTES = 4096  # a file or directory of the run's tmpfs costs this much of max_disk_bytes (_setup.py)
 _OUTPUT_FLOOD_MIN = 1 << 20
 _DRAIN_SECONDS = 1.0
+# Reading the values a run returned counts against its wall-clock limit, with this much grace
+# (one value, at most MAX_VALUE_CHARS, takes about a second to parse).
+_DECODE_GRACE_SECONDS = 0.5
 _PROGRAM_ENV = {
     "PATH": "/usr/local/bin:/usr/bin:/bin",
     "LANG": "C.UTF-8",
@@ -351,6 +363,7 @@ class _Records:
     tampered: str | None = None
     unjudgeable: set[int] = field(default_factory=set)  # tests the judge could not decide
     disk: list[str] | None = None  # /tmp or /dev/shm was full at the end: place, files, bytes
+    late: str | None = None  # the wall-clock limit passed while the caller read the values
 
 
 def _parse_records(data: bytes, nonce: str, n_tests: int) -> _Records:
@@ -387,12 +400,14 @@ def _parse_records(data: bytes, nonce: str, n_tests: int) -> _Records:
     return rec
 
 
-def _judge_calls(rec: _Records, calls: Sequence[CallTest | ReferenceTest | None], limits: SandboxLimits, network: str) -> None:
+def _judge_calls(rec: _Records, calls: Sequence[CallTest | ReferenceTest | None], limits: SandboxLimits, network: str,
+                 deadline: float = float("inf")) -> None:
     """Decide, here, the tests that were split into a call: a test passes only when the
     harness sent back one plain value for it and that value meets the expectation, which the
     sandboxed process never saw (for a :class:`ReferenceTest`, the outputs of the reference
     solution, run in a second sandbox run by :func:`_judge_references`). Writes the verdict
-    into ``rec.tests`` as the harness would."""
+    into ``rec.tests`` as the harness would. A value not read by ``deadline`` (monotonic) is
+    not read: the test does not pass and ``rec.late`` says why (a run times out)."""
     pending: list[tuple[int, ReferenceTest, list, str]] = []
     for index, call in enumerate(calls):
         if call is None:
@@ -400,6 +415,11 @@ def _judge_calls(rec: _Records, calls: Sequence[CallTest | ReferenceTest | None]
         where = f"test {index + 1}: {_shorten(call.assert_source)} -> {_shorten(call.call_source)}"
         if index in rec.tests and rec.tests[index][:1] != ["pass"]:
             continue  # the call raised, or the value was reported twice: already a failure
+        if index in rec.values and time.monotonic() > deadline:  # reading values is the run's time too
+            rec.tests[index] = ["timeout", f"{where}: not read"]
+            rec.late = rec.late or (f"test {index + 1}: wall-clock limit of {limits.wall_seconds:g}s reached "
+                                    "while reading the values the program returned")
+            continue
         chunks = rec.values.get(index)
         if not chunks:  # a bare "pass" for a split test counts for nothing
             if index in rec.tests or rec.done:
@@ -855,7 +875,8 @@ class _Judge:
         try:
             value = decode_plain(value_text)
         except ValueError as exc:
-            if value_text.startswith("!"):  # the harness's refusal: a class of the program's
+            # the harness's refusal (a class of the program's), or ours (too costly to rebuild)
+            if value_text.startswith("!") or isinstance(exc, RefusedValue):
                 return ("n", f"{name}(...) returned {exc}")
             return ("u", f"the value {name}(...) returned could not be read ({exc})")
         after = None
@@ -1037,7 +1058,9 @@ class _Run:
         calls = [split_test(t) for t in self.tests]
         records = self.records(calls)
         # Judged after the run's uid is released: a reference test starts a second run.
-        _judge_calls(records, calls, self.limits, self.network)
+        # Reading the values counts against the run's wall-clock limit (a program can make
+        # them costly to read: the run must not outlast its limit here, after the fact).
+        _judge_calls(records, calls, self.limits, self.network, start + self.limits.wall_seconds + _DECODE_GRACE_SECONDS)
         return self._result(records, *self._outcome, time.monotonic() - start)
 
     def records(self, calls: Sequence[CallTest | ReferenceTest | None]) -> _Records:
@@ -1073,9 +1096,11 @@ class _Run:
                     "code": self.code,
                     # A test split into a call is sent as (name, args, kwargs, source of the
                     # call): its expected value stays here and the verdict is taken here. Any
-                    # other test runs in the judge's process: here only its calls are served.
+                    # other test runs in the judge's process: here only its calls are served,
+                    # and its source (expected values included) is never sent: the program could
+                    # read it off the harness's frames and return what the asserts expect.
                     "tests": [(c.name, c.args, c.kwargs, c.call_source, c.wants) if c is not None
-                              else ("", (), {}, t, "serve") for t, c in zip(self.tests, calls)],
+                              else ("", (), {}, "", "serve") for c in calls],
                     "serve_fds": judge.candidate_fds if judge is not None else None,
                 }
             )
@@ -1311,6 +1336,8 @@ class _Run:
             status, failure, passed = "error", f"result channel tampered with ({rec.tampered}); no test counted", 0
         elif timed_out:
             status, failure = "timeout", unfinished(f"wall-clock limit of {limits.wall_seconds:g}s reached")
+        elif rec.late is not None:
+            status, failure = "timeout", rec.late
         elif flooded:
             status, failure = "killed", unfinished(f"output limit exceeded (more than {self.flood_at} bytes)")
         elif returncode == -signal.SIGXCPU or (returncode == -signal.SIGKILL and cpu_used >= cpu_limit - 0.05):
