@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Hashable, Sequence
 
 import torch
@@ -13,8 +14,8 @@ from teamrl.core.config import Config, InputError
 from teamrl.core.memory import trim_freed_memory
 from teamrl.core.sample import Sample
 from teamrl.losses import LossConfig, completion_mask, policy_loss
-from teamrl.policies.logprobs import (SharedPrefixBatch, Temperature, build_shared_prefix_batch, build_token_batch,
-                                     completion_logprobs, shared_prefix_backward, shared_prefix_logprobs)
+from teamrl.policies.logprobs import (SharedPrefixBatch, Temperature, TokenBatch, build_shared_prefix_batch,
+                                     build_token_batch, completion_logprobs, shared_prefix_backward, shared_prefix_logprobs)
 from teamrl.policies.policy import Policy
 from teamrl.policies.router import declared_role, role_type
 
@@ -306,21 +307,70 @@ def update_policy(policy: Policy, samples: Sequence[Sample], settings: UpdateSet
     foreign = {s.policy for s in samples} - {policy.name}
     if foreign:
         raise ValueError(f"policy {policy.name!r} was given samples of {sorted(foreign)}")
-    given_old: dict[int, torch.Tensor] = {}
-    if old_logprobs is not None:
-        if len(old_logprobs) != len(samples):
-            raise ValueError(f"old_logprobs: {len(old_logprobs)} tensors for {len(samples)} samples")
-        for s, o in zip(samples, old_logprobs):
-            if len(o) != len(s.completion_ids):
-                raise ValueError(f"old_logprobs: {len(o)} log-probs for a completion of {len(s.completion_ids)} tokens")
-            given_old[id(s)] = o
+    given_old = _given_old_logprobs(samples, old_logprobs)
     samples = [s for s in samples if s.completion_ids]
     if not samples:
         return {}
+    if settings.loss.importance_correction != "none":  # before any pass: a bad log-prob must not reach the weights
+        check_sampling_logprobs(samples, settings.loss.importance_correction)
+    plan = _plan_update(samples, settings, pad_id, eos_ids, next(iter(policy.parameters())).device)
+    if not plan.micro_batches:  # every advantage 0, no KL term: the optimizer still steps on the zero gradient
+        return {**_zero_gradient_step(policy, plan.total_tokens, settings.ppo_epochs), **plan.zero_roles}
+    with policy.active() as model:
+        model.train()
+        _constant_logprobs(policy, model, plan, given_old, settings)
+        totals = _UpdateTotals()
+        grad_norm = _optimizer_steps(policy, model, plan, settings, totals)
+    if grad_norm is None:  # skipped: the other statistics would be NaN or describe a step that was not taken
+        return {"skipped_steps": 1.0, "tokens": float(plan.total_tokens)}
+    return totals.as_stats(plan, grad_norm)
+
+
+@dataclass
+class _MicroBatch:
+    """One micro-batch of an update: its rows of the sorted samples (one role type), packed, with what its loss
+    compares against (old, reference and sampling log-probs: constants of the update)."""
+
+    rows: slice
+    role: str
+    batch: TokenBatch | SharedPrefixBatch
+    mask: torch.Tensor
+    temperature: Temperature
+    old: torch.Tensor | None = None
+    ref: torch.Tensor | None = None
+    sampling: torch.Tensor | None = None
+
+
+@dataclass
+class _UpdatePlan:
+    """What :func:`update_policy` computes: the samples that contribute (sorted), their micro-batches and advantages,
+    and the normalisers of the whole batch (every sample, those with advantage 0 included)."""
+
+    samples: list[Sample]
+    micro_batches: list[_MicroBatch]
+    advantages: torch.Tensor
+    total_tokens: int
+    total_samples: int
+    computed_tokens: int
+    zero_roles: dict[str, float]
+
+
+def _given_old_logprobs(samples: Sequence[Sample], old_logprobs: Sequence[torch.Tensor] | None) -> dict[int, torch.Tensor]:
+    """``old_logprobs`` by sample id, checked against the samples (one tensor per sample, one value per token)."""
+    if old_logprobs is None:
+        return {}
+    if len(old_logprobs) != len(samples):
+        raise ValueError(f"old_logprobs: {len(old_logprobs)} tensors for {len(samples)} samples")
+    for s, o in zip(samples, old_logprobs):
+        if len(o) != len(s.completion_ids):
+            raise ValueError(f"old_logprobs: {len(o)} log-probs for a completion of {len(s.completion_ids)} tokens")
+    return {id(s): o for s, o in zip(samples, old_logprobs)}
+
+
+def _plan_update(samples: list[Sample], settings: UpdateSettings, pad_id: int, eos_ids: Sequence[int],
+                 dev: torch.device) -> _UpdatePlan:
+    """The micro-batches of an update of ``samples`` (each with a completion), on ``dev``."""
     cfg = settings.loss
-    weighted = cfg.importance_correction != "none"
-    if weighted:  # before any pass: a bad log-prob must stop the update, not reach the weights as NaN
-        check_sampling_logprobs(samples, cfg.importance_correction)
     # The loss is normalised over every sample, those with advantage 0 included ...
     total_tokens = max(1, int(_loss_mask([s.completion_ids for s in samples], eos_ids, pad_id).sum()))
     total_samples = len(samples)
@@ -330,8 +380,6 @@ def update_policy(policy: Policy, samples: Sequence[Sample], settings: UpdateSet
     zero_roles = {f"{k}@{role_of(s)}": 0.0 for s in samples for k in ("grad_norm", "loss")} if settings.role_stats else {}
     # ... but only those that add to it are computed (GRPO groups whose samples all scored alike do not)
     samples = [s for s in samples if _contributes(s, cfg)]
-    if not samples:
-        return {**_zero_gradient_step(policy, total_tokens, settings.ppo_epochs), **zero_roles}
     # Keep completions of one prompt together so that micro-batches can share the prompt's pass,
     # prompts of similar length next to each other so that micro-batches pad little, and (for
     # role statistics) each role type's samples together.
@@ -348,114 +396,148 @@ def update_policy(policy: Policy, samples: Sequence[Sample], settings: UpdateSet
         parts += [slice(sl.start + start, sl.stop + start) for sl in _plan_micro_batches(
             [tuple(s.prompt_ids) for s in samples[start:end]], [len(s.completion_ids) for s in samples[start:end]],
             settings.micro_batch_size)]
-    batches = [_pack([s.prompt_ids for s in samples[sl]], [s.completion_ids for s in samples[sl]], pad_id) for sl in parts]
-    masks = [completion_mask(b.completion_ids, list(eos_ids), b.completion_pad_mask) for b in batches]
-    # each sample's log-probs at the temperature it was drawn at (roles of one policy may sample at different ones)
-    temps = [sample_temperatures(samples[sl]) for sl in parts]
-    dev = next(iter(policy.parameters())).device
-    if dev.type != "cpu":  # batches are packed on the CPU; move them to the model's device once
-        batches, masks, adv = [_to_device(b, dev) for b in batches], [m.to(dev) for m in masks], adv.to(dev)
-        temps = [t.to(dev) if isinstance(t, torch.Tensor) else t for t in temps]
-    computed_tokens = max(1, int(sum(int(m.sum()) for m in masks)))
+    micro_batches = []
+    for sl in parts:
+        b = _pack([s.prompt_ids for s in samples[sl]], [s.completion_ids for s in samples[sl]], pad_id)
+        m = completion_mask(b.completion_ids, list(eos_ids), b.completion_pad_mask)
+        # each sample's log-probs at the temperature it was drawn at (roles of one policy may sample at different ones)
+        t = sample_temperatures(samples[sl])
+        if dev.type != "cpu":  # batches are packed on the CPU; move them to the model's device once
+            b, m, t = _to_device(b, dev), m.to(dev), (t.to(dev) if isinstance(t, torch.Tensor) else t)
+        micro_batches.append(_MicroBatch(sl, names[sl.start], b, m, t))
+    if dev.type != "cpu":
+        adv = adv.to(dev)
+    computed_tokens = max(1, int(sum(int(mb.mask.sum()) for mb in micro_batches)))
+    return _UpdatePlan(samples, micro_batches, adv, total_tokens, total_samples, computed_tokens, zero_roles)
 
-    stats: dict[str, float] = {"loss": 0.0, "kl": 0.0, "clip_frac": 0.0, "entropy": 0.0}
-    with policy.active() as model:
-        model.train()
-        old: list[torch.Tensor | None] = [None] * len(batches)
-        ref: list[torch.Tensor | None] = [None] * len(batches)
-        sampling: list[torch.Tensor | None] = [None] * len(batches)
-        with torch.no_grad():
-            for i, (sl, b) in enumerate(zip(parts, batches)):
-                if given_old:
-                    rows = [given_old[id(s)] for s in samples[sl]]
-                    old[i] = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True).to(device=dev)
-                    old[i] = torch.nn.functional.pad(old[i], (0, b.completion_len - old[i].shape[1]))
-                elif settings.ppo_epochs > 1:
-                    old[i] = _logprobs(model, b, temps[i])[0]
-                if cfg.kl_coef > 0:
-                    with policy.reference() as ref_model:
-                        ref[i] = _logprobs(ref_model, b, temps[i])[0]
-                if weighted:
-                    sampling[i] = _padded([s.sampling_logprobs for s in samples[sl]], b.completion_len).to(device=dev)
-        grad_norms = []
-        skipped = False
-        # the importance weights' count, sum, count at the cap, max and min over the micro-batches
-        is_acc = {"n": 0.0, "sum": 0.0, "truncated": 0.0, "max": -math.inf, "min": math.inf}
-        params = [p for p in policy.parameters()]
-        for epoch in range(settings.ppo_epochs):
-            policy.optimizer.zero_grad(set_to_none=True)
-            last = epoch == settings.ppo_epochs - 1
-            before = None
-            losses_finite = True
-            for i, (sl, b, m) in enumerate(zip(parts, batches, masks)):
-                role = names[sl.start]
 
-                def weighted_loss(rows: slice, logp: torch.Tensor, ent: torch.Tensor | None) -> torch.Tensor:
-                    """The loss of micro-batch ``i``'s completions ``rows``, weighted by their share of the batch."""
-                    nonlocal losses_finite
-                    mr = m[rows]
-                    old_lp = logp.detach() if old[i] is None else old[i][rows]
-                    loss, st = policy_loss(logp, old_lp, adv[sl][rows], mr, cfg,
-                                           ref_logprobs=None if ref[i] is None else ref[i][rows],
-                                           sampling_logprobs=None if sampling[i] is None else sampling[i][rows])
-                    losses_finite = losses_finite and math.isfinite(st["loss"])
-                    token_share = int(mr.sum()) / total_tokens
-                    weight = token_share if cfg.aggregation == "token_mean" else mr.shape[0] / total_samples
-                    if last:
-                        stats["loss"] += st["loss"] * weight
-                        # token means over the micro-batch: weighted by tokens whatever the aggregation, so that they
-                        # are the whole batch's token means at any micro-batch size
-                        for k in ("kl", "clip_frac"):
-                            stats[k] += st[k] * token_share
-                        if settings.role_stats:
-                            stats[f"loss@{role}"] = stats.get(f"loss@{role}", 0.0) + st["loss"] * weight
-                            stats[f"tokens@{role}"] = stats.get(f"tokens@{role}", 0.0) + float(mr.sum())
-                        if st.get("is_weight_count"):  # the weights do not change over PPO epochs: the last one's
-                            n = st["is_weight_count"]
-                            is_acc.update(n=is_acc["n"] + n, sum=is_acc["sum"] + st["is_weight_mean"] * n,
-                                          truncated=is_acc["truncated"] + st["is_truncated_frac"] * n,
-                                          max=max(is_acc["max"], st["is_weight_max"]),
-                                          min=min(is_acc["min"], st["is_weight_min"]))
-                    if ent is not None:
-                        stats["entropy"] += float((ent * mr).sum()) / computed_tokens
-                        if settings.role_stats:
-                            stats[f"entropy@{role}"] = stats.get(f"entropy@{role}", 0.0) + float((ent * mr).sum())
-                    return loss * weight
+def _constant_logprobs(policy: Policy, model: torch.nn.Module, plan: _UpdatePlan, given_old: dict[int, torch.Tensor],
+                       settings: UpdateSettings) -> None:
+    """Fill each micro-batch's old log-probs (given, or computed once before the first of several PPO epochs; with one
+    epoch they are the detached current ones), reference log-probs (KL term) and sampling log-probs (importance
+    correction)."""
+    cfg, dev = settings.loss, plan.advantages.device
+    with torch.no_grad():
+        for mb in plan.micro_batches:
+            if given_old:
+                rows = [given_old[id(s)] for s in plan.samples[mb.rows]]
+                old = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True).to(device=dev)
+                mb.old = torch.nn.functional.pad(old, (0, mb.batch.completion_len - old.shape[1]))
+            elif settings.ppo_epochs > 1:
+                mb.old = _logprobs(model, mb.batch, mb.temperature)[0]
+            if cfg.kl_coef > 0:
+                with policy.reference() as ref_model:
+                    mb.ref = _logprobs(ref_model, mb.batch, mb.temperature)[0]
+            if cfg.importance_correction != "none":
+                mb.sampling = _padded([s.sampling_logprobs for s in plan.samples[mb.rows]],
+                                      mb.batch.completion_len).to(device=dev)
 
-                completions = m.shape[0]
-                trim_freed_memory()  # the last micro-batch's freed activations, off the resident set before this one's
-                if isinstance(b, SharedPrefixBatch) and completions > settings.micro_batch_size:
-                    # one prompt group larger than a micro-batch: its prompt runs once, its completions in passes
-                    shared_prefix_backward(model, b, _rows_per_pass(completions, settings.micro_batch_size), weighted_loss,
-                                           temps[i], with_entropy=epoch == 0)
-                else:
-                    logp, ent = _logprobs(model, b, temps[i], with_entropy=epoch == 0)
-                    weighted_loss(slice(0, completions), logp, ent).backward()
-                if last and settings.role_stats and (i + 1 == len(parts) or names[parts[i + 1].start] != role):
-                    now = _flat_grad(params)
-                    stats[f"grad_norm@{role}"] = float((now - before).norm() if before is not None else now.norm())
-                    before = now
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(policy.parameters(), settings.max_grad_norm))
-            if not (losses_finite and math.isfinite(grad_norm)):
-                # A NaN/inf would reach every weight (and the optimizer's moments): skip the step instead.
-                from tqdm import tqdm
 
-                tqdm.write(f"warning: policy {policy.name!r}: non-finite loss or gradient (gradient norm {grad_norm}, "
-                           f"PPO epoch {epoch + 1}); optimizer step skipped, weights unchanged", file=sys.stderr)
-                skipped = True
-                break
-            grad_norms.append(grad_norm)
-            policy.step()
+@dataclass
+class _UpdateTotals:
+    """The statistics of an update, summed over its micro-batches (of the last PPO epoch; entropy of the first)."""
+
+    loss: float = 0.0
+    kl: float = 0.0
+    clip_frac: float = 0.0
+    entropy: float = 0.0
+    by_role: dict[str, float] = field(default_factory=dict)  # loss@, tokens@, entropy@ (a sum), grad_norm@ per role
+    # the importance weights' count, sum, count at the cap, max and min
+    is_n: float = 0.0
+    is_sum: float = 0.0
+    is_truncated: float = 0.0
+    is_max: float = -math.inf
+    is_min: float = math.inf
+    finite: bool = True  # every micro-batch's loss of the current epoch
+
+    def add_role(self, key: str, value: float) -> None:
+        self.by_role[key] = self.by_role.get(key, 0.0) + value
+
+    def as_stats(self, plan: _UpdatePlan, grad_norm: float) -> dict[str, float]:
+        by_role = dict(self.by_role)
+        for key in [k for k in by_role if k.startswith("entropy@")]:
+            by_role[key] /= max(1.0, by_role["tokens@" + key.split("@", 1)[1]])
+        stats = {**plan.zero_roles, "loss": self.loss, "kl": self.kl, "clip_frac": self.clip_frac,
+                 "entropy": self.entropy, **by_role, "grad_norm": grad_norm}
+        if self.is_n:
+            stats.update(is_weight_mean=self.is_sum / self.is_n, is_weight_max=self.is_max, is_weight_min=self.is_min,
+                         is_truncated_frac=self.is_truncated / self.is_n, is_weight_count=self.is_n)
+        stats["tokens"] = float(plan.total_tokens)
+        stats["skipped_steps"] = 0.0
+        return stats
+
+
+def _micro_batch_loss(mb: _MicroBatch, plan: _UpdatePlan, settings: UpdateSettings, totals: _UpdateTotals, last: bool,
+                      rows: slice, logp: torch.Tensor, ent: torch.Tensor | None) -> torch.Tensor:
+    """The loss of ``mb``'s completions ``rows``, weighted by their share of the whole batch (so that micro-batches
+    add up to the full batch's loss for every aggregation); its statistics go into ``totals``."""
+    cfg = settings.loss
+    mr = mb.mask[rows]
+    old_lp = logp.detach() if mb.old is None else mb.old[rows]
+    loss, st = policy_loss(logp, old_lp, plan.advantages[mb.rows][rows], mr, cfg,
+                           ref_logprobs=None if mb.ref is None else mb.ref[rows],
+                           sampling_logprobs=None if mb.sampling is None else mb.sampling[rows])
+    totals.finite = totals.finite and math.isfinite(st["loss"])
+    token_share = int(mr.sum()) / plan.total_tokens
+    weight = token_share if cfg.aggregation == "token_mean" else mr.shape[0] / plan.total_samples
+    if last:
+        totals.loss += st["loss"] * weight
+        # token means over the micro-batch: weighted by tokens whatever the aggregation, so that they are the whole
+        # batch's token means at any micro-batch size
+        totals.kl += st["kl"] * token_share
+        totals.clip_frac += st["clip_frac"] * token_share
+        if settings.role_stats:
+            totals.add_role(f"loss@{mb.role}", st["loss"] * weight)
+            totals.add_role(f"tokens@{mb.role}", float(mr.sum()))
+        if st.get("is_weight_count"):  # the weights do not change over PPO epochs: the last one's
+            n = st["is_weight_count"]
+            totals.is_n += n
+            totals.is_sum += st["is_weight_mean"] * n
+            totals.is_truncated += st["is_truncated_frac"] * n
+            totals.is_max, totals.is_min = max(totals.is_max, st["is_weight_max"]), min(totals.is_min, st["is_weight_min"])
+    if ent is not None:
+        totals.entropy += float((ent * mr).sum()) / plan.computed_tokens
+        if settings.role_stats:
+            totals.add_role(f"entropy@{mb.role}", float((ent * mr).sum()))
+    return loss * weight
+
+
+def _optimizer_steps(policy: Policy, model: torch.nn.Module, plan: _UpdatePlan, settings: UpdateSettings,
+                     totals: _UpdateTotals) -> float | None:
+    """One optimizer step per PPO epoch over every micro-batch; returns the last step's gradient norm, or None when a
+    non-finite loss or gradient skipped the step (the weights stay as they were)."""
+    params = list(policy.parameters())
+    grad_norm = None
+    for epoch in range(settings.ppo_epochs):
         policy.optimizer.zero_grad(set_to_none=True)
-    if skipped:  # the other statistics would be NaN or describe a step that was not taken
-        return {"skipped_steps": 1.0, "tokens": float(total_tokens)}
-    for key in [k for k in stats if k.startswith("entropy@")]:
-        stats[key] /= max(1.0, stats["tokens@" + key.split("@", 1)[1]])
-    stats = {**zero_roles, **stats, "grad_norm": grad_norms[-1]}
-    if is_acc["n"]:
-        stats.update(is_weight_mean=is_acc["sum"] / is_acc["n"], is_weight_max=is_acc["max"],
-                     is_weight_min=is_acc["min"], is_truncated_frac=is_acc["truncated"] / is_acc["n"],
-                     is_weight_count=is_acc["n"])
-    stats["tokens"] = float(total_tokens)
-    stats["skipped_steps"] = 0.0
-    return stats
+        last = epoch == settings.ppo_epochs - 1
+        before = None
+        totals.finite = True
+        for i, mb in enumerate(plan.micro_batches):
+            loss_of = functools.partial(_micro_batch_loss, mb, plan, settings, totals, last)
+            completions = mb.mask.shape[0]
+            trim_freed_memory()  # the last micro-batch's freed activations, off the resident set before this one's
+            if isinstance(mb.batch, SharedPrefixBatch) and completions > settings.micro_batch_size:
+                # one prompt group larger than a micro-batch: its prompt runs once, its completions in passes
+                shared_prefix_backward(model, mb.batch, _rows_per_pass(completions, settings.micro_batch_size), loss_of,
+                                       mb.temperature, with_entropy=epoch == 0)
+            else:
+                logp, ent = _logprobs(model, mb.batch, mb.temperature, with_entropy=epoch == 0)
+                loss_of(slice(0, completions), logp, ent).backward()
+            role_done = i + 1 == len(plan.micro_batches) or plan.micro_batches[i + 1].role != mb.role
+            if last and settings.role_stats and role_done:  # the gradient this role type's micro-batches added
+                now = _flat_grad(params)
+                totals.by_role[f"grad_norm@{mb.role}"] = float((now - before).norm() if before is not None else now.norm())
+                before = now
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(policy.parameters(), settings.max_grad_norm))
+        if not (totals.finite and math.isfinite(grad_norm)):
+            # A NaN/inf would reach every weight (and the optimizer's moments): skip the step instead.
+            from tqdm import tqdm
+
+            tqdm.write(f"warning: policy {policy.name!r}: non-finite loss or gradient (gradient norm {grad_norm}, "
+                       f"PPO epoch {epoch + 1}); optimizer step skipped, weights unchanged", file=sys.stderr)
+            policy.optimizer.zero_grad(set_to_none=True)
+            return None
+        policy.step()
+    policy.optimizer.zero_grad(set_to_none=True)
+    return grad_norm
