@@ -272,7 +272,7 @@ class _NoWeights:
     def snapshot(self, name):
         return {}
 
-    def apply(self, name, weights):
+    def to_driver(self, name, weights=None):
         pass
 
 
@@ -285,7 +285,9 @@ def test_asking_again_for_a_step_already_taken_is_one_line_not_a_hang():
     def produce(step, position, versions, engine):
         return Rollout(step, [], [], 0, 0.0, None, position + 1, dict(versions))
 
-    pipeline = RolloutPipeline(produce=produce, placement=_NoWeights(), engine=object(), start_step=0, last_step=5,
+    from teamrl.trainer.weight_sync import WeightSync
+
+    pipeline = RolloutPipeline(produce=produce, placement=_NoWeights(), sync=WeightSync(_NoWeights(), object()), start_step=0, last_step=5,
                                start_position=0, versions={"shared": 0}, max_staleness=1)
     try:
         assert pipeline.get(1).step == 1

@@ -84,3 +84,25 @@ def test_resume_after_kill_reproduces_the_next_steps(tmp_path):
     for k in keys:
         for s in range(start, min(start + 3, steps)):
             assert after[s][k] == pytest.approx(ref[s][k], rel=1e-5, abs=1e-6), (k, s + 1)
+
+
+def test_a_step_logs_its_named_phases_and_weights_leave_the_learner_in_one_place(tmp_path):
+    """fit()'s phases are timed in metrics.jsonl (timing/collect_s, learn_s, publish_s); every sync of new weights to an
+    engine goes through WeightSync.publish (issue 45, items 1 and 2)."""
+    import re
+    from pathlib import Path
+
+    from teamrl.core.config import load_config
+    from teamrl.trainer.trainer import Trainer
+
+    tr = Trainer(load_config(None, ["model=tiny-random", f"run.dir={tmp_path}", "name=phases", "train.steps=1",
+                                    "rollout.group_size=2", "rollout.batch_size=1", "rollout.max_new_tokens=4",
+                                    "run.progress=false", "run.tensorboard=false"]))
+    (rec,) = tr.train()
+    for phase in ("collect", "learn", "publish"):
+        assert rec[f"timing/{phase}_s"] >= 0, rec
+    assert rec["timing/learn_s"] + rec["timing/publish_s"] <= rec["update_s"] + 1e-9
+    root = Path(__file__).resolve().parents[1] / "teamrl"
+    callers = sorted(str(p.relative_to(root)) for p in root.rglob("*.py")
+                     if re.search(r"\.sync_weights\(", p.read_text()) and "def sync_weights" not in p.read_text())
+    assert callers == ["trainer/weight_sync.py"], callers

@@ -36,6 +36,7 @@ import torch
 from teamrl.core.sample import Sample
 from teamrl.rollout.engine import Completion, Engine, GenerationRequest
 from teamrl.tasks import Problem
+from teamrl.trainer.weight_sync import WeightSync
 
 # How often a waiting thread looks whether the other side is still alive (seconds).
 POLL_S = 0.5
@@ -103,17 +104,18 @@ class RolloutPipeline:
     """The rollout producer thread, the rollouts it has ready, the published weights and the gate between them.
 
     ``produce(step, data_position, versions, engine)`` samples one step's :class:`Rollout` (the trainer's
-    ``_produce``); ``placement`` holds the policies (:meth:`snapshot` / :meth:`apply` of their weights);
-    ``engine`` is the rollout engine (``sync_weights`` after each load). The loop starts after step
+    ``_produce``); ``placement`` takes the policies' weights (:meth:`snapshot`); ``sync`` publishes a snapshot to the
+    rollout engine (:class:`~teamrl.trainer.weight_sync.WeightSync`: the driver's copy, then the engine's own) at a
+    rollout boundary; its engine is the one the producer samples with. The loop starts after step
     ``start_step`` at data position ``start_position``, with the engine holding every policy at ``versions``,
     and produces rollouts up to step ``last_step``.
     """
 
-    def __init__(self, *, produce: Callable[[int, int, dict[str, int], Engine], Rollout], placement: Any, engine: Engine,
+    def __init__(self, *, produce: Callable[[int, int, dict[str, int], Engine], Rollout], placement: Any, sync: WeightSync,
                  start_step: int, last_step: int, start_position: int, versions: dict[str, int], max_staleness: int) -> None:
         if max_staleness < 0:
             raise ValueError(f"max_staleness={max_staleness}: must be >= 0")
-        self.produce, self.placement, self.engine = produce, placement, engine
+        self.produce, self.placement, self.sync, self.engine = produce, placement, sync, sync.engine
         self.k = max_staleness
         self.start_step, self.last_step = start_step, last_step
         self._position = start_position
@@ -202,12 +204,10 @@ class RolloutPipeline:
         for name, snap in targets.items():
             if self._applied.get(name) == snap.version:
                 continue
-            self.placement.apply(name, snap.weights)
-            self.engine.sync_weights(name)
+            got = self.sync.publish(name, snap.weights)
             self._applied[name] = snap.version
-            got = getattr(self.engine, "sync_figures", {}).get(name)
             if got:
-                figures[name] = {k: v for k, v in got.items() if k != "version"}
+                figures[name] = got
         return time.perf_counter() - t0, figures
 
     def _run(self) -> None:

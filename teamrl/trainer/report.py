@@ -29,6 +29,8 @@ PLOTS = (
     ("loss", "loss per policy", ("loss/",)),
     ("grad_norm", "gradient norm per policy (before clipping)", ("grad_norm/",)),
     ("kl", "KL to the reference per policy", ("kl/",)),
+    ("timing", "seconds per phase of a step: collect (the rollout), learn (advantages and updates), publish (the weight "
+               "sync), evaluate", ("timing/",)),
     ("signal", "learning signal: share of groups with a non-zero advantage (per role), of samples in the loss",
      ("signal/groups_varied", "signal/samples_in_loss")),
     ("accuracy", "episode accuracy (train) and held-out greedy accuracy", ("accuracy", "first_attempt_accuracy", "eval/accuracy", "eval/peak_accuracy")),

@@ -39,6 +39,7 @@ from teamrl.trainer.evaluate import workflow_stats
 from teamrl.trainer.pipeline import Rollout, RolloutPipeline
 from teamrl.trainer.update import (IMPORTANCE_STATS, NonFiniteReward, _contributes, _to_device, check_sampling_logprobs,
                                    combine_importance_stats, make_update_settings, nonfinite_reward_groups)
+from teamrl.trainer.weight_sync import WeightSync
 from teamrl.trainer.workers import PolicyPlacement, make_router
 from teamrl.workflows import WORKFLOWS, default_workflow
 from teamrl.workflows.context import EpisodeContext
@@ -192,6 +193,7 @@ class Trainer:
         # step, changed or not), so a resumed run knows them from its step
         self.policy_versions: dict[str, int] = {name: self.step for name in self.router.policies}
         self.engine = self._make_engine()  # after a resume, so a server gets the restored adapters
+        self.weight_sync = WeightSync(self.placement, self.engine)  # the one way new weights reach the engine
         with run_dir_writes(self.run_dir):
             self.run_dir.mkdir(parents=True, exist_ok=True)
             (self.run_dir / "config.yaml").write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
@@ -261,7 +263,7 @@ class Trainer:
                     print(f"teamrl: unloaded {len(stale)} adapter(s) an earlier process of this run left on {e.base_url}: "
                           f"{', '.join(stale)}", file=sys.stderr)
             for name in self.router.policies:  # the server holds none of this run's adapters yet: send the initial ones
-                engine.sync_weights(name)
+                WeightSync(self.placement, engine).publish(name)
             if r.server_check:
                 for e in engines:
                     truncated = e.processed_logprobs and self.params.temperature > 0 and (r.top_k > 0 or r.top_p < 1)
@@ -396,7 +398,7 @@ class Trainer:
 
     def _start_pipeline(self) -> None:
         """Start the rollout producer of the asynchronous loop after the current step."""
-        self._pipeline = RolloutPipeline(produce=self._produce, placement=self.placement, engine=self.engine,
+        self._pipeline = RolloutPipeline(produce=self._produce, placement=self.placement, sync=self.weight_sync,
                                          start_step=self.step, last_step=self.cfg.train.steps,
                                          start_position=self.data_position, versions=dict(self.policy_versions),
                                          max_staleness=self.max_staleness)
@@ -407,9 +409,16 @@ class Trainer:
         if pipeline is not None:
             pipeline.close()
 
-    def _publish(self, step: int) -> None:
-        """After the update of ``step`` (asynchronous loop): every policy's new weights, for the producer to load at the
-        start of the rollout whose gate they open."""
+    def _publish(self, step: int, record: dict[str, Any]) -> None:
+        """After the update of ``step``, every policy's new version leaves the learner: synchronous, through
+        :meth:`WeightSync.publish` now (the server's sync figures into ``record``); asynchronous, as a snapshot for
+        the producer, which publishes it at the start of the rollout whose gate it opens."""
+        if not self.pipelined:
+            for name in self.router.policies:
+                figures = self.weight_sync.publish(name)
+                self.policy_versions[name] += 1
+                record.update({f"sync/{name}/{k}": v for k, v in figures.items()})
+            return
         out = {}
         for name in self.router.policies:
             self.policy_versions[name] += 1
@@ -463,8 +472,11 @@ class Trainer:
         samples, train_samples = self._train(samples, record)
         if self.pipelined:
             async_record = self._async_metrics(rollout, train_samples, dropped, trainer_wait_s or 0.0)
-            self._publish(step)  # before the logging: the producer may be waiting for these weights
+        t_learned = time.perf_counter()
+        self._publish(step, record)  # before the logging: the asynchronous producer may be waiting for these weights
         t_update = time.perf_counter() - t1
+        timing = {"timing/collect_s": rollout.rollout_s, "timing/learn_s": t_learned - t1,
+                  "timing/publish_s": t_update - (t_learned - t1)}
         rewards = torch.tensor([s.reward for s in train_samples])
         lengths = torch.tensor([len(s.completion_ids) for s in train_samples], dtype=torch.float32)
         gen_tokens = sum(len(s.completion_ids) for s in samples)
@@ -501,7 +513,10 @@ class Trainer:
                     for e in finished:
                         f.write(episode_outcome_line(e) + "\n")
         if self.eval_task is not None and step % self.cfg.train.eval_every == 0:
+            t_eval = time.perf_counter()
             record.update(self._evaluate_and_watch(step))
+            timing["timing/evaluate_s"] = time.perf_counter() - t_eval
+        record.update(timing)
         self.step = step
         self.metrics.log(record)
         if step % self.cfg.run.save_every == 0 or step == self.cfg.train.steps or self.stopped_at_cliff:
@@ -622,13 +637,6 @@ class Trainer:
             record.update({f"{k}/{name}": over_steps(k, v) for k, v in policy_stats.items()})
             record.update({f"{k}/{name}": v for k, v in combine_importance_stats(steps[name]).items()})
             record[f"optimizer_steps/{name}"] = len([p for p in parts if p]) - int(record.get(f"skipped_steps/{name}", 0))
-            if self.pipelined:
-                continue
-            self.engine.sync_weights(name)
-            self.policy_versions[name] += 1
-            for k, v in getattr(self.engine, "sync_figures", {}).get(name, {}).items():  # the server's sync check
-                if k != "version":
-                    record[f"sync/{name}/{k}"] = v
         self.last_role_stats = {k: over_steps(k.split("@", 1)[0], v) for k, v in role_stats.items()}
         return samples, train_samples
 

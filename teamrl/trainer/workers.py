@@ -198,6 +198,7 @@ class PolicyPlacement:
         self.router = router
         self.remote = cfg.policy.placement == "ray"
         self.deferred = deferred
+        self._trained: dict[str, int] = {}  # policy -> the version its worker reported after its last update
         timeout = cfg.policy.ray_timeout_s
         if not self.remote:
             worker_router = _own_copy(router) if deferred else router
@@ -233,18 +234,27 @@ class PolicyPlacement:
 
     def update(self, parts_by_policy: dict[str, list[list[Sample]]], settings: UpdateSettings, pad_id: int,
                eos_ids: Sequence[int]) -> dict[str, list[dict[str, float]]]:
-        """Each policy's optimizer steps on its parts (on Ray, all workers at once); the driver's copies are
-        synced after. Returns each policy's per-step statistics, in the order of ``parts_by_policy``."""
+        """Each policy's optimizer steps on its parts (on Ray, all workers at once); the new weights reach the driver's
+        copy through :meth:`to_driver`. Returns each policy's per-step statistics, in the order of ``parts_by_policy``."""
         futures = {name: self._handle(name).submit("update", name, parts, settings, pad_id, list(eos_ids))
                    for name, parts in parts_by_policy.items()}
         out = {}
         for name, fut in futures.items():
             result = self._handle(name).result(fut)
             out[name] = result["steps"]
-            if self.remote and not self.deferred and result["version"] != self._synced[name]:
-                self.router.policies[name].load_named_state(self._handle(name).call("adapter_state", name))
-                self._synced[name] = result["version"]
+            self._trained[name] = result["version"]
         return out
+
+    def to_driver(self, name: str, weights: dict[str, torch.Tensor] | None = None) -> None:
+        """Load policy ``name``'s newest weights into the driver's copy, the one rollouts sample from (the copy step of
+        :class:`~teamrl.trainer.weight_sync.WeightSync`): ``weights`` (a :meth:`snapshot`) when given, else the
+        worker's weights now, fetched only when it trained since the last copy. Nothing to do when the driver's router
+        is the worker's own (placement local, synchronous)."""
+        if weights is not None:
+            self.apply(name, weights)
+        elif self.remote and not self.deferred and self._trained.get(name, self._synced[name]) != self._synced[name]:
+            self.router.policies[name].load_named_state(self._handle(name).call("adapter_state", name))
+            self._synced[name] = self._trained[name]
 
     def snapshot(self, name: str) -> dict[str, torch.Tensor]:
         """Policy ``name``'s trainable weights on its worker now, as CPU copies (``deferred``: what the trainer
@@ -277,7 +287,7 @@ class PolicyPlacement:
         if self.remote or self.deferred:
             self.router.policies[name].load_named_state(weights)
         if self.remote:
-            self._synced[name] = version
+            self._synced[name] = self._trained[name] = version
 
     def where(self) -> dict[str, dict[str, Any]]:
         """Worker name -> where it runs (:meth:`PolicyWorker.where`)."""
