@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -239,14 +240,17 @@ def _main(argv: list[str]) -> int:
     metrics = training_records(everything)
     key = "normalised_return" if "normalised_return" in metrics[-1] else "reward_mean"
     label = "normalised return" if key == "normalised_return" else "reward"
-    values = [m[key] for m in metrics if key in m]  # a step whose turn-0 groups were all dropped has no normalised_return
+    # a step whose turn-0 groups were all dropped has no normalised_return; a non-finite one is logged as null
+    values = [m[key] for m in metrics if m.get(key) is not None]
+    left_out = sum(1 for m in metrics if key in m and m[key] is None)
     k = min(3, len(values))
-    first, last = sum(values[:k]) / k, sum(values[-k:]) / k
+    first, last = (sum(values[:k]) / k, sum(values[-k:]) / k) if k else (math.nan, math.nan)
     # the asynchronous loop's rollouts overlap the updates: a step costs its update and the wait for its rollout
     secs = sum(m["update_s"] + (m["async/trainer_wait_s"] if "async/trainer_wait_s" in m else m["rollout_s"])
                for m in metrics) / len(metrics)
     print(f"mean {label}, first {k} steps: {first:.3f}")
-    print(f"mean {label}, last {k} steps:  {last:.3f}")
+    print(f"mean {label}, last {k} steps:  {last:.3f}" +
+          (f" ({left_out} step{'s' * (left_out != 1)} without a finite value left out)" if left_out else ""))
     print(f"seconds per step: {secs:.1f}")
     from teamrl.trainer.diagnostics import signal_summary
 

@@ -441,10 +441,12 @@ def parse_reward(value: Any, roles: tuple[str, ...]) -> tuple[float, dict[str, f
         if unknown or "reward" not in value:
             raise RequestError(400, f"reward: expected {{'reward': number, 'roles': {{role: number}}, 'correct': bool}}; got keys "
                                     f"{sorted(value)}", "reward")
-        per_role = value.get("roles") or {}
+        per_role = value.get("roles")
+        if per_role is None:  # absent or null; [] and false are no mapping (they were taken as "no roles")
+            per_role = {}
         if not isinstance(per_role, dict) or any(role_type(r) not in roles and r not in roles for r in per_role):
-            raise RequestError(400, f"reward.roles: expected a mapping of this team's roles {list(roles)} to numbers; got {per_role!r}",
-                               "reward")
+            raise RequestError(400, f"reward.roles: expected a mapping of this team's roles {list(roles)} to numbers; got "
+                                    f"{_short(per_role)}", "reward.roles")
         correct = value.get("correct")
         if correct is not None and not isinstance(correct, bool):
             raise RequestError(400, f"reward.correct: expected true or false; got {correct!r}", "reward")
@@ -452,10 +454,27 @@ def parse_reward(value: Any, roles: tuple[str, ...]) -> tuple[float, dict[str, f
     return _number(value, "reward"), {}, None
 
 
+FLOAT32_MAX = 3.4028234663852886e38  # the trainer holds rewards in float32 tensors: a larger one becomes inf there
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    """``repr(value)`` cut to ``limit`` characters (a 400-digit number is not echoed whole)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + f"... ({len(text)} characters)"
+
+
 def _number(value: Any, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise RequestError(400, f"{name}: expected a finite number; got {value!r}", name)
-    return float(value)
+    """``value`` as a float the trainer can hold: finite in float32, or a 400 naming ``name`` and the range."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise RequestError(400, f"{name}: expected a finite number; got {_short(value)}", name)
+    try:
+        number = float(value)
+    except OverflowError:  # an int beyond any float
+        number = math.inf
+    if not (math.isfinite(number) and abs(number) <= FLOAT32_MAX):
+        raise RequestError(400, f"{name}: expected a finite number within float32's range (|x| <= {FLOAT32_MAX:.7g}); got "
+                                f"{_short(value)}", name)
+    return number
 
 
 # ---- the HTTP side -----------------------------------------------------------------------------------
