@@ -138,6 +138,12 @@ def _main(argv: list[str]) -> int:
     p_serve.add_argument("--threads", type=int, default=0, help="torch CPU threads; 0 keeps torch's default")
     p_serve.add_argument("--ready-file", default=None, help="write the server's URL to this file once it listens")
     p_serve.add_argument("--verbose", action="store_true", help="log every request")
+    p_serve.add_argument("--max-n", type=int, default=1024, help="most completions per prompt of one request (400 above)")
+    p_serve.add_argument("--max-sequences", type=int, default=8192,
+                         help="most sequences (prompts x n) of one request, which runs as one batch (400 above)")
+    p_serve.add_argument("--max-connections", type=int, default=1024,
+                         help="open connections held at once (at most half the open-file limit); one over it closes the "
+                              "oldest that has sent no complete request")
     p_serve.add_argument("--strict", choices=("vllm", "sglang"), default=None,
                          help="imitate vLLM 0.33.0 or SGLang 0.5.23 where they differ from teamrl (per-prompt seeds, "
                               "generation_config defaults, raw log-probs, real LoRA paths); for testing clients")
@@ -307,7 +313,9 @@ def _serve(ns) -> int:
         elif ns.override_generation_config or ns.logprobs_mode != "raw_logprobs":
             raise ValueError("--override-generation-config and --logprobs-mode need --strict vllm|sglang")
         ms = ModelServer(ns.model, served_name=ns.served_model_name, device=ns.device, dtype=ns.dtype, seed=ns.seed,
-                         strict=strict)
+                         strict=strict, max_n=ns.max_n, max_sequences=ns.max_sequences)
+        if ns.max_connections < 8:
+            raise ValueError(f"--max-connections {ns.max_connections}: must be >= 8")
         for name, path in loras:
             ms.load_adapter(name, path)
     except (ValueError, RuntimeError) as e:  # ModelNotFound, bad device/dtype, no GPU
@@ -316,7 +324,7 @@ def _serve(ns) -> int:
     except RequestError as e:
         print(f"teamrl: --lora: {e.message}", file=sys.stderr)
         return 2
-    serve(ms, ns.host, ns.port, ready_file=ns.ready_file, verbose=ns.verbose)
+    serve(ms, ns.host, ns.port, ready_file=ns.ready_file, verbose=ns.verbose, max_connections=ns.max_connections)
     return 0
 
 

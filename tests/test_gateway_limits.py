@@ -101,3 +101,71 @@ def test_the_run_summary_skips_a_step_whose_reward_mean_was_not_finite(capsys, m
     assert main(["train", "train.final_eval_problems=0"]) == 0
     out = capsys.readouterr().out
     assert "mean reward, first 1 steps: 0.500" in out and "(1 step without a finite value left out)" in out, out
+
+
+# ---- H4: slowloris -------------------------------------------------------------------------------------
+
+GATEWAY_CHILD = """
+import asyncio, sys, threading
+from tests.slowloris import limit_open_files
+limit_open_files()
+from teamrl.workflows.gateway import Gateway, GatewayOptions
+gw = Gateway(GatewayOptions())
+gw.start()
+loop = asyncio.new_event_loop()
+threading.Thread(target=loop.run_forever, daemon=True).start()
+async def opened():
+    return gw.open_episode(None, ("writer",), {"id": "p0", "question": "1+1?"}, external=True)
+asyncio.run_coroutine_threadsafe(opened(), loop).result(10)
+print(gw.url, flush=True)
+sys.stdin.read()  # until the test closes stdin
+"""
+
+
+def test_slow_clients_holding_1100_partial_headers_do_not_lock_a_claim_out_of_the_gateway():
+    """Old: with nofile 1024, 1100 partial headers took every descriptor; a claim timed out (the trainer logged
+    OSError: [Errno 24] Too many open files). Now: the claim is answered within 2 s, and the oldest slow
+    connections were closed with a 503 naming the limit."""
+    from tests.slowloris import slow_sockets
+
+    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    child = subprocess.Popen([sys.executable, "-c", GATEWAY_CHILD], cwd=REPO, env=env, stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        url = child.stdout.readline().strip()
+        assert url.startswith("http://"), url
+        with slow_sockets(url, 1100) as held:
+            t0 = time.monotonic()
+            try:
+                r = httpx.post(url + "/episodes", timeout=15)
+                status, claimed = r.status_code, r.json()
+            except httpx.TimeoutException as e:
+                status, claimed = type(e).__name__, {}
+            seconds = time.monotonic() - t0
+            print(f"legitimate claim under 1100 slow sockets: {status} in {seconds:.2f} s")
+            assert status == 200 and claimed["roles"] == ["writer"] and seconds < 2, (status, seconds)
+            held[0].settimeout(5)
+            first = held[0].recv(4096)
+        assert first.startswith(b"HTTP/1.1 503") and b"workflow.options.max_connections" in first, first[:300]
+    finally:
+        child.stdin.close()
+        child.wait(30)
+
+
+def test_a_header_or_body_that_does_not_arrive_in_time_is_a_408_naming_the_setting():
+    """Old: a partial header or a body that never ends held its connection (and descriptor) for good."""
+    with external_episodes(header_timeout_s=1.0, body_timeout_s=1.0) as (gw, _):
+        port = int(gw.url.rsplit(":", 1)[1])
+        answers = {}
+        for part, sent in (("header", b"POST /episodes HTTP/1.1\r\nHost: x\r\nX-Slow: "),
+                           ("body", b"POST /episodes HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")):
+            with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+                s.sendall(sent)
+                t0 = time.monotonic()
+                answer = s.recv(4096)
+                answers[part] = (answer, time.monotonic() - t0, s.recv(4096))
+        for part, setting in (("header", "header_timeout_s"), ("body", "body_timeout_s")):
+            answer, seconds, after = answers[part]
+            assert answer.startswith(b"HTTP/1.1 408") and f"workflow.options.{setting}".encode() in answer, answer
+            assert 0.9 < seconds < 5 and after == b"", (part, seconds, after)  # then the connection is closed
+        assert httpx.post(gw.url + "/episodes", timeout=10).status_code == 204  # the server goes on

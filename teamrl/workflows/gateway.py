@@ -45,7 +45,7 @@ from teamrl.core.sample import Sample
 from teamrl.policies.chat import render_chat
 from teamrl.policies.router import role_type
 from teamrl.rollout.engine import GenerationRequest, SamplingParams
-from teamrl.rollout.asgi import MAX_JSON_DEPTH, AsgiServer, Guard, RequestError, json_errors, require_asgi
+from teamrl.rollout.asgi import MAX_JSON_DEPTH, AsgiServer, ConnectionLimits, Guard, RequestError, json_errors, require_asgi
 from teamrl.workflows.context import EpisodeContext
 
 # vLLM/OpenAI finish reasons from the engine's
@@ -72,6 +72,11 @@ class GatewayOptions:
     max_n: int = option(16, ge=1, doc="most completions per request")
     max_episodes: int = option(256, ge=1, doc="episode functions running at once (threads for sync code)")
     max_json_depth: int = option(MAX_JSON_DEPTH, ge=2, doc="deepest nesting of arrays/objects in a request body (400 deeper)")
+    header_timeout_s: float = option(10.0, gt=0, doc="a request's header must arrive within this long of its connection "
+                                                     "opening (or its first byte on a kept-alive one); 408 after")
+    body_timeout_s: float = option(30.0, gt=0, doc="a request's body must arrive within this long of its header; 408 after")
+    max_connections: int = option(1024, ge=8, doc="open connections held at once (at most half the open-file limit); one "
+                                                  "over it closes the oldest that has sent no complete request (503)")
 
 
 class ClientGone(Exception):
@@ -132,7 +137,10 @@ class Gateway:
         """Start serving (once), on a thread; return the base URL ``http://host:port``."""
         if self._server is not None:
             return self.url
-        self._server = AsgiServer(build_app(self), self.options.host, self.options.port)
+        o = self.options
+        limits = ConnectionLimits(o.header_timeout_s, o.body_timeout_s, o.max_connections,
+                                  names=tuple(f"workflow.options.{k}" for k in ("header_timeout_s", "body_timeout_s", "max_connections")))
+        self._server = AsgiServer(build_app(self), o.host, o.port, limits=limits)
         self._thread = threading.Thread(target=self._server.serve_forever, name="teamrl-gateway", daemon=True)
         self._thread.start()
         deadline = time.monotonic() + 30
