@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import signal
 import sys
@@ -172,6 +173,12 @@ def _main(argv: list[str]) -> int:
     p_serve.add_argument("--threads", type=int, default=0, help="torch CPU threads; 0 keeps torch's default")
     p_serve.add_argument("--ready-file", default=None, help="write the server's URL to this file once it listens")
     p_serve.add_argument("--verbose", action="store_true", help="log every request")
+    p_serve.add_argument("--max-n", type=int, default=1024, help="most completions per prompt of one request (400 above)")
+    p_serve.add_argument("--max-sequences", type=int, default=8192,
+                         help="most sequences (prompts x n) of one request, which runs as one batch (400 above)")
+    p_serve.add_argument("--max-connections", type=int, default=1024,
+                         help="open connections held at once (at most half the open-file limit); one over it closes the "
+                              "oldest that has sent no complete request")
     p_serve.add_argument("--strict", choices=("vllm", "sglang"), default=None,
                          help="imitate vLLM 0.33.0 or SGLang 0.5.23 where they differ from teamrl (per-prompt seeds, "
                               "generation_config defaults, raw log-probs, real LoRA paths); for testing clients")
@@ -274,14 +281,17 @@ def _main(argv: list[str]) -> int:
     metrics = training_records(everything)
     key = "normalised_return" if "normalised_return" in metrics[-1] else "reward_mean"
     label = "normalised return" if key == "normalised_return" else "reward"
-    values = [m[key] for m in metrics if key in m]  # a step whose turn-0 groups were all dropped has no normalised_return
+    # a step whose turn-0 groups were all dropped has no normalised_return; a non-finite one is logged as null
+    values = [m[key] for m in metrics if m.get(key) is not None]
+    left_out = sum(1 for m in metrics if key in m and m[key] is None)
     k = min(3, len(values))
-    first, last = sum(values[:k]) / k, sum(values[-k:]) / k
+    first, last = (sum(values[:k]) / k, sum(values[-k:]) / k) if k else (math.nan, math.nan)
     # the asynchronous loop's rollouts overlap the updates: a step costs its update and the wait for its rollout
     secs = sum(m["update_s"] + (m["async/trainer_wait_s"] if "async/trainer_wait_s" in m else m["rollout_s"])
                for m in metrics) / len(metrics)
     print(f"mean {label}, first {k} steps: {first:.3f}")
-    print(f"mean {label}, last {k} steps:  {last:.3f}")
+    print(f"mean {label}, last {k} steps:  {last:.3f}" +
+          (f" ({left_out} step{'s' * (left_out != 1)} without a finite value left out)" if left_out else ""))
     print(f"seconds per step: {secs:.1f}")
     from teamrl.trainer.diagnostics import signal_summary
 
@@ -338,7 +348,9 @@ def _serve(ns) -> int:
         elif ns.override_generation_config or ns.logprobs_mode != "raw_logprobs":
             raise ValueError("--override-generation-config and --logprobs-mode need --strict vllm|sglang")
         ms = ModelServer(ns.model, served_name=ns.served_model_name, device=ns.device, dtype=ns.dtype, seed=ns.seed,
-                         strict=strict)
+                         strict=strict, max_n=ns.max_n, max_sequences=ns.max_sequences)
+        if ns.max_connections < 8:
+            raise ValueError(f"--max-connections {ns.max_connections}: must be >= 8")
         for name, path in loras:
             ms.load_adapter(name, path)
     except (ValueError, RuntimeError) as e:  # ModelNotFound, bad device/dtype, no GPU
@@ -347,7 +359,7 @@ def _serve(ns) -> int:
     except RequestError as e:
         print(f"teamrl: --lora: {e.message}", file=sys.stderr)
         return 2
-    serve(ms, ns.host, ns.port, ready_file=ns.ready_file, verbose=ns.verbose)
+    serve(ms, ns.host, ns.port, ready_file=ns.ready_file, verbose=ns.verbose, max_connections=ns.max_connections)
     return 0
 
 

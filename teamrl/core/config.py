@@ -155,6 +155,10 @@ class RolloutConfig:
                                       doc="a pool endpoint that stops answering (refused, reset, timed out, its process "
                                           "gone): continue on the others (its requests re-sent), or stop the run; "
                                           "either way one line names it")
+    request_deadline_s: float = option(900.0, gt=0, doc="engine http/vllm: the longest one request to a rollout server may "
+                                                         "take, first byte to last (the read timeout is per read: an answer "
+                                                         "dribbled a byte at a time never trips it); past it the endpoint "
+                                                         "counts as failed (rollout.on_endpoint_failure)")
     adapter_dir: str = option("", doc="engine http: folder the server can read where adapters are saved after each update; empty: RUN_DIR/served_adapters")
     server_dialect: str = option("auto", choices=("auto", "vllm", "sglang", "teamrl"),
                                  doc="engine http: the server's API (paths, seeding, limits); auto reads owned_by of /v1/models")

@@ -5,7 +5,12 @@
   or chunked) and a bounded JSON nesting depth;
 - :func:`json_errors`: the app's error handlers (client errors, unknown paths, server bugs);
 - :class:`AsgiServer`: an app on a socket bound at construction (so ``url`` is known at once), served
-  by uvicorn in the calling thread until :meth:`AsgiServer.shutdown`.
+  by uvicorn in the calling thread until :meth:`AsgiServer.shutdown`; with :class:`ConnectionLimits`
+  (slowloris: a client that opens connections and never finishes a request must not lock others out):
+  a request's header must arrive within ``header_timeout_s`` and its body within ``body_timeout_s``
+  (408 after), and at most ``max_connections`` connections are held open (never more than half the
+  process's open-file limit): a connection over the cap closes the oldest one that is not being served
+  (a partial header, or kept alive between requests) with a 503 naming the limit.
 
 FastAPI and uvicorn are imported when a server is built (the ``gateway`` extra; installed by ``make setup``).
 """
@@ -13,9 +18,11 @@ FastAPI and uvicorn are imported when a server is built (the ``gateway`` extra; 
 import itertools
 import json
 import re
+import resource
 import socket
 import threading
 from array import array
+from dataclasses import dataclass
 from typing import Any, Callable
 
 MAX_JSON_DEPTH = 64  # deepest nesting of arrays/objects a request body may have (400 deeper): no parser recursion limit is reached
@@ -172,10 +179,144 @@ def json_errors(app: Any, endpoints: Callable[[], list[str]] | None = None) -> N
                                        "code": 500}}, status_code=500)
 
 
-class AsgiServer:
-    """An ASGI app served by uvicorn on ``host:port`` (0: a free port), the socket bound at construction."""
+@dataclass(frozen=True)
+class ConnectionLimits:
+    """How long a client may take to send a request, and how many connections are held open at once.
+    ``names``: what the 408/503 answers call the three settings (the gateway's ``workflow.options.*``)."""
 
-    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0, verbose: bool = False) -> None:
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 60.0
+    max_connections: int = 1024
+    names: tuple[str, str, str] = ("header_timeout_s", "body_timeout_s", "max_connections")
+
+    def cap(self) -> int:
+        """``max_connections``, but at most half the open-file limit: the rest stays for the process's own files and
+        sockets (the gateway runs inside the trainer; a full table failed its checkpoints and rollout requests)."""
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        return self.max_connections if soft == resource.RLIM_INFINITY else max(8, min(self.max_connections, soft // 2))
+
+    def accept_batch(self) -> int:
+        """The listen backlog, which is also how many connections asyncio accepts in one go before any of them reaches
+        the protocol (so before the cap can close one): the descriptors in use peak near ``cap() + 2 * accept_batch()``."""
+        return max(8, min(128, self.cap() // 8))
+
+
+def _raw_error(status: int, reason: str, message: str) -> bytes:
+    """A whole HTTP/1.1 error response that closes the connection (written outside h11: the connection ends with it)."""
+    kind = {408: "RequestTimeout", 503: "ServiceUnavailable"}.get(status, "Error")
+    body = json.dumps({"error": {"message": message, "type": kind, "param": None, "code": status}}).encode()
+    return (f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
+            "connection: close\r\n\r\n").encode() + body
+
+
+def limited_protocol(limits: ConnectionLimits) -> type:
+    """uvicorn's h11 protocol with :class:`ConnectionLimits` (uvicorn has a keep-alive timeout only: a connection
+    that never completes its first request is held forever, and every one takes a file descriptor).
+
+    Each connection is in one phase: ``head`` (no complete request header yet: timed by ``header_timeout_s``),
+    ``body`` (header read, body not: ``body_timeout_s``), ``app`` (the request is being served: no limit) or
+    ``idle`` (kept alive after a response: uvicorn's keep-alive timeout). ``head`` and ``idle`` ones are not
+    being served, so they give way, oldest first, when a new connection is over the cap."""
+    import h11
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    cap = limits.cap()
+    header_name, body_name, cap_name = limits.names
+    # this server's open connections (closed ones leave at once, not a loop turn later when uvicorn forgets them),
+    # and of them those not being served (head, idle), oldest first: O(1) per connection under a flood
+    open_: set[Any] = set()
+    waiting: dict[Any, None] = {}
+
+    class LimitedH11Protocol(H11Protocol):
+        phase = "new"
+        timer: Any = None
+
+        def connection_made(self, transport: Any) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            open_.add(self)
+            self._enter("head")
+            if len(open_) > cap:
+                self._make_room()
+
+        def _make_room(self) -> None:
+            """Close the oldest connection that is not being served; this one when every other is."""
+            oldest = next((c for c in waiting if c is not self), None)
+            if oldest is not None:
+                oldest._close(503, "Service Unavailable", f"the server holds at most {cap} open connections ({cap_name}, "
+                              "at most half the open-file limit); this one had sent no complete request "
+                              "and was the oldest")
+            else:
+                self._close(503, "Service Unavailable", f"the server holds at most {cap} open connections "
+                                                        f"({cap_name}), all of them serving requests")
+
+        def _enter(self, phase: str) -> None:
+            """Begin ``phase``; arm its deadline (head, body) or none (app, idle)."""
+            if self.timer is not None:
+                self.timer.cancel()
+                self.timer = None
+            self.phase = phase
+            waiting.pop(self, None)
+            if phase in ("head", "idle"):
+                waiting[self] = None  # to the end: the newest
+            elif phase == "closed":
+                open_.discard(self)
+            if phase == "head":
+                self.timer = self.loop.call_later(limits.header_timeout_s, self._expired, "header", limits.header_timeout_s,
+                                                  header_name)
+            elif phase == "body":
+                self.timer = self.loop.call_later(limits.body_timeout_s, self._expired, "body", limits.body_timeout_s,
+                                                  body_name)
+
+        def _expired(self, part: str, seconds: float, setting: str) -> None:
+            self.timer = None
+            self._close(408, "Request Timeout", f"the request {part} did not arrive within {seconds:g} s ({setting})")
+
+        def _close(self, status: int, reason: str, message: str) -> None:
+            """Answer ``status`` (a connection between requests: nothing) and close the connection."""
+            if self.transport.is_closing():
+                return
+            if self.phase != "idle":
+                self.transport.write(_raw_error(status, reason, message))
+            self._enter("closed")
+            self.transport.close()
+
+        def _follow(self) -> None:
+            """Move to the phase h11 says the request is in."""
+            state = self.conn.their_state
+            if self.phase == "head" and state is h11.SEND_BODY:
+                self._enter("body")
+            elif self.phase in ("head", "body") and state is not h11.IDLE and state is not h11.SEND_BODY:
+                self._enter("app")  # the whole request is in (or the connection broke): the app's turn
+
+        def data_received(self, data: bytes) -> None:
+            if self.phase == "idle":  # the next request begins: its header is timed from its first byte
+                self._enter("head")
+            super().data_received(data)
+            if self.phase != "closed":
+                self._follow()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            if self.phase != "closed" and not self.transport.is_closing():
+                if self.conn.their_state is h11.IDLE:
+                    self._enter("idle")
+                else:  # a pipelined request already began
+                    self._enter("head")
+                    self._follow()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._enter("closed")
+            super().connection_lost(exc)
+
+    return LimitedH11Protocol
+
+
+class AsgiServer:
+    """An ASGI app served by uvicorn on ``host:port`` (0: a free port), the socket bound at construction, each
+    connection under ``limits`` (:class:`ConnectionLimits`)."""
+
+    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0, verbose: bool = False,
+                 limits: ConnectionLimits = ConnectionLimits()) -> None:
         require_asgi()
         import uvicorn
 
@@ -183,10 +324,11 @@ class AsgiServer:
         self.socket = socket.socket(family, socket.SOCK_STREAM)
         self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.socket.bind((host, port))
-        self.socket.listen(2048)
+        self.socket.listen(limits.accept_batch())
         self.server_address = self.socket.getsockname()
+        self.limits = limits
         config = uvicorn.Config(app, log_level="info" if verbose else "warning", access_log=verbose, lifespan="off",
-                                timeout_keep_alive=30)
+                                timeout_keep_alive=30, http=limited_protocol(limits), backlog=limits.accept_batch())
         self._server = uvicorn.Server(config)
         self._done = threading.Event()
 

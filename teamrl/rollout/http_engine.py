@@ -42,6 +42,8 @@ import http.client
 import json
 import math
 import shutil
+import socket
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -94,6 +96,86 @@ class ServerUnreachable(ServerError):
         self.reason = reason
 
 
+class MalformedAnswer(ServerError):
+    """The server answered 200 with something that is not a completions answer (HTML from a proxy, missing or
+    mistyped fields, token ids outside the vocabulary): the endpoint is broken, as one that cannot be reached is.
+    ``reason``: the request and what was wrong, in a few words."""
+
+    def __init__(self, message: str, reason: str = "") -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+REQUEST_DEADLINE_S = 900.0  # rollout.request_deadline_s's default: the longest one request may take, first byte to last
+
+
+class _Deadline:
+    """A whole-request deadline: when it passes, the request's socket is shut down, which ends any blocked read (the
+    socket timeout is per read, so an answer dribbled a byte at a time would otherwise never time out)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds, self.ends = seconds, time.monotonic() + seconds
+        self.expired = False
+        self._timer: threading.Timer | None = None
+
+    def arm(self, sock: socket.socket) -> None:
+        """Watch ``sock`` (just connected) until :meth:`cancel`."""
+        def cut() -> None:
+            self.expired = True
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:  # already closed
+                pass
+        self._timer = threading.Timer(max(0.0, self.ends - time.monotonic()), cut)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def cancel(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+
+
+class _DeadlineHTTPConnection(http.client.HTTPConnection):
+    def __init__(self, *args: Any, deadline: _Deadline, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._deadline = deadline
+
+    def connect(self) -> None:
+        super().connect()
+        self._deadline.arm(self.sock)
+
+
+class _DeadlineHTTPSConnection(http.client.HTTPSConnection):
+    def __init__(self, *args: Any, deadline: _Deadline, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._deadline = deadline
+
+    def connect(self) -> None:
+        super().connect()
+        self._deadline.arm(self.sock)
+
+
+class _DeadlineHTTPHandler(urllib.request.HTTPHandler):
+    """urllib's handler (proxies, redirects and errors as before) whose connections keep a :class:`_Deadline`."""
+
+    def __init__(self, deadline: _Deadline) -> None:
+        super().__init__()
+        self.deadline = deadline
+
+    def http_open(self, req: Any) -> Any:
+        return self.do_open(lambda *a, **k: _DeadlineHTTPConnection(*a, deadline=self.deadline, **k), req)
+
+
+class _DeadlineHTTPSHandler(urllib.request.HTTPSHandler):
+    def __init__(self, deadline: _Deadline) -> None:
+        super().__init__()
+        self.deadline = deadline
+
+    def https_open(self, req: Any) -> Any:
+        return self.do_open(lambda *a, **k: _DeadlineHTTPSConnection(*a, deadline=self.deadline, **k), req,
+                            context=self._context)
+
+
 class HTTPEngine(Engine):
     """The :class:`Engine` interface against a completions server at ``base_url``.
 
@@ -112,6 +194,7 @@ class HTTPEngine(Engine):
 
     def __init__(self, base_url: str, tokenizer: Any = None, adapter_dir: str | Path | None = None,
                  save_adapter: Callable[[str, Path], Any] | None = None, timeout: float = 600.0,
+                 request_deadline_s: float = REQUEST_DEADLINE_S, vocab_size: int | None = None,
                  api_key: str | None = None, dialect: str = "auto", max_concurrent: int = 64,
                  adapter_tag: str | None = None,
                  verify_logprobs: Callable[..., list[list[float]]] | None = None, verify_tolerance: float = 1e-3,
@@ -124,7 +207,10 @@ class HTTPEngine(Engine):
         self.tokenizer = tokenizer
         self.adapter_dir = Path(adapter_dir) if adapter_dir is not None else None
         self.save_adapter = save_adapter
-        self.timeout = timeout
+        self.timeout = timeout  # per read (and connect)
+        self.request_deadline_s = request_deadline_s  # the whole request
+        # token ids an answer may hold: [0, vocab_size) (the trainer indexes its embedding with them)
+        self.vocab_size = vocab_size if vocab_size is not None else (len(tokenizer) if tokenizer is not None else None)
         self.api_key = api_key
         self.versions: dict[str, int] = {}
         self.max_concurrent = max_concurrent
@@ -143,16 +229,23 @@ class HTTPEngine(Engine):
 
     # ---- HTTP -------------------------------------------------------------------------
     def request(self, method: str, path: str, body: Any = None, timeout: float | None = None) -> Any:
-        """Send one request; return the decoded JSON answer (or text), raise :class:`ServerError` on an error status."""
+        """Send one request; return the decoded JSON answer (or text), raise :class:`ServerError` on an error status.
+
+        ``timeout`` (default: the engine's) bounds each read; the whole request, headers to last byte, is bounded
+        by ``request_deadline_s`` (and by ``timeout`` when one is given): past it the server counts as unreachable."""
         url = self.base_url + path
         data = None if body is None else json.dumps(body).encode()
         headers = {"Content-Type": "application/json"} if data is not None else {}
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
         req = urllib.request.Request(url, data=data, method=method, headers=headers)
+        deadline = _Deadline(self.request_deadline_s if timeout is None else min(timeout, self.request_deadline_s))
+        opener = urllib.request.build_opener(_DeadlineHTTPHandler(deadline), _DeadlineHTTPSHandler(deadline))
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout if timeout is None else timeout) as resp:
+            with opener.open(req, timeout=self.timeout if timeout is None else timeout) as resp:
                 raw = resp.read()
+            if deadline.expired:  # an answer without a length ends at the cut: what came is not all of it
+                raise TimeoutError("cut at the deadline")
         except urllib.error.HTTPError as e:
             raw = e.read()
             try:
@@ -162,11 +255,17 @@ class HTTPEngine(Engine):
             except (json.JSONDecodeError, AttributeError):
                 msg = raw.decode(errors="replace")
             raise ServerError(f"{method} {url}: HTTP {e.code}: {msg}") from None
-        except (urllib.error.URLError, ConnectionError, TimeoutError, http.client.HTTPException) as e:
-            # HTTPException: a server killed while answering (IncompleteRead, a bad status line)
+        except (urllib.error.URLError, OSError, http.client.HTTPException) as e:
+            # HTTPException: a server killed while answering (IncompleteRead, a bad status line); OSError: reset, timed out
+            if deadline.expired:
+                reason = (f"no complete answer within {deadline.seconds:g} s (rollout.request_deadline_s; each read came "
+                          f"within the {self.timeout if timeout is None else timeout:g} s read timeout)")
+                raise ServerUnreachable(f"{method} {url}: {reason}", reason=f"{method} {path}: {reason}") from None
             reason = str(getattr(e, "reason", e)) or type(e).__name__
             raise ServerUnreachable(f"{method} {url}: could not reach the server ({reason}); is `teamrl serve` (or vLLM/SGLang) "
                                     f"running at {self.base_url}?", reason=f"{method} {path}: {reason}") from None
+        finally:
+            deadline.cancel()
         try:
             return json.loads(raw)
         except json.JSONDecodeError:
@@ -179,7 +278,12 @@ class HTTPEngine(Engine):
 
     def model_cards(self) -> list[dict[str, Any]]:
         """The entries of ``GET /v1/models``."""
-        return list(self.request("GET", "/v1/models")["data"])
+        resp = self.request("GET", "/v1/models")
+        data = resp.get("data") if isinstance(resp, dict) else None
+        if not isinstance(data, list) or not all(isinstance(m, dict) and isinstance(m.get("id"), str) for m in data):
+            reason = f"GET /v1/models: malformed answer: expected {{'data': [{{'id': ...}}, ...]}}, got {_short(resp)}"
+            raise MalformedAnswer(f"{self.base_url}: {reason}", reason=reason)
+        return list(data)
 
     def models(self) -> list[str]:
         """Ids of the models the server serves (base model and adapters)."""
@@ -318,11 +422,11 @@ class HTTPEngine(Engine):
         if seed is not None:
             body["seed"] = seed
         resp = self.request("POST", "/v1/completions", body)
-        choices = sorted(resp.get("choices", []), key=lambda c: c["index"])
-        if len(choices) != len(prompts) * n:
-            raise ServerError(f"POST {self.base_url}/v1/completions: expected {len(prompts) * n} choices "
-                              f"({len(prompts)} prompts x n={n}), got {len(choices)}")
-        completions = [_completion(c) for c in choices]
+        try:
+            completions = _completions(resp, len(prompts) * n, self.vocab_size)
+        except ValueError as e:  # the server is broken: a failed endpoint, one line naming it
+            reason = f"POST /v1/completions: malformed answer: {e}"
+            raise MalformedAnswer(f"{self.base_url}: {reason}", reason=reason) from None
         if greedy_copies > 1:
             completions = [Completion(list(c.token_ids), list(c.logprobs), c.text, c.finish_reason)
                            for c in completions for _ in range(greedy_copies)]
@@ -502,11 +606,48 @@ def _worst(gaps: Sequence[float]) -> float:
     return math.nan if any(math.isnan(g) for g in gaps) else max(gaps, default=0.0)
 
 
+def _short(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _completions(resp: Any, expected: int, vocab_size: int | None) -> list[Completion]:
+    """The ``expected`` choices of a ``/v1/completions`` answer, in index order; ValueError (a few words) for an
+    answer that is not one: not a JSON object, choices missing, mistyped, not indexed 0..expected-1, or holding
+    token ids outside [0, vocab_size)."""
+    if not isinstance(resp, dict):
+        raise ValueError(f"not a JSON object but {_short(resp)}")
+    choices = resp.get("choices")
+    if not isinstance(choices, list) or not all(isinstance(c, dict) for c in choices):
+        raise ValueError(f"choices: expected a list of objects, got {_short(choices)}")
+    indices = [c.get("index") for c in choices]
+    if not all(isinstance(i, int) and not isinstance(i, bool) for i in indices) or sorted(indices) != list(range(expected)):
+        raise ValueError(f"choices: expected {expected} indexed 0 to {expected - 1}, got indices {_short(indices)}")
+    out = []
+    for c in sorted(choices, key=lambda c: c["index"]):
+        try:
+            completion = _completion(c)
+        except ServerError as e:
+            raise ValueError(f"choice {c['index']}: {e}") from None
+        bad = [t for t in completion.token_ids if not (0 <= t < vocab_size if vocab_size is not None else 0 <= t)]
+        if bad:
+            raise ValueError(f"choice {c['index']}: token id {bad[0]} is outside the vocabulary [0, {vocab_size})")
+        out.append(completion)
+    return out
+
+
 def _completion(choice: dict[str, Any]) -> Completion:
-    """One OpenAI/vLLM/SGLang completion choice -> a :class:`Completion`."""
+    """One OpenAI/vLLM/SGLang completion choice -> a :class:`Completion` (:class:`ServerError` for a malformed one)."""
     lp = choice.get("logprobs") or {}
-    logprobs = [float(x) if x is not None else float("nan") for x in (lp.get("token_logprobs") or [])]
+    if not isinstance(lp, dict) or not isinstance(lp.get("token_logprobs") or [], list):
+        raise ServerError(f"logprobs: expected an object with a list token_logprobs, got {_short(lp)}")
+    try:
+        logprobs = [float(x) if x is not None else float("nan") for x in (lp.get("token_logprobs") or [])]
+    except (TypeError, ValueError):
+        raise ServerError(f"logprobs.token_logprobs: expected numbers, got {_short(lp.get('token_logprobs'))}") from None
     ids = choice.get("token_ids")
+    if ids is not None and not (isinstance(ids, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in ids)):
+        raise ServerError(f"token_ids: expected a list of integers, got {_short(ids)}")
     if ids is None:
         tokens = lp.get("tokens")
         if tokens is None:
@@ -514,7 +655,7 @@ def _completion(choice: dict[str, Any]) -> Completion:
                               "logprobs and return_token_ids (vLLM and SGLang do)")
         try:
             ids = [int(t.split("token_id:", 1)[1]) for t in tokens]
-        except (IndexError, ValueError):
+        except (IndexError, ValueError, AttributeError, TypeError):
             raise ServerError(f"logprobs.tokens are not 'token_id:N' strings (got {tokens[:3]}) and there are no token_ids; the "
                               "server ignored return_tokens_as_token_ids and return_token_ids") from None
     if len(logprobs) != len(ids):
@@ -523,6 +664,8 @@ def _completion(choice: dict[str, Any]) -> Completion:
     # vLLM: stop_reason (None: EOS; int: a stop token id; str: a stop string); SGLang: matched_stop (the EOS id or the string).
     stop_reason = choice["stop_reason"] if "stop_reason" in choice else choice.get("matched_stop")
     text = choice.get("text", "")
+    if not isinstance(text, str):
+        raise ServerError(f"text: expected a string, got {_short(text)}")
     if reason == "length":
         finish = "length"
     elif reason in ("stop", "eos") and isinstance(stop_reason, str):

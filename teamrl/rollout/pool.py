@@ -19,9 +19,10 @@ lock). ``sync_figures[policy]`` holds the worst figures over the endpoints (larg
 ``moved``, summed ``tokens``) and each endpoint's ``endpoint<i>/max_logprob_gap`` and ``endpoint<i>/check_s``,
 so the trainer's ``sync/<policy>/*`` metrics cover every endpoint.
 
-**A failed endpoint.** A connection refused or reset, or no answer within the request timeout
-(:class:`~teamrl.rollout.http_engine.ServerUnreachable`, ``ConnectionError``, ``TimeoutError``), marks the
-endpoint dead; so does its process exiting (``exited``: a managed server) or its ``/health`` not answering
+**A failed endpoint.** A connection refused or reset, no answer within the read timeout or no complete one within
+``rollout.request_deadline_s`` (:class:`~teamrl.rollout.http_engine.ServerUnreachable`, ``ConnectionError``,
+``TimeoutError``), or a 200 answer that is no completions answer (:class:`~teamrl.rollout.http_engine.MalformedAnswer`)
+marks the endpoint dead; so does its process exiting (``exited``: a managed server) or its ``/health`` not answering
 :data:`PROBE_FAILURES` times in a row within :data:`HEALTH_TIMEOUT_S` while a call waits on it (a host that
 is gone: nothing refuses, the request would wait for its whole timeout). One line names it
 (``rollout endpoint 2 of 2 (URL) failed: <reason>; continuing on 1 endpoint``) and its share of the
@@ -44,11 +45,13 @@ from typing import Any, Callable, Sequence
 
 from teamrl.core.seeding import derive_seed
 from teamrl.rollout.engine import Completion, Engine, GenerationRequest
-from teamrl.rollout.http_engine import ServerError, ServerUnreachable
+from teamrl.rollout.http_engine import MalformedAnswer, ServerError, ServerUnreachable
 
 ON_FAILURE = ("continue", "stop")
-# What marks an endpoint dead: it cannot be reached (any Engine may raise the two builtins for the same).
-ENDPOINT_FAILURES = (ServerUnreachable, ConnectionError, TimeoutError)
+# What marks an endpoint dead: it cannot be reached, or gave no complete answer within rollout.request_deadline_s
+# (any Engine may raise the two builtins for the same), or its 200 answer was no completions answer (a proxy's
+# HTML page, missing fields, token ids outside the vocabulary).
+ENDPOINT_FAILURES = (ServerUnreachable, MalformedAnswer, ConnectionError, TimeoutError)
 HEALTH_TIMEOUT_S = 3.0  # one /health probe's limit
 PROBE_AFTER_S = 2.0     # a call that waits longer than this on an endpoint has the endpoint's /health probed ...
 PROBE_EVERY_S = 2.0     # ... this often ...

@@ -33,6 +33,7 @@ one call, so rollouts batch as they do in process.
 import contextlib
 import copy
 import json
+import math
 import threading
 import time
 import uuid
@@ -43,7 +44,7 @@ from typing import Any, Iterator
 import torch
 
 from teamrl.policies.models import load_model, quiet_peft_wrapping, resolve_device
-from teamrl.rollout.asgi import AsgiServer, Guard, RequestError, json_errors, require_asgi
+from teamrl.rollout.asgi import AsgiServer, ConnectionLimits, Guard, RequestError, json_errors, require_asgi
 from teamrl.rollout.engine import GenerationRequest, SamplingParams
 from teamrl.rollout.hf_engine import HFEngine
 from teamrl.rollout.strict_server import GENERATION_DEFAULT_FIELDS, RowSettings, StrictBehaviour, decode_row, generation_defaults
@@ -53,6 +54,12 @@ COMPLETION_FIELDS = ("model", "prompt", "max_tokens", "temperature", "top_p", "t
                      "logprobs", "return_tokens_as_token_ids", "return_token_ids", "ignore_eos", "min_tokens",
                      "include_stop_str_in_output", "skip_special_tokens", "stream", "echo", "user")
 MAX_BODY_BYTES = 64 * 2**20
+MAX_N = 1024             # completions per prompt (teamrl serve --max-n)
+MAX_SEQUENCES = 8192     # prompts x n of one request (teamrl serve --max-sequences): one request runs as one batch
+MAX_CONNECTIONS = 1024   # open connections (teamrl serve --max-connections; at most half the open-file limit)
+HEADER_TIMEOUT_S = 10.0  # a request's header must arrive within this long (408 after): slow clients hold no socket for good
+BODY_TIMEOUT_S = 120.0   # its body (up to MAX_BODY_BYTES) within this long of the header
+SEED_RANGE = (-2**63, 2**63 - 1)  # vLLM's (int64); torch seeds a generator from any of them
 # SamplingParams settings whose request field has another name (errors name the field the client sent)
 REQUEST_FIELD_OF_SETTING = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens"}
 
@@ -73,7 +80,11 @@ class ModelServer:
     """
 
     def __init__(self, model: str, served_name: str | None = None, device: str = "auto", dtype: str = "auto",
-                 seed: int = 0, strict: StrictBehaviour | None = None) -> None:
+                 seed: int = 0, strict: StrictBehaviour | None = None, max_n: int = MAX_N,
+                 max_sequences: int = MAX_SEQUENCES) -> None:
+        if max_n < 1 or max_sequences < 1:
+            raise ValueError(f"max_n={max_n}, max_sequences={max_sequences}: each must be >= 1")
+        self.max_n, self.max_sequences = max_n, max_sequences
         self.device, self.dtype = resolve_device(device, dtype)
         self.strict = strict
         self.row_seeds: list[int | None] = []  # strict mode: the seed of every sequence served (for tests)
@@ -143,6 +154,28 @@ class ModelServer:
         return {"object": "list", "data": data}
 
     @property
+    def vocab_size(self) -> int:
+        """Rows of the model's token embedding: the token ids it accepts."""
+        return int(self.base.get_input_embeddings().num_embeddings)
+
+    def _n(self, body: dict[str, Any], prompts: int) -> int:
+        """``n`` within ``max_n`` and, times the prompts, within ``max_sequences`` (one request is one batch)."""
+        n = _int(body, "n", 1, lo=1, hi=self.max_n, limit="teamrl serve --max-n")
+        if prompts * n > self.max_sequences:
+            raise RequestError(400, f"n: {prompts} prompts x n={n} = {prompts * n} sequences; one request takes at most "
+                                    f"{self.max_sequences} sequences (teamrl serve --max-sequences)", "n")
+        return n
+
+    def _fits_context(self, prompts: list[list[int]], max_tokens: int) -> None:
+        """vLLM's rule: every prompt plus ``max_tokens`` within the model's context, or a 400 naming the field at fault."""
+        longest = max(len(p) for p in prompts)
+        if longest + max_tokens > self.max_model_len:
+            field = "prompt" if longest >= self.max_model_len else "max_tokens"
+            raise RequestError(400, f"{field}: the prompt ({longest} tokens) plus max_tokens ({max_tokens}) is "
+                                    f"{longest + max_tokens} tokens; this model's context of {self.max_model_len} tokens "
+                                    "(max_model_len) must hold both", field)
+
+    @property
     def max_model_len(self) -> int:
         """The longest prompt + completion the model takes (its position limit)."""
         return int(getattr(self.base.config, "max_position_embeddings", 0) or 2**31 - 1)
@@ -170,10 +203,8 @@ class ModelServer:
         if logprobs not in (None, 0, 1) or isinstance(logprobs, bool):
             raise RequestError(400, f"logprobs: {logprobs!r} is not supported; use 0 or 1 (the sampled token's log-prob) or null "
                                "(top alternatives are not returned)", "logprobs")
-        n = _int(body, "n", 1, lo=1)
-        seed = body.get("seed")
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-            raise RequestError(400, f"seed: expected an integer or null, got {seed!r}", "seed")
+        n = self._n(body, len(prompts))
+        seed = _seed(body)
         stop = body.get("stop")
         if stop is None:
             stop = ()
@@ -183,12 +214,16 @@ class ModelServer:
             stop = tuple(stop)
         else:
             raise RequestError(400, f"stop: expected a string, a list of non-empty strings or null, got {stop!r}", "stop")
-        top_k = _int(body, "top_k", 0, lo=-1)
+        vocab = self.vocab_size
+        top_k = _int(body, "top_k", 0, lo=-1, hi=vocab)  # more than the vocabulary is no bound at all
+        max_tokens = _int(body, "max_tokens", 16, lo=1, hi=2**63 - 1)  # the context bounds it, below
+        self._fits_context(prompts, max_tokens)
         try:
-            params = SamplingParams(max_new_tokens=_int(body, "max_tokens", 16, lo=1), temperature=_num(body, "temperature", 1.0),
-                                    top_p=_num(body, "top_p", 1.0), top_k=max(top_k, 0),  # vLLM's -1 = disabled = teamrl's 0
+            params = SamplingParams(max_new_tokens=max_tokens, temperature=_num(body, "temperature", 1.0, "a finite number >= 0"),
+                                    top_p=_num(body, "top_p", 1.0, "a finite number in (0, 1]"),
+                                    top_k=max(top_k, 0),  # vLLM's -1 = disabled = teamrl's 0
                                     stop=stop, ignore_eos=_bool(body, "ignore_eos", False),
-                                    min_new_tokens=_int(body, "min_tokens", 0, lo=0))
+                                    min_new_tokens=_int(body, "min_tokens", 0, lo=0, hi=2**63 - 1))
         except ValueError as e:  # SamplingParams names the setting; map it back to the request field
             message, setting = str(e), str(e).split("=")[0]
             for ours, field in REQUEST_FIELD_OF_SETTING.items():
@@ -248,10 +283,12 @@ class ModelServer:
         prompts = self._prompts(body.get("prompt"))
         if len(prompts) > st.max_prompts:
             raise RequestError(400, f"prompt: at most {st.max_prompts} prompts per request, got {len(prompts)}", "prompt")
-        n = _int(body, "n", 1, lo=1)
-        seed = body.get("seed")
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-            raise RequestError(400, f"seed: expected an integer or null, got {seed!r}", "seed")
+        n = self._n(body, len(prompts))
+        seed = _seed(body)
+        for key in ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty"):
+            _num(body, key, 0.0, "a finite number")  # NaN and inf would reach the sampler
+        _int(body, "top_k", -1, lo=-1, hi=self.vocab_size)
+        _int(body, "max_tokens", 16, lo=1, hi=2**63 - 1)
         stop = body.get("stop") or []
         stop = (stop,) if isinstance(stop, str) else tuple(stop)
         if st.max_stop_strings is not None and len(stop) > st.max_stop_strings:
@@ -366,22 +403,46 @@ class ModelServer:
         return out
 
 
-def _int(body: dict, key: str, default: int, lo: int) -> int:
+def _short(v: Any) -> str:
+    """``repr(v)`` cut short (a 300000-digit integer is not echoed back)."""
+    text = repr(v)
+    return text if len(text) <= 40 else text[:40] + f"... ({len(text)} characters)"
+
+
+def _int(body: dict, key: str, default: int, lo: int, hi: int, limit: str = "") -> int:
+    """``body[key]``, an integer from ``lo`` to ``hi``, or a 400 naming the field and the range (and ``limit``: its setting)."""
     v = body.get(key, default)
     if v is None:
         v = default
-    if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-        raise RequestError(400, f"{key}: expected an integer >= {lo}, got {v!r}", key)
+    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+        raise RequestError(400, f"{key}: expected an integer from {lo} to {hi}" + (f" ({limit})" if limit else "") +
+                           f", got {_short(v)}", key)
     return v
 
 
-def _num(body: dict, key: str, default: float) -> float:
+def _num(body: dict, key: str, default: float, accepted: str) -> float:
+    """``body[key]`` as a finite float (NaN and inf never reach the sampler), or a 400 naming the field."""
     v = body.get(key, default)
     if v is None:
         v = default
     if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise RequestError(400, f"{key}: expected a number, got {v!r}", key)
-    return float(v)
+        raise RequestError(400, f"{key}: expected {accepted}, got {_short(v)}", key)
+    try:
+        number = float(v)
+    except OverflowError:  # an integer beyond any float
+        number = math.inf
+    if not math.isfinite(number):
+        raise RequestError(400, f"{key}: expected {accepted}, got {_short(v)}", key)
+    return number
+
+
+def _seed(body: dict) -> int | None:
+    """``body["seed"]``: null or an integer in vLLM's range (int64), or a 400."""
+    seed = body.get("seed")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not SEED_RANGE[0] <= seed <= SEED_RANGE[1]):
+        raise RequestError(400, f"seed: expected null or an integer from {SEED_RANGE[0]} to {SEED_RANGE[1]}, got {_short(seed)}",
+                           "seed")
+    return seed
 
 
 def _bool(body: dict, key: str, default: bool) -> bool:
@@ -471,19 +532,23 @@ def build_app(ms: "ModelServer") -> Any:
 class TeamrlHTTPServer(AsgiServer):
     """``teamrl serve``'s app (:func:`build_app`) on uvicorn, bound to ``host:port`` at construction."""
 
-    def __init__(self, model_server: ModelServer, host: str = "127.0.0.1", port: int = 8000, verbose: bool = False) -> None:
+    def __init__(self, model_server: ModelServer, host: str = "127.0.0.1", port: int = 8000, verbose: bool = False,
+                 max_connections: int = MAX_CONNECTIONS) -> None:
         self.model_server = model_server
         self.verbose = verbose
-        super().__init__(build_app(model_server), host, port, verbose)
+        super().__init__(build_app(model_server), host, port, verbose,
+                         ConnectionLimits(HEADER_TIMEOUT_S, BODY_TIMEOUT_S, max_connections,
+                                          names=("teamrl serve's header timeout", "teamrl serve's body timeout",
+                                                 "teamrl serve --max-connections")))
 
 
 def serve(model_server: ModelServer, host: str = "127.0.0.1", port: int = 8000, ready_file: str | None = None,
-          verbose: bool = False) -> None:
+          verbose: bool = False, max_connections: int = MAX_CONNECTIONS) -> None:
     """Serve until SIGINT or SIGTERM, then close the socket and return."""
     import signal
     import sys
 
-    httpd = TeamrlHTTPServer(model_server, host, port, verbose)
+    httpd = TeamrlHTTPServer(model_server, host, port, verbose, max_connections)
     # uvicorn runs on a thread: this (main) thread keeps the signals, so a SIGTERM stops the server and
     # returns here (uvicorn's own handlers would re-raise it and end the process with -15)
     serving = threading.Thread(target=httpd.serve_forever, name="teamrl-serve", daemon=True)

@@ -243,7 +243,11 @@ class Trainer:
         tag = f"{self.cfg.name}-{uuid.uuid4().hex[:6]}"
         # in a pool each endpoint has its own adapter names (and so its own adapter folders): _e1, _e2, ... (no "." or
         # "-": PEFT refuses dots in adapter names, and release_stale reads the run name up to the last "-")
-        engines = [HTTPEngine(url, self.tokenizer, adapter_dir=adapter_dir, dialect=dialect,
+        # token ids an answer may hold: the model's embedding rows (a padded vocabulary has more than the tokenizer)
+        model = getattr(next(iter(self.router.policies.values()), None), "model", None)  # None: policies on workers
+        vocab = model.get_input_embeddings().num_embeddings if hasattr(model, "get_input_embeddings") else 0
+        engines = [HTTPEngine(url, self.tokenizer, adapter_dir=adapter_dir, dialect=dialect, request_deadline_s=r.request_deadline_s,
+                              vocab_size=max(vocab, len(self.tokenizer)),
                               save_adapter=lambda name, folder: self.router.policies[name].save_adapter(folder),
                               adapter_tag=tag if len(urls) == 1 else f"{tag}_e{i + 1}",
                               verify_logprobs=self._probe_logprobs if r.server_sync_check else None,

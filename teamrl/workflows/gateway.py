@@ -45,7 +45,7 @@ from teamrl.core.sample import Sample
 from teamrl.policies.chat import render_chat
 from teamrl.policies.router import role_type
 from teamrl.rollout.engine import GenerationRequest, SamplingParams
-from teamrl.rollout.asgi import MAX_JSON_DEPTH, AsgiServer, Guard, RequestError, json_errors, require_asgi
+from teamrl.rollout.asgi import MAX_JSON_DEPTH, AsgiServer, ConnectionLimits, Guard, RequestError, json_errors, require_asgi
 from teamrl.workflows.context import EpisodeContext
 
 # vLLM/OpenAI finish reasons from the engine's
@@ -72,6 +72,11 @@ class GatewayOptions:
     max_n: int = option(16, ge=1, doc="most completions per request")
     max_episodes: int = option(256, ge=1, doc="episode functions running at once (threads for sync code)")
     max_json_depth: int = option(MAX_JSON_DEPTH, ge=2, doc="deepest nesting of arrays/objects in a request body (400 deeper)")
+    header_timeout_s: float = option(10.0, gt=0, doc="a request's header must arrive within this long of its connection "
+                                                     "opening (or its first byte on a kept-alive one); 408 after")
+    body_timeout_s: float = option(30.0, gt=0, doc="a request's body must arrive within this long of its header; 408 after")
+    max_connections: int = option(1024, ge=8, doc="open connections held at once (at most half the open-file limit); one "
+                                                  "over it closes the oldest that has sent no complete request (503)")
 
 
 class ClientGone(Exception):
@@ -132,7 +137,10 @@ class Gateway:
         """Start serving (once), on a thread; return the base URL ``http://host:port``."""
         if self._server is not None:
             return self.url
-        self._server = AsgiServer(build_app(self), self.options.host, self.options.port)
+        o = self.options
+        limits = ConnectionLimits(o.header_timeout_s, o.body_timeout_s, o.max_connections,
+                                  names=tuple(f"workflow.options.{k}" for k in ("header_timeout_s", "body_timeout_s", "max_connections")))
+        self._server = AsgiServer(build_app(self), o.host, o.port, limits=limits)
         self._thread = threading.Thread(target=self._server.serve_forever, name="teamrl-gateway", daemon=True)
         self._thread.start()
         deadline = time.monotonic() + 30
@@ -441,10 +449,12 @@ def parse_reward(value: Any, roles: tuple[str, ...]) -> tuple[float, dict[str, f
         if unknown or "reward" not in value:
             raise RequestError(400, f"reward: expected {{'reward': number, 'roles': {{role: number}}, 'correct': bool}}; got keys "
                                     f"{sorted(value)}", "reward")
-        per_role = value.get("roles") or {}
+        per_role = value.get("roles")
+        if per_role is None:  # absent or null; [] and false are no mapping (they were taken as "no roles")
+            per_role = {}
         if not isinstance(per_role, dict) or any(role_type(r) not in roles and r not in roles for r in per_role):
-            raise RequestError(400, f"reward.roles: expected a mapping of this team's roles {list(roles)} to numbers; got {per_role!r}",
-                               "reward")
+            raise RequestError(400, f"reward.roles: expected a mapping of this team's roles {list(roles)} to numbers; got "
+                                    f"{_short(per_role)}", "reward.roles")
         correct = value.get("correct")
         if correct is not None and not isinstance(correct, bool):
             raise RequestError(400, f"reward.correct: expected true or false; got {correct!r}", "reward")
@@ -452,10 +462,27 @@ def parse_reward(value: Any, roles: tuple[str, ...]) -> tuple[float, dict[str, f
     return _number(value, "reward"), {}, None
 
 
+FLOAT32_MAX = 3.4028234663852886e38  # the trainer holds rewards in float32 tensors: a larger one becomes inf there
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    """``repr(value)`` cut to ``limit`` characters (a 400-digit number is not echoed whole)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + f"... ({len(text)} characters)"
+
+
 def _number(value: Any, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise RequestError(400, f"{name}: expected a finite number; got {value!r}", name)
-    return float(value)
+    """``value`` as a float the trainer can hold: finite in float32, or a 400 naming ``name`` and the range."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise RequestError(400, f"{name}: expected a finite number; got {_short(value)}", name)
+    try:
+        number = float(value)
+    except OverflowError:  # an int beyond any float
+        number = math.inf
+    if not (math.isfinite(number) and abs(number) <= FLOAT32_MAX):
+        raise RequestError(400, f"{name}: expected a finite number within float32's range (|x| <= {FLOAT32_MAX:.7g}); got "
+                                f"{_short(value)}", name)
+    return number
 
 
 # ---- the HTTP side -----------------------------------------------------------------------------------

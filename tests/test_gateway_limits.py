@@ -1,0 +1,171 @@
+"""The gateway's limits against hostile clients (issue 44: H4 slowloris, H5/H6 rewards).
+
+Each test is an attack that worked on commit d3e8a20. External episodes are opened on a scheduler-less
+asyncio loop (a claim and a reward need no model), so these tests run without a model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import resource
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import httpx
+import pytest
+
+from teamrl.workflows.gateway import Gateway, GatewayEpisode, GatewayOptions
+
+REPO = Path(__file__).resolve().parents[1]
+ROLES = ("writer", "checker")
+
+
+@contextlib.contextmanager
+def external_episodes(**options: Any) -> Iterator[tuple[Gateway, Any]]:
+    """A started gateway and ``open(n)``: opens ``n`` external episodes on a loop of their own (no model)."""
+    gw = Gateway(GatewayOptions(**options))
+    gw.start()
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+
+    def open_(n: int = 1) -> list[GatewayEpisode]:
+        async def opened() -> list[GatewayEpisode]:
+            return [gw.open_episode(None, ROLES, {"id": f"p{i}", "question": "1+1?"}, external=True) for i in range(n)]
+        return asyncio.run_coroutine_threadsafe(opened(), loop).result(10)
+
+    try:
+        yield gw, open_
+    finally:
+        gw.close()
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+
+
+def _claim_and_reward(gw: Gateway, open_: Any, raw: bytes) -> tuple[int, dict, GatewayEpisode]:
+    (ep,) = open_(1)
+    with httpx.Client(base_url=gw.url, timeout=10) as http:
+        claimed = http.post("/episodes").json()
+        assert claimed["episode_id"] == ep.id
+        r = http.post(f"/episodes/{ep.id}/reward", content=raw,
+                      headers={"X-Episode-Token": claimed["token"], "Content-Type": "application/json"})
+    return r.status_code, r.json(), ep
+
+
+# ---- H5, H6: rewards -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("raw, field", [
+    (b'{"reward": 1' + b"0" * 400 + b"}", "reward"),   # old: 500 OverflowError (an int too large for a float)
+    (b'{"reward": 1e39}', "reward"),                     # old: 200; inf in float32, then the run died at cli.py:244
+    (b'{"reward": -1e39}', "reward"),
+    (b'{"reward": 1, "roles": []}', "reward.roles"),     # old: 200
+    (b'{"reward": 1, "roles": false}', "reward.roles"),  # old: 200
+    (b'{"reward": 1, "roles": {"writer": 1e39}}', "reward.roles.writer"),
+    (b'1e39', "reward"),
+])
+def test_a_reward_that_is_not_a_finite_float32_or_roles_that_are_no_mapping_is_a_400(raw, field):
+    with external_episodes() as (gw, open_):
+        status, body, ep = _claim_and_reward(gw, open_, raw)
+        assert status == 400, (status, body)
+        message = body["error"]["message"]
+        assert message.startswith(field + ":") and "\n" not in message, message
+        assert not ep.rewarded  # a refused reward can be posted again, corrected
+        with httpx.Client(base_url=gw.url, timeout=10) as http:
+            ok = http.post(f"/episodes/{ep.id}/reward", json={"reward": 3.4e38, "roles": {"writer": -1}},
+                           headers={"X-Episode-Token": ep.token})
+        assert ok.status_code == 200, ok.text  # the largest float32 range is accepted
+
+
+def test_the_run_summary_skips_a_step_whose_reward_mean_was_not_finite(capsys, monkeypatch, tmp_path):
+    """Two rewards of 3e38 (each accepted: finite in float32) have an infinite float32 mean, logged as null; the
+    end-of-run summary summed it (old: exit 1, TypeError: unsupported operand type(s) for +: 'int' and 'NoneType')."""
+    import teamrl.trainer.trainer as trainer_module
+    from teamrl.cli import main
+
+    class Finished:
+        run_dir = tmp_path
+
+        def train(self) -> list[dict[str, Any]]:
+            return [{"step": 1, "reward_mean": None, "update_s": 0.1, "rollout_s": 0.1},
+                    {"step": 2, "reward_mean": 0.5, "update_s": 0.1, "rollout_s": 0.1}]
+
+    monkeypatch.setattr(trainer_module, "make_trainer", lambda *a, **k: Finished())
+    assert main(["train", "train.final_eval_problems=0"]) == 0
+    out = capsys.readouterr().out
+    assert "mean reward, first 1 steps: 0.500" in out and "(1 step without a finite value left out)" in out, out
+
+
+# ---- H4: slowloris -------------------------------------------------------------------------------------
+
+GATEWAY_CHILD = """
+import asyncio, sys, threading
+from tests.slowloris import limit_open_files
+limit_open_files()
+from teamrl.workflows.gateway import Gateway, GatewayOptions
+gw = Gateway(GatewayOptions())
+gw.start()
+loop = asyncio.new_event_loop()
+threading.Thread(target=loop.run_forever, daemon=True).start()
+async def opened():
+    return gw.open_episode(None, ("writer",), {"id": "p0", "question": "1+1?"}, external=True)
+asyncio.run_coroutine_threadsafe(opened(), loop).result(10)
+print(gw.url, flush=True)
+sys.stdin.read()  # until the test closes stdin
+"""
+
+
+def test_slow_clients_holding_1100_partial_headers_do_not_lock_a_claim_out_of_the_gateway():
+    """Old: with nofile 1024, 1100 partial headers took every descriptor; a claim timed out (the trainer logged
+    OSError: [Errno 24] Too many open files). Now: the claim is answered within 2 s, and the oldest slow
+    connections were closed with a 503 naming the limit."""
+    from tests.slowloris import slow_sockets
+
+    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    child = subprocess.Popen([sys.executable, "-c", GATEWAY_CHILD], cwd=REPO, env=env, stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        url = child.stdout.readline().strip()
+        assert url.startswith("http://"), url
+        with slow_sockets(url, 1100) as held:
+            t0 = time.monotonic()
+            try:
+                r = httpx.post(url + "/episodes", timeout=15)
+                status, claimed = r.status_code, r.json()
+            except httpx.TimeoutException as e:
+                status, claimed = type(e).__name__, {}
+            seconds = time.monotonic() - t0
+            print(f"legitimate claim under 1100 slow sockets: {status} in {seconds:.2f} s")
+            assert status == 200 and claimed["roles"] == ["writer"] and seconds < 2, (status, seconds)
+            held[0].settimeout(5)
+            first = held[0].recv(4096)
+        assert first.startswith(b"HTTP/1.1 503") and b"workflow.options.max_connections" in first, first[:300]
+    finally:
+        child.stdin.close()
+        child.wait(30)
+
+
+def test_a_header_or_body_that_does_not_arrive_in_time_is_a_408_naming_the_setting():
+    """Old: a partial header or a body that never ends held its connection (and descriptor) for good."""
+    with external_episodes(header_timeout_s=1.0, body_timeout_s=1.0) as (gw, _):
+        port = int(gw.url.rsplit(":", 1)[1])
+        answers = {}
+        for part, sent in (("header", b"POST /episodes HTTP/1.1\r\nHost: x\r\nX-Slow: "),
+                           ("body", b"POST /episodes HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")):
+            with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+                s.sendall(sent)
+                t0 = time.monotonic()
+                answer = s.recv(4096)
+                answers[part] = (answer, time.monotonic() - t0, s.recv(4096))
+        for part, setting in (("header", "header_timeout_s"), ("body", "body_timeout_s")):
+            answer, seconds, after = answers[part]
+            assert answer.startswith(b"HTTP/1.1 408") and f"workflow.options.{setting}".encode() in answer, answer
+            assert 0.9 < seconds < 5 and after == b"", (part, seconds, after)  # then the connection is closed
+        assert httpx.post(gw.url + "/episodes", timeout=10).status_code == 204  # the server goes on
