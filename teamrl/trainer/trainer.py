@@ -32,7 +32,7 @@ from teamrl.rollout.hf_engine import HFEngine
 from teamrl.rollout.scheduler import GenerationScheduler
 from teamrl.tasks import Problem, make_task
 from teamrl.tasks.solve import SolveTask
-from teamrl.trainer.checkpoint import (check_run_dir, checkpoint_to_resume, list_checkpoints, load_checkpoint, run_dir_writes,
+from teamrl.trainer.checkpoint import (check_resume_settings, check_run_dir, checkpoint_to_resume, list_checkpoints, load_checkpoint, run_dir_writes,
                                        save_checkpoint)
 from teamrl.trainer.diagnostics import CliffDetector, learning_signal, role_capture
 from teamrl.trainer.evaluate import workflow_stats
@@ -145,6 +145,8 @@ class Trainer:
         self._pipeline: RolloutPipeline | None = None
         # checked before any model loads: a truncated last checkpoint is named at once
         resume_from, set_aside = checkpoint_to_resume(self.ckpt_dir, intact=resume_intact) if resume else (None, [])
+        if resume_from is not None:
+            check_resume_settings(self.run_dir, cfg)  # another model or LoRA rank: one line before any model loads
         for ckpt, target in set_aside:
             print(f"teamrl: checkpoint {ckpt.name} does not read whole; moved to {target} and resuming from "
                   f"{resume_from.name if resume_from else 'the start'}", file=sys.stderr)
