@@ -170,6 +170,23 @@ def test_a_size_beyond_memory_is_refused_before_anything_is_allocated(capsys, tm
     assert time.perf_counter() - t0 < 20
 
 
+@pytest.mark.parametrize("command", ["train", "eval"])
+def test_max_new_tokens_beyond_the_models_context_is_refused_before_generating(capsys, tmp_path, command, monkeypatch):
+    # a machine with memory enough for 1e9 tokens (the 128 GiB device): the model's context still bounds them;
+    # old: RuntimeError from the allocator (DefaultCPUAllocator: 256000000000 bytes), a traceback
+    from teamrl.core import config
+
+    monkeypatch.setattr(config, "machine_memory", lambda: 1 << 50, raising=False)
+    argv = tiny_train(tmp_path, "rollout.max_new_tokens=1000000000")
+    if command == "eval":
+        argv = ["eval", *argv[1:], "--method", "single", "--limit", "1"]
+    t0 = time.perf_counter()
+    rc, err = run_cli(capsys, *argv)
+    err = "".join(line for line in err.splitlines(keepends=True) if not line.startswith("[teamrl eval]"))
+    assert_one_line_error(rc, err, "rollout.max_new_tokens=1000000000", "max_position_embeddings 2048", "at most 2048")
+    assert time.perf_counter() - t0 < 60
+
+
 def test_lora_rank_beyond_the_model_is_refused_before_the_adapter_is_made(capsys, tmp_path):
     # old: RuntimeError from the allocator (a 1e9-row adapter)
     rc, err = run_cli(capsys, *tiny_train(tmp_path, "policy.lora.r=1000000000"))

@@ -24,7 +24,7 @@ from teamrl.core.seeding import derive_seed, seed_everything
 from teamrl.losses import group_ids_from_keys, trajectory_advantages, trajectory_ids
 from teamrl.policies.chat import encode_chat
 from teamrl.policies.logprobs import build_token_batch, completion_logprobs, truncated_token_logprobs
-from teamrl.policies.models import generation_eos_ids
+from teamrl.policies.models import check_max_new_tokens, generation_eos_ids
 from teamrl.policies.multi_lora import SharedBaseAdapters
 from teamrl.policies.router import check_role_map, declared_role
 from teamrl.rollout.engine import Engine, GenerationRequest, SamplingParams
@@ -151,6 +151,7 @@ class Trainer:
             print(f"teamrl: checkpoint {ckpt.name} does not read whole; moved to {target} and resuming from "
                   f"{resume_from.name if resume_from else 'the start'}", file=sys.stderr)
         self._build_policies()
+        check_max_new_tokens(next(iter(self.router.policies.values())).model, cfg.rollout.max_new_tokens, cfg.model)
         r = cfg.rollout
         self.params = SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
                                      top_k=r.top_k, stop=tuple(r.stop), ignore_eos=r.ignore_eos,
