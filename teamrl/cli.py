@@ -64,6 +64,52 @@ def _take_plugins(argv: list[str]) -> tuple[list[str], list[str]]:
     return plugins, rest
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with a one-line error (the usage is one ``--help`` away), exit code 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: {' '.join(message.split())} (see {self.prog} --help)\n")
+
+
+def _config_bounds(dotted: str) -> dict:
+    """The bounds (``ge``, ``gt``, ``le``) of the config key ``dotted`` (e.g. ``train.lr``), for a flag that means the same."""
+    import dataclasses
+    import typing
+
+    from teamrl.core.config import Config
+
+    cls, f = Config, None
+    for part in dotted.split("."):
+        f = {x.name: x for x in dataclasses.fields(cls)}[part]
+        cls = typing.get_type_hints(cls)[part]
+    return {k: f.metadata[k] for k in ("ge", "gt", "le") if f.metadata.get(k) is not None}
+
+
+def _number(kind: type, like: str = "", **bounds: float):
+    """An argparse ``type``: an ``int`` or a finite ``float`` within ``bounds`` (or those of config key ``like``); out of
+    them, argparse's one-line error names the flag, the value and what is accepted."""
+    bounds = {**(_config_bounds(like) if like else {}), **bounds}
+
+    def parse(text: str):
+        import math
+        import operator
+
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
+        if kind is float and not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"expected a finite number, got {text}")
+        for bound, ok, word in (("ge", operator.ge, ">="), ("gt", operator.gt, ">"), ("le", operator.le, "<=")):
+            if bound in bounds and not ok(value, bounds[bound]):
+                same = f" (as {like})" if like else ""
+                raise argparse.ArgumentTypeError(f"{text} is out of range; must be {word} {bounds[bound]}{same}")
+        return value
+
+    parse.__name__ = kind.__name__  # argparse names the type in some messages
+    return parse
+
+
 def _bench(argv: list[str]) -> int:
     """Run ``bench/anchors.py`` (or, with ``--learning``, ``bench/learning.py``) of this source tree
     (the benchmarks are not part of the installed package)."""
@@ -123,12 +169,23 @@ def main(argv: list[str] | None = None) -> int:
         kind = "config error: " if isinstance(e, ConfigError) else ""
         print(f"teamrl: {kind}{' '.join(str(e).split())}", file=sys.stderr)
         return 2
+    except OSError as e:  # a file or folder the input names that cannot be read or written: name it
+        if e.filename is None:
+            raise
+        if os.environ.get("TEAMRL_TRACEBACK", "") not in ("", "0"):
+            import traceback
+
+            traceback.print_exc()
+        files = f"{e.filename}" + (f" -> {e.filename2}" if e.filename2 else "")
+        print(f"teamrl: {files}: {e.strerror or type(e).__name__} ([Errno {e.errno}]); check the path and its "
+              "permissions (TEAMRL_TRACEBACK=1 shows where it was used)", file=sys.stderr)
+        return 2
 
 
 def _main(argv: list[str]) -> int:
     if argv[:1] == ["bench"]:  # its options are the bench script's own
         return _bench(argv[1:])
-    parser = argparse.ArgumentParser(prog="teamrl", description="Train teams of LLM agents with multi-agent RL.")
+    parser = _Parser(prog="teamrl", description="Train teams of LLM agents with multi-agent RL.")
     sub = parser.add_subparsers(dest="command", required=True)
     p_train = sub.add_parser("train", help="train a run (config file and/or key.sub=value overrides)")
     p_train.add_argument("--resume", action="store_true", help="continue the run from its last checkpoint (refused, "
@@ -141,8 +198,8 @@ def _main(argv: list[str]) -> int:
     p_eval = sub.add_parser("eval", help="trained vs untrained team and prompt baselines: normalised return, validity, tokens/s")
     p_eval.add_argument("--checkpoint", default=None, help="a run directory: its last checkpoint is the trained team")
     p_eval.add_argument("--method", default=None, help="comma-separated subset of team,untrained,single,concat,sequential,discussion,swapped: those the run's workflow takes (default: team with --checkpoint, untrained and the workflow's baselines)")
-    p_eval.add_argument("--limit", type=int, default=20, help="number of evaluation problems (default 20)")
-    p_eval.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (default 0: greedy)")
+    p_eval.add_argument("--limit", type=_number(int, ge=1), default=20, help="number of evaluation problems (default 20)")
+    p_eval.add_argument("--temperature", type=_number(float, "rollout.temperature"), default=0.0, help="sampling temperature (default 0: greedy)")
     p_eval.add_argument("--out", default=None, metavar="DIR", help="where results.json and the per-method episodes go "
                         "(default: RUN_DIR/eval/<timestamp> with --checkpoint, else run.dir/eval-<timestamp>)")
     p_eval.add_argument("args", nargs="*")
@@ -150,11 +207,11 @@ def _main(argv: list[str]) -> int:
                                        "own solver) and save them as the run's step-0 checkpoint; then teamrl train --resume")
     p_sft.add_argument("--data", default=None, help="JSONL of {role, messages, completion} rows (default: the task's "
                                                      "demonstrations(problem) on its training problems)")
-    p_sft.add_argument("--problems", type=int, default=64, help="training problems to take task demonstrations from (default 64)")
+    p_sft.add_argument("--problems", type=_number(int, ge=1), default=64, help="training problems to take task demonstrations from (default 64)")
     p_sft.add_argument("--as-role", default=None, help="train this role's policy on every demonstration, whatever role it names")
-    p_sft.add_argument("--epochs", type=int, default=3, help="passes over the demonstrations (default 3)")
-    p_sft.add_argument("--batch-size", type=int, default=8, help="demonstrations per optimizer step (default 8)")
-    p_sft.add_argument("--lr", type=float, default=None, help="learning rate (default train.lr)")
+    p_sft.add_argument("--epochs", type=_number(int, ge=1), default=3, help="passes over the demonstrations (default 3)")
+    p_sft.add_argument("--batch-size", type=_number(int, ge=1), default=8, help="demonstrations per optimizer step (default 8)")
+    p_sft.add_argument("--lr", type=_number(float, "train.lr"), default=None, help="learning rate (default train.lr)")
     p_sft.add_argument("args", nargs="*", help="CONFIG.yaml and key.sub=value overrides (the RL run's own)")
     p_report = sub.add_parser("report", help="RUN_DIR/report/index.html: curves, the latest eval, transcripts (+ PNG plots, report.md)")
     p_report.add_argument("run_dir")
@@ -165,12 +222,12 @@ def _main(argv: list[str]) -> int:
     p_serve.add_argument("--model", default="smollm2-135m", help="base model: alias, local folder or hub id (default smollm2-135m)")
     p_serve.add_argument("--served-model-name", default=None, help="the base model's name in requests (default: --model)")
     p_serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    p_serve.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one)")
+    p_serve.add_argument("--port", type=_number(int, ge=0, le=65535), default=8000, help="port (default 8000; 0 picks a free one)")
     p_serve.add_argument("--lora", action="append", default=[], metavar="NAME=PATH", help="load a PEFT adapter folder at start (repeatable)")
     p_serve.add_argument("--device", default="auto", help="auto (cuda when present), cpu, cuda or cuda:N")
     p_serve.add_argument("--dtype", default="auto", help="auto (bf16 on cuda, fp32 on cpu), float32, bfloat16, float16")
-    p_serve.add_argument("--seed", type=int, default=0, help="initialisation seed of random models (tiny-random); match training's seed")
-    p_serve.add_argument("--threads", type=int, default=0, help="torch CPU threads; 0 keeps torch's default")
+    p_serve.add_argument("--seed", type=_number(int, "seed"), default=0, help="initialisation seed of random models (tiny-random); match training's seed")
+    p_serve.add_argument("--threads", type=_number(int, "threads"), default=0, help="torch CPU threads; 0 keeps torch's default")
     p_serve.add_argument("--ready-file", default=None, help="write the server's URL to this file once it listens")
     p_serve.add_argument("--verbose", action="store_true", help="log every request")
     p_serve.add_argument("--max-n", type=int, default=1024, help="most completions per prompt of one request (400 above)")
@@ -321,6 +378,35 @@ def _final_eval(cfg, run_dir: Path, argv: list[str]) -> None:
     print(f"eval results and episodes: {out}")
 
 
+def _check_writable_file(probe: Path, flag: str, path: Path) -> None:
+    """Refuse ``flag path`` now, not after the work, when ``probe`` (the file it writes first) cannot be written."""
+    from teamrl.core.config import InputError
+
+    if path.is_dir():
+        raise InputError(f"{flag} {path}: is a folder; give a file path in a writable folder")
+    existed = probe.exists()
+    try:
+        with open(probe, "a"):
+            pass
+        if not existed:
+            probe.unlink()
+    except OSError as e:
+        raise InputError(f"{flag} {path}: cannot be written ({e.strerror}); give a file path in a writable folder") from None
+
+
+def _check_out_dir(out: Path, flag: str) -> None:
+    """Refuse ``flag out`` before the work when it cannot become a folder of results (a file, under a file, not writable)."""
+    from teamrl.core.config import InputError
+
+    probe = out
+    while not probe.exists() and probe.parent != probe:  # the nearest path that exists
+        probe = probe.parent
+    if not probe.is_dir():
+        raise InputError(f"{flag} {out}: {probe} is a file, not a folder; give a folder (existing or new) for the results")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise InputError(f"{flag} {out}: {probe} is not writable; give a folder this user can write")
+
+
 def _serve(ns) -> int:
     from teamrl.rollout.server import ModelServer, RequestError, serve
 
@@ -331,6 +417,11 @@ def _serve(ns) -> int:
             print(f"teamrl: --lora {item!r}: expected NAME=PATH (a PEFT adapter folder)", file=sys.stderr)
             return 2
         loras.append((name, path))
+    from teamrl.rollout.asgi import listening_socket
+
+    listening_socket(ns.host, ns.port, "--host", "--port").close()  # before the model loads: an address it cannot use
+    if ns.ready_file:
+        _check_writable_file(Path(ns.ready_file).with_suffix(".tmp"), "--ready-file", Path(ns.ready_file))
     if ns.threads:
         import torch
 
@@ -389,6 +480,8 @@ def _eval(cfg, ns, argv: list[str]) -> int:
     from teamrl.core.config import ConfigError
     from teamrl.trainer.evaluate import default_methods, eval_output_dir, evaluate, format_table, write_results
 
+    if ns.out:
+        _check_out_dir(Path(ns.out), "--out")
     try:
         if ns.method:
             methods = [m.strip() for m in ns.method.split(",") if m.strip()]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import math
+import os
 import types
 import typing
 from dataclasses import dataclass, field
@@ -35,14 +36,53 @@ class InputFileMissing(InputError, FileNotFoundError):
     """A file or folder that the input names does not exist (also a ``FileNotFoundError``)."""
 
 
+# The least memory one unit of a size costs: lower bounds, so that a size refused for them cannot fit whatever the model
+BYTES_PER_TOKEN = 48  # a sampled token: its id in the engine (8) and in the sample (a list slot, 8), its log-prob (a float, 32)
+BYTES_PER_SAMPLE = 512  # a sample's object and its prompt, before any token of its completion
+BYTES_PER_PROBLEM = 256  # a task's problem: its object, id and text
+# sizes that the options of tasks and workflows declare without ``bytes_each``, by field name
+SIZE_BYTES = {"num_problems": BYTES_PER_PROBLEM}
+MAX_CONFIG_BYTES = 8 << 20  # a config file (or study file) larger than this is refused before it is read
+MAX_YAML_REPEATS = 100_000  # the most nodes that aliases (*name) may repeat in one YAML document
+MAX_NAME_BYTES = 255  # a run name is a folder name (NAME_MAX)
+
+
+def machine_memory() -> int:
+    """Bytes of memory this process can have: the machine's physical memory, or its cgroup's limit when lower."""
+    total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    for limit in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            text = Path(limit).read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit():
+            total = min(total, int(text))
+    return total
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.3g} GiB"
+
+
+def check_memory(what: str, need: int, how: str, at_most: str = "") -> None:
+    """Refuse, before anything is allocated, an input whose least memory ``need`` (bytes, ``how`` it was counted) is
+    over what this machine has: a :class:`ConfigError` naming ``what`` (and ``at_most``: the largest value that fits)."""
+    have = machine_memory()
+    if need > have:
+        raise ConfigError(f"{what} needs at least {_gib(need)} of memory ({how}), more than the {_gib(have)} of memory "
+                          f"this machine has" + (f"; at most {at_most}" if at_most else ""))
+
+
 def option(default: Any = dataclasses.MISSING, *, choices: tuple | None = None, ge: float | None = None,
        gt: float | None = None, le: float | None = None, doc: str = "", factory: Any = None,
-       hints: dict[str, str] | None = None) -> Any:
+       hints: dict[str, str] | None = None, bytes_each: int | None = None) -> Any:
     """A config field with its allowed values or range and a one-line doc for the reference.
 
     ``hints`` maps a value that is not allowed but likely meant (another tool's name) to a short
-    note appended to its error."""
-    meta = {"choices": choices, "ge": ge, "gt": gt, "le": le, "doc": doc, "hints": hints or {}}
+    note appended to its error. ``bytes_each``: the field is a size, each unit of which costs at least
+    this many bytes of memory; a value whose cost is over the machine's memory is refused before
+    anything is allocated (:func:`check_memory`)."""
+    meta = {"choices": choices, "ge": ge, "gt": gt, "le": le, "doc": doc, "hints": hints or {}, "bytes_each": bytes_each}
     if factory is not None:
         return field(default_factory=factory, metadata=meta)
     return field(default=default, metadata=meta)
@@ -50,7 +90,7 @@ def option(default: Any = dataclasses.MISSING, *, choices: tuple | None = None, 
 
 @dataclass
 class LoraConfig:
-    r: int = option(16, ge=1, doc="LoRA rank")
+    r: int = option(16, ge=1, doc="LoRA rank (at most the width of the model's targeted layers)")
     alpha: float = option(32.0, gt=0, doc="LoRA scaling numerator (scale = alpha / r)")
     dropout: float = option(0.0, ge=0, le=1, doc="dropout on the LoRA input")
     target_modules: list[str] = option(factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
@@ -132,9 +172,10 @@ class VllmConfig:
 
 @dataclass
 class RolloutConfig:
-    group_size: int = option(8, ge=1, doc="samples per prompt (G)")
-    batch_size: int = option(4, ge=1, doc="problems per step")
-    max_new_tokens: int = option(48, ge=1, doc="completion length limit")
+    group_size: int = option(8, ge=1, doc="samples per prompt (G)", bytes_each=BYTES_PER_SAMPLE)
+    batch_size: int = option(4, ge=1, doc="problems per step", bytes_each=BYTES_PER_SAMPLE)
+    max_new_tokens: int = option(48, ge=1, doc="completion length limit (at most the model's context)",
+                                 bytes_each=BYTES_PER_TOKEN)
     temperature: float = option(1.0, ge=0, doc="sampling temperature; 0 is greedy")
     top_p: float = option(1.0, gt=0, le=1, doc="nucleus sampling mass")
     top_k: int = option(0, ge=0, doc="keep the k most likely tokens; 0 keeps all")
@@ -204,7 +245,7 @@ class LossSettings:
 @dataclass
 class TrainConfig:
     steps: int = option(20, ge=1, doc="optimizer iterations")
-    lr: float = option(2e-4, gt=0, doc="learning rate (AdamW)")
+    lr: float = option(2e-4, gt=0, le=1, doc="learning rate (AdamW)")
     weight_decay: float = option(0.0, ge=0, doc="AdamW weight decay")
     max_grad_norm: float = option(1.0, gt=0, doc="gradient clipping norm per policy")
     ppo_epochs: int = option(1, ge=1, doc="passes over each batch; with 1, old log-probs are the detached current ones")
@@ -255,7 +296,7 @@ class RunConfig:
 @dataclass
 class Config:
     name: str = option("run", doc="run name; the run directory is run.dir/name")
-    seed: int = option(0, doc="seed for data order, sampling and initialisation")
+    seed: int = option(0, ge=0, le=2**63 - 1, doc="seed for data order, sampling and initialisation")
     model: str = option("smollm2-135m", doc="alias (smollm2-135m, tiny-random, random:smollm2-135m, random:qwen3-1.7b), local folder, or hub id")
     threads: int = option(0, ge=0, doc="torch CPU threads; 0 keeps torch's default")
     algorithm: str = option("grpo", doc="training algorithm: a registered one (teamrl.algorithms.ALGORITHMS); its own "
@@ -336,6 +377,8 @@ def _type_name(tp: Any) -> str:
 
 def _coerce(value: Any, tp: Any, key: str) -> Any:
     """Check ``value`` against annotation ``tp``; build nested dataclasses."""
+    if tp is Any:
+        return value
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
         args = typing.get_args(tp)
@@ -361,10 +404,17 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         if not isinstance(value, list):
             raise ConfigError(f"{key}: expected a list of {_type_name(inner)}, got {value!r}")
         return [_coerce(v, inner, f"{key}[{i}]") for i, v in enumerate(value)]
-    if origin is dict:
+    if origin is dict:  # a free-form mapping: its keys and values are checked against the annotation too
+        key_tp, value_tp = typing.get_args(tp) or (Any, Any)
         if not isinstance(value, dict):
-            raise ConfigError(f"{key}: expected a mapping, got {value!r}")
-        return dict(value)
+            raise ConfigError(f"{key}: expected a mapping of {_type_name(key_tp)} to {_type_name(value_tp)}, got {value!r}")
+        out = {}
+        for k, v in value.items():
+            if key_tp is str and not isinstance(k, str):
+                raise ConfigError(f"{key}: key {k!r} is not a string; expected a mapping of str to {_type_name(value_tp)} "
+                                  "(quote the key)")
+            out[k] = _coerce(v, value_tp, f"{key}.{k}")
+        return out
     if tp is float:
         if isinstance(value, str):  # YAML 1.1 reads "1e-3" (no dot) as a string
             try:
@@ -402,6 +452,9 @@ def _check_range(f: dataclasses.Field, value: Any, key: str) -> None:
         b = m.get(bound)
         if b is not None and not ok(value, b):
             raise ConfigError(f"{key}: {value!r} is out of range; must be {word} {b}")
+    each = m.get("bytes_each") or SIZE_BYTES.get(f.name)
+    if each and isinstance(value, int) and not isinstance(value, bool):
+        check_memory(f"{key}={value}", value * each, f"{each} bytes each", str(machine_memory() // each))
 
 
 def build_dataclass(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
@@ -440,7 +493,8 @@ def parse_overrides(overrides: list[str]) -> list[tuple[str, Any]]:
         if "=" not in o:
             raise ConfigError(f"override {o!r}: expected key.sub=value")
         k, v = o.split("=", 1)
-        out.append((k.strip(), yaml.safe_load(v) if v.strip() else ""))
+        k = k.strip()
+        out.append((k, load_yaml(v, f"override {k}") if v.strip() else ""))
     return out
 
 
@@ -466,6 +520,77 @@ class _UniqueKeyLoader(yaml.SafeLoader):
                 pass
         return super().construct_mapping(node, deep=deep)
 
+    def construct_document(self, node: yaml.Node) -> Any:
+        _check_repeats(node)
+        return super().construct_document(node)
+
+
+class _YamlBomb(yaml.YAMLError):
+    """A YAML document whose aliases repeat too many nodes (a 'billion laughs'), or one that contains itself."""
+
+
+def _check_repeats(root: yaml.Node) -> None:
+    """Refuse, before anything is built, a document whose aliases (``*name``) repeat more than :data:`MAX_YAML_REPEATS`
+    nodes, or an anchor that contains an alias of itself. The composed document is a graph whose nodes aliases
+    share; its size expanded is counted once per node (linear time, no recursion)."""
+    expanded: dict[int, int] = {}  # id(node) -> its size with every alias expanded
+    on_path: set[int] = set()
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, children_done = stack.pop()
+        if id(node) in expanded:
+            continue
+        if isinstance(node, yaml.MappingNode):
+            children = [n for pair in node.value for n in pair]
+        elif isinstance(node, yaml.SequenceNode):
+            children = list(node.value)
+        else:
+            expanded[id(node)] = 1
+            continue
+        if children_done:
+            on_path.discard(id(node))
+            expanded[id(node)] = 1 + sum(expanded[id(c)] for c in children)
+            continue
+        if id(node) in on_path:
+            continue
+        on_path.add(id(node))
+        stack.append((node, True))
+        for c in children:
+            if id(c) in on_path:
+                mark = c.start_mark
+                raise _YamlBomb(f"line {mark.line + 1}, column {mark.column + 1}: an anchor (&name) refers to itself "
+                                "through an alias (*name); a config cannot contain itself")
+            if id(c) not in expanded:
+                stack.append((c, False))
+    distinct = len(expanded)
+    if expanded[id(root)] - distinct > MAX_YAML_REPEATS:
+        raise _YamlBomb(f"its aliases (*name) repeat {expanded[id(root)] - distinct} nodes; at most {MAX_YAML_REPEATS} "
+                        "repeated nodes are accepted (write the values out, or use fewer aliases)")
+
+
+def _yaml_problem(e: yaml.YAMLError) -> str:
+    """One line saying what is wrong with YAML text, and where."""
+    if isinstance(e, _YamlBomb):
+        return str(e)
+    if isinstance(e, yaml.MarkedYAMLError):
+        mark = e.problem_mark or e.context_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "somewhere"
+        if isinstance(e, _DuplicateKey):
+            return f"{where}: {e.problem}"
+        return f"not valid YAML ({where}): {e.problem or e.context}"
+    return f"not valid YAML: {' '.join(str(e).split())}"
+
+
+def load_yaml(text: str, what: str) -> Any:
+    """YAML text (a config file's, an override's value) with the config's rules: no key twice in a mapping, no alias
+    bomb, no anchor containing itself, no nesting deeper than Python's stack; an error is one line naming ``what``."""
+    try:
+        return yaml.load(text, Loader=_UniqueKeyLoader)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{what}: {_yaml_problem(e)}") from None
+    except RecursionError:
+        raise ConfigError(f"{what}: nested too deeply to read; a config is a few levels of mappings and lists") from None
+
 
 def read_yaml_mapping(path: str | Path, what: str = "config file") -> dict[str, Any]:
     """The mapping at the top of a YAML file; errors (missing, empty, not YAML, a duplicate key,
@@ -474,15 +599,24 @@ def read_yaml_mapping(path: str | Path, what: str = "config file") -> dict[str, 
     if not p.is_file():
         raise ConfigError(f"{what} {str(p)!r} does not exist")
     try:
-        loaded = yaml.load(p.read_text(), Loader=_UniqueKeyLoader)
-    except yaml.MarkedYAMLError as e:
-        mark = e.problem_mark or e.context_mark
-        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "somewhere"
-        if isinstance(e, _DuplicateKey):
-            raise ConfigError(f"{what} {str(p)!r}, {where}: {e.problem}") from None
-        raise ConfigError(f"{what} {str(p)!r} is not valid YAML ({where}): {e.problem or e.context}") from None
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{what} {str(p)!r}: not valid YAML: {' '.join(str(e).split())}") from None
+        with open(p, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size > MAX_CONFIG_BYTES:
+                raise ConfigError(f"{what} {str(p)!r} is {size / 2**20:.1f} MiB; at most {MAX_CONFIG_BYTES >> 20} MiB "
+                                  "is read (a config is a few KiB; large data belongs in a data file the task reads)")
+            data = f.read(MAX_CONFIG_BYTES + 1)
+    except OSError as e:
+        raise ConfigError(f"{what} {str(p)!r} cannot be read ([Errno {e.errno}] {e.strerror})") from None
+    if len(data) > MAX_CONFIG_BYTES:  # grew while being read
+        raise ConfigError(f"{what} {str(p)!r} is over {MAX_CONFIG_BYTES >> 20} MiB; at most {MAX_CONFIG_BYTES >> 20} MiB is read")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        column = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
+        raise ConfigError(f"{what} {str(p)!r} is not UTF-8 text (byte 0x{data[e.start]:02x} at line {line}, column "
+                          f"{column}); save it as UTF-8") from None
+    loaded = load_yaml(text, f"{what} {str(p)!r}")
     if loaded is None:
         raise ConfigError(f"{what} {str(p)!r} is empty; give at least one key (e.g. task), "
                           "or leave the file out to use the defaults")
@@ -516,6 +650,15 @@ def validate(cfg: Config) -> None:
     if not cfg.name or cfg.name in (".", "..") or "/" in cfg.name or "\\" in cfg.name:
         raise ConfigError(f"name: {cfg.name!r} is not allowed; the run directory is run.dir/name, so give one folder name "
                           "without '/' (and not '.' or '..'), e.g. name=lr1e-4")
+    if len(cfg.name.encode()) > MAX_NAME_BYTES:
+        raise ConfigError(f"name: {len(cfg.name.encode())} bytes long ({cfg.name[:20]!r}...); the run directory is "
+                          f"run.dir/name, and a folder name is at most {MAX_NAME_BYTES} bytes")
+    r = cfg.rollout
+    samples = r.batch_size * r.group_size
+    check_memory(f"rollout.batch_size={r.batch_size} x rollout.group_size={r.group_size} x rollout.max_new_tokens="
+                 f"{r.max_new_tokens}: one step's rollout", samples * (BYTES_PER_SAMPLE + r.max_new_tokens * BYTES_PER_TOKEN),
+                 f"{samples} samples of up to {r.max_new_tokens} tokens, {BYTES_PER_SAMPLE} bytes a sample and "
+                 f"{BYTES_PER_TOKEN} a token", "a product that fits: lower them")
     if cfg.policy.mode == "lora_per_role" and cfg.policy.lora is None:
         raise ConfigError("policy.lora: lora_per_role needs LoRA settings, got null; use mode shared or separate for full weights")
     if cfg.policy.roles:
@@ -556,6 +699,8 @@ def validate(cfg: Config) -> None:
             raise ConfigError(f"{key}: {getattr(cfg, key)!r} is not allowed; choose one of {allowed}")
     if "name" not in cfg.task:
         raise ConfigError("task.name: missing; name a task, e.g. word_count")
+    if not isinstance(cfg.task["name"], str):
+        raise ConfigError(f"task.name: expected a string (a registered task or package.module:object), got {cfg.task['name']!r}")
     if cfg.workflow.name and cfg.train.advantage == "max":
         raise ConfigError("train.advantage: max (greedy baseline) is not supported with a study workflow; use group")
     for check in CHECKS:  # before the placement check: a check may set the placement (m_grpo.decoupled)

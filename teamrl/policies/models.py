@@ -26,7 +26,7 @@ import socket
 import sys
 import warnings
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 from urllib.parse import urlparse
 
 import torch
@@ -308,3 +308,14 @@ def local_model_path(name: str = "smollm2-135m") -> Path:
     if not path.is_dir():
         raise ModelNotFound(f"model {name!r}: not an alias with a local cache nor a local folder")
     return path
+
+
+def check_max_new_tokens(model: Any, max_new_tokens: int, model_name: str) -> None:
+    """Refuse, before anything is generated, a completion length beyond the model's context
+    (``max_position_embeddings``): one line naming ``rollout.max_new_tokens`` and the most the model takes."""
+    context = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    if isinstance(context, int) and max_new_tokens > context:
+        from teamrl.core.config import ConfigError
+
+        raise ConfigError(f"rollout.max_new_tokens={max_new_tokens} is over the context of {model_name} "
+                          f"(max_position_embeddings {context}); at most {context}, prompt included")

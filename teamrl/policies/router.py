@@ -52,6 +52,13 @@ def check_role_map(role_map: dict[str, str], roles: list[str]) -> None:
 def _with_lora(model: torch.nn.Module, lora: LoraConfig, adapters: list[str]) -> torch.nn.Module:
     from peft import LoraConfig as PeftLoraConfig, get_peft_model
 
+    # a rank above a layer's smaller side adds nothing and costs r x (in + out) weights: refused before any is made
+    targets = set(lora.target_modules)
+    ranks = [min(m.in_features, m.out_features) for n, m in model.named_modules()
+             if isinstance(m, torch.nn.Linear) and n.rsplit(".", 1)[-1] in targets]
+    if ranks and lora.r > max(ranks):
+        raise ConfigError(f"policy.lora.r: {lora.r} is over the rank of the model's targeted layers "
+                          f"({', '.join(sorted(targets))}); at most {max(ranks)}, the largest rank one of them has")
     pcfg = PeftLoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
                           target_modules=list(lora.target_modules), bias="none", task_type="CAUSAL_LM")
     with quiet_peft_wrapping():

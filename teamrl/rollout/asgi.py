@@ -311,6 +311,43 @@ def limited_protocol(limits: ConnectionLimits) -> type:
     return LimitedH11Protocol
 
 
+def listening_socket(host: str, port: int, host_flag: str = "host", port_flag: str = "port",
+                     backlog: int = 2048) -> socket.socket:
+    """A socket listening on ``host:port`` (0: a free port). An address that cannot be used (a name that does not
+    resolve, an address of another machine, a port in use or out of range) is an ``InputError`` in one line
+    naming it (``host_flag`` / ``port_flag``: the setting that gave it) and what is accepted."""
+    import errno
+
+    from teamrl.core.config import InputError
+
+    if not isinstance(port, int) or not 0 <= port <= 65535:
+        raise InputError(f"{port_flag} {port!r}: a port is from 0 to 65535 (0: any free one)")
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except (socket.gaierror, UnicodeError) as e:
+        reason = e.strerror if isinstance(e, socket.gaierror) else str(e)
+        raise InputError(f"{host_flag} {host!r} cannot be resolved ({reason}); give an address or name of this machine, "
+                         "e.g. 127.0.0.1 (this machine only) or 0.0.0.0 (every interface)") from None
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(backlog)
+    except OSError as e:
+        sock.close()
+        if e.errno == errno.EADDRINUSE:
+            raise InputError(f"{port_flag} {port}: {host}:{port} is in use by another process; choose a free port, "
+                             "or 0 for any free one") from None
+        if e.errno == errno.EADDRNOTAVAIL:
+            raise InputError(f"{host_flag} {host!r} is not an address of this machine; give one of its own, e.g. "
+                             "127.0.0.1 (this machine only) or 0.0.0.0 (every interface)") from None
+        if e.errno == errno.EACCES:
+            raise InputError(f"{port_flag} {port}: a port below 1024 needs privileges; choose one from 1024 to 65535, "
+                             "or 0 for any free one") from None
+        raise InputError(f"cannot listen on {host}:{port} ({host_flag}, {port_flag}): [Errno {e.errno}] {e.strerror}") from None
+    return sock
+
+
 class AsgiServer:
     """An ASGI app served by uvicorn on ``host:port`` (0: a free port), the socket bound at construction, each
     connection under ``limits`` (:class:`ConnectionLimits`)."""
@@ -320,11 +357,7 @@ class AsgiServer:
         require_asgi()
         import uvicorn
 
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self.socket = socket.socket(family, socket.SOCK_STREAM)
-        self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.socket.bind((host, port))
-        self.socket.listen(limits.accept_batch())
+        self.socket = listening_socket(host, port, backlog=limits.accept_batch())
         self.server_address = self.socket.getsockname()
         self.limits = limits
         config = uvicorn.Config(app, log_level="info" if verbose else "warning", access_log=verbose, lifespan="off",

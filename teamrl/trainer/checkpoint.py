@@ -45,6 +45,11 @@ class CheckpointUnreadable(InputError):
     """A checkpoint file does not read back whole (truncated or corrupt); the message names the file."""
 
 
+class CheckpointMismatch(InputError):
+    """A checkpoint file reads whole but does not hold what this run needs (another model or LoRA rank, a tensor of
+    another shape, a trainer state without its keys); the message names the file, the entry and what was expected."""
+
+
 class PolicyStates(Protocol):
     """What a checkpoint reads and restores of the policies, wherever they live (a worker placement)."""
 
@@ -302,15 +307,133 @@ def list_checkpoints(folder: Path) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
+# what the weights' names and shapes follow: a resume under other values cannot restore them
+RESUME_KEYS = ("model", "policy.mode", "policy.lora", "policy.lora.r", "policy.lora.target_modules")
+
+
+def check_resume_settings(run_dir: Path, cfg: Any) -> None:
+    """Refuse, before any model loads, a ``--resume`` whose model or LoRA settings differ from those the run's
+    checkpoints were trained with (its ``config.yaml``): a :class:`CheckpointMismatch` naming the key and both values.
+    A run without a readable ``config.yaml`` is left to the tensor checks of :func:`load_checkpoint`."""
+    from teamrl.core.config import ConfigError, config_to_dict, read_yaml_mapping
+
+    saved_file = run_dir / "config.yaml"
+    if not saved_file.is_file():
+        return
+    try:
+        saved = read_yaml_mapping(saved_file, "the run's config")
+    except ConfigError:
+        return
+    now = config_to_dict(cfg)
+
+    def get(tree: Any, dotted: str) -> tuple[bool, Any]:
+        for part in dotted.split("."):
+            if not isinstance(tree, dict) or part not in tree:
+                return False, None
+            tree = tree[part]
+        return True, tree
+
+    for key in RESUME_KEYS:
+        (had, old), (_, new) = get(saved, key), get(now, key)
+        if not had or (key == "policy.lora" and old is not None and new is not None):
+            continue  # policy.lora itself: only null against settings (its keys are compared one by one)
+        if old != new:
+            import yaml
+
+            as_given = yaml.safe_dump(old, default_flow_style=True, width=10**6).strip().removesuffix("...").strip()
+            raise CheckpointMismatch(f"--resume: {key} is {new!r}, but the checkpoints of {run_dir} were trained with "
+                                     f"{old!r} ({saved_file}); resume with {key}={as_given}, or start a new run (another name=)")
+
+
+def _kind(obj: Any) -> str:
+    return {dict: "a mapping", list: "a list", tuple: "a tuple"}.get(type(obj), type(obj).__name__)
+
+
+def _check_weights(f: Path, weights: Any, expected: dict[str, torch.Tensor]) -> None:
+    """``weights`` (read from ``f``) are the tensors of the policy whose own are ``expected``: the same names, shapes."""
+    if not isinstance(weights, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in weights.items()):
+        raise CheckpointMismatch(f"checkpoint file {f}: expected a mapping of weight name -> tensor, got {_kind(weights)}")
+    extra = [k for k in weights if k not in expected]
+    if extra:
+        raise CheckpointMismatch(f"checkpoint file {f}: holds {extra[0]!r}, which this run's policy does not have "
+                                 f"({len(extra)} such); it was written for another model or policy.lora")
+    missing = [k for k in expected if k not in weights]
+    if missing:
+        raise CheckpointMismatch(f"checkpoint file {f}: lacks {missing[0]!r} of shape {list(expected[missing[0]].shape)} "
+                                 f"({len(missing)} missing); it was written for another model or policy.lora")
+    for k, want in expected.items():
+        if tuple(weights[k].shape) != tuple(want.shape):
+            raise CheckpointMismatch(f"checkpoint file {f}: tensor {k} has shape {list(weights[k].shape)}, this run's "
+                                     f"policy expects {list(want.shape)} (another model or policy.lora.r wrote it?)")
+
+
+def _check_optimizer(f: Path, optim: Any, expected: dict[str, torch.Tensor]) -> None:
+    """``optim`` (read from ``f``) is an optimizer state of the parameters ``expected`` (in order): one entry per
+    parameter, moments of its shape."""
+    groups = optim.get("param_groups") if isinstance(optim, dict) else None
+    state = optim.get("state") if isinstance(optim, dict) else None
+    if not isinstance(groups, list) or not isinstance(state, dict) or not all(
+            isinstance(g, dict) and isinstance(g.get("params"), list) for g in groups):
+        raise CheckpointMismatch(f"checkpoint file {f}: expected an optimizer state (a mapping of state and param_groups), "
+                                 f"got {_kind(optim)}")
+    count = sum(len(g["params"]) for g in groups)
+    if count != len(expected):
+        raise CheckpointMismatch(f"checkpoint file {f}: holds the state of {count} parameters, this run's policy has "
+                                 f"{len(expected)}")
+    shapes = [tuple(t.shape) for t in expected.values()]
+    for i, entry in state.items():
+        if not isinstance(i, int) or not 0 <= i < count or not isinstance(entry, dict):
+            raise CheckpointMismatch(f"checkpoint file {f}: state entry {i!r} is not a parameter's (0 to {count - 1})")
+        for key, v in entry.items():
+            if isinstance(v, torch.Tensor) and v.dim() > 0 and tuple(v.shape) != shapes[i]:
+                raise CheckpointMismatch(f"checkpoint file {f}: {key} of parameter {i} has shape {list(v.shape)}, this "
+                                         f"run's parameter {list(expected)[i]} is {list(shapes[i])}")
+
+
+def _check_trainer_state(f: Path, state: Any) -> None:
+    """``state`` (read from ``f``) is a trainer state as :func:`save_checkpoint` writes it."""
+    if not isinstance(state, dict):
+        raise CheckpointMismatch(f"checkpoint file {f}: expected a mapping with step, data_position and rng (as teamrl "
+                                 f"writes it), got {_kind(state)}")
+    for key in ("step", "data_position"):
+        v = state.get(key)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise CheckpointMismatch(f"checkpoint file {f}: {key} must be an integer >= 0, got "
+                                     f"{'nothing' if key not in state else repr(v)}; expected step, data_position and rng")
+    if not isinstance(state.get("rng"), dict):
+        raise CheckpointMismatch(f"checkpoint file {f}: rng must be the mapping of RNG states teamrl writes, got "
+                                 f"{'nothing' if 'rng' not in state else _kind(state['rng'])}")
+    if "algorithm" in state and not isinstance(state["algorithm"], dict):
+        raise CheckpointMismatch(f"checkpoint file {f}: algorithm must be a mapping, got {_kind(state['algorithm'])}")
+
+
 def load_checkpoint(path: Path, policies: PolicyRouter | PolicyStates) -> dict[str, Any]:
-    """Restore policies (of a router or a worker placement), optimizers and RNG states from ``path``; return the trainer state."""
+    """Restore policies (of a router or a worker placement), optimizers and RNG states from ``path``; return the trainer state.
+
+    Every file is read and checked against this run's policies (names and shapes of the tensors, the trainer state's
+    keys) before anything is restored: a mismatch is a :class:`CheckpointMismatch` naming the file and the entry."""
     states = _states(policies)
+    state_file = path / "trainer_state.pt"
+    state = _read(state_file)
+    _check_trainer_state(state_file, state)
+    loaded = {}
     for name in states.policy_names():
         f = path / f"policy_{name}.pt"
         if not f.is_file():
             raise InputFileMissing(f"checkpoint {path} has no weights for policy {name!r} ({f.name}); was the policy mode changed?")
         # a GPU run resumes on a CPU too (_read maps to the CPU)
-        states.load_policy_state(name, _read(f), _read(path / f"optimizer_{name}.pt"))
-    state = _read(path / "trainer_state.pt")
-    set_rng_state(state["rng"])
+        weights, optim = _read(f), _read(path / f"optimizer_{name}.pt")
+        expected = states.policy_state(name)[0]
+        _check_weights(f, weights, expected)
+        _check_optimizer(path / f"optimizer_{name}.pt", optim, expected)
+        loaded[name] = (weights, optim)
+    rng = rng_state()
+    try:
+        set_rng_state(state["rng"])
+    except (KeyError, TypeError, ValueError, IndexError, RuntimeError) as e:
+        set_rng_state(rng)
+        raise CheckpointMismatch(f"checkpoint file {state_file}: its rng entry is not the RNG states teamrl writes "
+                                 f"({type(e).__name__}: {' '.join(str(e).split())[:120]})") from e
+    for name, (weights, optim) in loaded.items():
+        states.load_policy_state(name, weights, optim)
     return state

@@ -28,6 +28,7 @@ import torch
 from teamrl.algorithms import workflow_name, workflow_settings
 from teamrl.algorithms.episodes import workflow_settings as default_settings
 from teamrl.core.config import Config, ConfigError
+from teamrl.policies.models import check_max_new_tokens
 from teamrl.core.seeding import derive_seed, seed_everything
 from teamrl.policies.multi_lora import SharedBaseAdapters
 from teamrl.policies.router import PolicyRouter
@@ -221,6 +222,7 @@ def evaluate(cfg: Config, methods: list[str], checkpoint: Path | None = None, li
     router = PolicyRouter(cfg.policy.mode, roles, cfg.model, cfg.policy.lora, lr=cfg.train.lr, seed=cfg.seed,
                           need_reference=cfg.policy.lora is None, device=cfg.policy.device, dtype=cfg.policy.dtype,
                           role_map=cfg.policy.roles)
+    check_max_new_tokens(next(iter(router.policies.values())).model, cfg.rollout.max_new_tokens, cfg.model)
     if checkpoint is not None:
         ckpts = list_checkpoints(Path(checkpoint) / "checkpoints")
         if not ckpts:

@@ -24,7 +24,7 @@ from teamrl.core.seeding import derive_seed, seed_everything
 from teamrl.losses import group_ids_from_keys, trajectory_advantages, trajectory_ids
 from teamrl.policies.chat import encode_chat
 from teamrl.policies.logprobs import build_token_batch, completion_logprobs, truncated_token_logprobs
-from teamrl.policies.models import generation_eos_ids
+from teamrl.policies.models import check_max_new_tokens, generation_eos_ids
 from teamrl.policies.multi_lora import SharedBaseAdapters
 from teamrl.policies.router import check_role_map, declared_role
 from teamrl.rollout.engine import Engine, GenerationRequest, SamplingParams
@@ -32,8 +32,8 @@ from teamrl.rollout.hf_engine import HFEngine
 from teamrl.rollout.scheduler import GenerationScheduler
 from teamrl.tasks import Problem, make_task
 from teamrl.tasks.solve import SolveTask
-from teamrl.trainer.checkpoint import (check_run_dir, checkpoint_to_resume, list_checkpoints, load_checkpoint, lock_run_dir,
-                                      run_dir_writes, save_checkpoint, unlock_run_dir)
+from teamrl.trainer.checkpoint import (check_resume_settings, check_run_dir, checkpoint_to_resume, list_checkpoints,
+                                      load_checkpoint, lock_run_dir, run_dir_writes, save_checkpoint, unlock_run_dir)
 from teamrl.trainer.diagnostics import CliffDetector, learning_signal, role_capture
 from teamrl.trainer.evaluate import workflow_stats
 from teamrl.trainer.pipeline import Rollout, RolloutPipeline
@@ -158,10 +158,13 @@ class Trainer:
         self._pipeline: RolloutPipeline | None = None
         # checked before any model loads: a truncated last checkpoint is named at once
         resume_from, set_aside = checkpoint_to_resume(self.ckpt_dir, intact=resume_intact) if resume else (None, [])
+        if resume_from is not None:
+            check_resume_settings(self.run_dir, cfg)  # another model or LoRA rank: one line before any model loads
         for ckpt, target in set_aside:
             print(f"teamrl: checkpoint {ckpt.name} does not read whole; moved to {target} and resuming from "
                   f"{resume_from.name if resume_from else 'the start'}", file=sys.stderr)
         self._build_policies()
+        check_max_new_tokens(next(iter(self.router.policies.values())).model, cfg.rollout.max_new_tokens, cfg.model)
         r = cfg.rollout
         self.params = SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
                                      top_k=r.top_k, stop=tuple(r.stop), ignore_eos=r.ignore_eos,
