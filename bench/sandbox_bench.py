@@ -21,8 +21,10 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-_SANDBOX_FILES = ("__init__.py", "_harness.py", "_judge_runtime.py", "_setup.py", "judge.py", "limits.py", "pool.py", "result.py",
-                  "sandbox.py")
+_SANDBOX_FILES = ("__init__.py", "_harness.py", "_judge_runtime.py", "_setup.py", "jail.py", "judge.py", "limits.py", "pool.py",
+                  "records.py", "relay.py", "result.py", "sandbox.py", "users.py")
+# files later revisions added (sandbox.py was split into jail, users, records and relay)
+_LATER_FILES = ("judge.py", "_judge_runtime.py", "_setup.py", "jail.py", "records.py", "relay.py", "users.py")
 
 
 def load_sandbox_at(rev: str, into: Path):
@@ -34,7 +36,7 @@ def load_sandbox_at(rev: str, into: Path):
         shown = subprocess.run(["git", "show", f"{rev}:teamrl/sandbox/{name}"], cwd=REPO, capture_output=True, text=True)
         if shown.returncode == 0:
             (target / name).write_text(shown.stdout.replace("teamrl.sandbox", package))
-        elif name not in ("judge.py", "_judge_runtime.py", "_setup.py"):  # files later revisions added
+        elif name not in _LATER_FILES:
             raise SystemExit(f"--before {rev}: git show could not read teamrl/sandbox/{name}: {shown.stderr.strip()}")
     sys.path.insert(0, str(into))
     return importlib.import_module(package)

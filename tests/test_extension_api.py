@@ -174,7 +174,7 @@ def test_entry_points_are_loaded_when_a_lookup_misses(monkeypatch):
 
 
 def test_a_reward_that_returns_no_number_is_an_input_error_naming_it():
-    from teamrl.algorithms.workflow_grpo import assign_rewards
+    from teamrl.algorithms.grpo import assign_rewards
     from teamrl.core.config import InputError
     from teamrl.core.sample import Sample
     from teamrl.workflows import EpisodeOutcome

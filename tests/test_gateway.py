@@ -23,7 +23,7 @@ from teamrl.rollout.scheduler import GenerationScheduler
 from teamrl.tasks.solve import MathSolve, MathSolveOptions
 from teamrl.workflows.context import EpisodeContext
 from teamrl.workflows.gateway import Gateway, GatewayOptions
-from teamrl.algorithms.workflow_grpo import WorkflowGRPO
+from teamrl.algorithms.grpo import WorkflowGRPO
 from teamrl.core.config import InputError
 from teamrl.workflows import Workflow
 from teamrl.workflows.openai_workflow import GatewayOutcome, openai_workflow, run_gateway_episode

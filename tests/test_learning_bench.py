@@ -294,7 +294,7 @@ def test_quick_calibration_writes_the_table_and_resumes(tmp_path, monkeypatch):
 
     def no_level(*a, **k):
         raise AssertionError("a calibrated level was measured again")
-    monkeypatch.setattr(learning, "calibrate_level", no_level)
+    monkeypatch.setattr(learning.learning_calibration, "calibrate_level", no_level)  # where calibrate() looks it up
     assert learning.main(args) == 0
     assert doc.read_text().count(learning.MARK_START) == 1  # the table is replaced, not added twice
     # --render-only: the table from the file, nothing measured (m_grpo, never calibrated, stays out)

@@ -13,7 +13,7 @@ import torch
 from teamrl.algorithms.at_grpo import ATGRPO, ATGRPOSettings
 from teamrl.algorithms.m_grpo import prepare_sub_samples
 from teamrl.algorithms.magrpo import MAGRPO, MAGRPOSettings
-from teamrl.algorithms.workflow_grpo import assign_rewards
+from teamrl.algorithms.grpo import assign_rewards
 from teamrl.core.sample import Sample
 from teamrl.losses import LossConfig, completion_mask, policy_loss
 from teamrl.policies.logprobs import build_token_batch, completion_logprobs, token_logprobs

@@ -94,7 +94,7 @@ def test_check_snippet():
 REQUIRED = ["teamrl/losses/advantages.py", "teamrl/losses/policy_loss.py", "teamrl/trainer/update.py",
             "teamrl/policies/logprobs.py", "teamrl/algorithms/grpo.py", "teamrl/algorithms/magrpo.py",
             "teamrl/algorithms/at_grpo.py", "teamrl/algorithms/m_grpo.py", "teamrl/workflows/adapters.py",
-            "teamrl/rollout/hf_engine.py"]  # workflow_grpo.py only re-exports grpo.py since the episode protocol
+            "teamrl/rollout/hf_engine.py"]
 
 
 def test_the_project_mutant_list_names_real_files_and_tests():

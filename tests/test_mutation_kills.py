@@ -14,7 +14,7 @@ from teamrl.algorithms.at_grpo import ATGRPO, ATGRPOSettings
 from teamrl.algorithms.grpo import GRPO
 from teamrl.algorithms.m_grpo import prepare_sub_samples
 from teamrl.algorithms.magrpo import MAGRPO, MAGRPOSettings
-from teamrl.algorithms.workflow_grpo import WorkflowGRPO
+from teamrl.algorithms.grpo import WorkflowGRPO
 from teamrl.core.sample import Sample
 from teamrl.losses import LossConfig, policy_loss
 from teamrl.policies.logprobs import token_logprobs

@@ -363,9 +363,9 @@ def test_a_trainer_survives_a_batch_of_escape_attempts(tmp_path, monkeypatch):
 
 
 def test_without_bubblewrap_the_run_is_refused_naming_the_package(monkeypatch):
-    from teamrl.sandbox import sandbox
+    from teamrl.sandbox import jail
 
-    monkeypatch.setattr(sandbox, "_BWRAP_PATHS", ("/nonexistent/bwrap",))
+    monkeypatch.setattr(jail, "_BWRAP_PATHS", ("/nonexistent/bwrap",))
     r = run_program("print('ran')", ["assert True"], FAST)
     assert r.status == "crash" and r.tests_passed == 0 and "ran" not in r.stdout
     assert r.first_failure.startswith("sandbox:") and "bubblewrap" in r.first_failure, r.first_failure
@@ -373,9 +373,9 @@ def test_without_bubblewrap_the_run_is_refused_naming_the_package(monkeypatch):
 
 @pytest.mark.parametrize("weakened", [("--unshare-ipc",), ("--remount-ro", "/")], ids=["shared-ipc", "writable-root"])
 def test_an_isolation_step_that_did_not_happen_refuses_the_run(monkeypatch, weakened):
-    from teamrl.sandbox import sandbox
+    from teamrl.sandbox import jail, relay, sandbox
 
-    real = sandbox._bwrap_command
+    real = jail._bwrap_command
 
     def weaker(*args, **kwargs):
         command = real(*args, **kwargs)
@@ -384,17 +384,19 @@ def test_an_isolation_step_that_did_not_happen_refuses_the_run(monkeypatch, weak
                 return command[:i] + command[i + len(weakened) :]
         raise AssertionError(f"{weakened} not in the bwrap command")
 
-    monkeypatch.setattr(sandbox, "_bwrap_command", weaker)
+    for module in (sandbox, relay):  # the program's run and the judge's
+        monkeypatch.setattr(module, "_bwrap_command", weaker)
     r = run_program("print('ran')", ["assert True"], FAST)
     assert r.status == "crash" and r.tests_passed == 0 and "ran" not in r.stdout, r
     assert "could not set up isolation" in r.first_failure, r.first_failure
 
 
 def test_a_bubblewrap_failure_is_reported_with_its_message(monkeypatch):
-    from teamrl.sandbox import sandbox
+    from teamrl.sandbox import jail, relay, sandbox
 
-    real = sandbox._bwrap_command
-    monkeypatch.setattr(sandbox, "_bwrap_command", lambda *a, **k: real(*a, **k)[:1] + ["--ro-bind", "/nonexistent-src", "/x"] + real(*a, **k)[1:])
+    real = jail._bwrap_command
+    for module in (sandbox, relay):  # the program's run and the judge's
+        monkeypatch.setattr(module, "_bwrap_command", lambda *a, **k: real(*a, **k)[:1] + ["--ro-bind", "/nonexistent-src", "/x"] + real(*a, **k)[1:])
     r = run_program("print('ran')", [], FAST)
     assert r.status == "crash" and "ran" not in r.stdout, r
     assert "could not set up isolation" in r.first_failure and "nonexistent-src" in r.first_failure, r.first_failure
@@ -605,11 +607,11 @@ def test_both_stages_name_the_same_native_modules():
 )
 def test_a_first_stage_step_that_did_not_happen_refuses_the_run(monkeypatch, step, undo, why):
     """The harness checks what the first stage (_setup.py) built, and runs nothing without it."""
-    from teamrl.sandbox import sandbox
+    from teamrl.sandbox import jail
 
-    text = sandbox._setup()
+    text = jail._setup()
     assert text.count(undo[0]) == 1, f"{step}: {undo[0]!r} is not in _setup.py"
-    monkeypatch.setattr(sandbox, "_setup_source", text.replace(undo[0], undo[1]))
+    monkeypatch.setattr(jail, "_setup_source", text.replace(undo[0], undo[1]))
     r = run_program("print('ran')", ["assert True"], FAST)
     assert r.status == "crash" and r.tests_passed == 0 and "ran" not in r.stdout, r
     assert "could not set up isolation" in r.first_failure and why in r.first_failure, r.first_failure

@@ -6,14 +6,14 @@ from typing import Callable
 
 import pytest
 
-from teamrl.algorithms.workflow_grpo import WorkflowGRPO, assign_rewards, outcome_metrics
+from teamrl.algorithms.grpo import WorkflowGRPO, assign_rewards
 from teamrl.policies.models import byte_tokenizer
 from teamrl.policies.router import role_type
 from teamrl.rollout.engine import Completion, GenerationRequest, SamplingParams
 from teamrl.rollout.scheduler import GenerationScheduler
 from teamrl.tasks import make_task
 from teamrl.tasks.solve import CodeSolve, CodeSolveOptions, MathSolve, MathSolveOptions, split_problems
-from teamrl.workflows import WORKFLOWS, WorkflowSettings
+from teamrl.workflows import WORKFLOWS, WorkflowSettings, outcome_metrics
 from teamrl.workflows.context import EpisodeContext
 from teamrl.workflows.eval_opt import eval_opt, parse_verdict, redact_critique
 from teamrl.workflows.orch_workers import orch_workers, parse_plan

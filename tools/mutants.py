@@ -260,7 +260,7 @@ MUTANTS: list[Mutant] = [
            equivalent="with n == d_max both branches keep calls 0..n-1 in order and add no duplicate; only the "
                       "RNG stream (which later random draws are made) differs, not their distribution"),
 
-    # --- algorithms/workflow_grpo.py ------------------------------------------------------------
+    # --- the workflow study's GRPO (algorithms/grpo.py) and its rewards (workflows/__init__.py) --
     Mutant("workflow.role_reward_in_outcome_mode", REWARDS, '(1 or 0)."""\n    return outcome.reward',
            '(1 or 0)."""\n    return own_reward(sample) if own_reward(sample) is not None else outcome.reward',
            T_WORKFLOW, "per-role reward used in outcome mode (issue 20 survivor)"),

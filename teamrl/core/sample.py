@@ -5,10 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Hashable, Iterable
 
-# Keys that once steered training from ``Sample.tags``; each is now the typed field named here.
-STEERING_TAGS = {"no_update": "trainable", "baseline": "baseline", "role_reward": "role_reward",
-                 "trajectory": "trajectory"}
-
 
 @dataclass(slots=True)
 class Sample:
@@ -39,7 +35,7 @@ class Sample:
     that sampled it; see ``rollout.max_staleness``).
 
     ``tags`` holds free-form diagnostics (logged; metrics may read them, training never does);
-    the old steering keys (:data:`STEERING_TAGS`) are refused there. ``slots``: a misspelt field
+    the old steering keys are refused there (:func:`check_steering_tags`). ``slots``: a misspelt field
     is an error.
     """
 
@@ -96,9 +92,10 @@ class Sample:
 
 def check_steering_tags(samples: Iterable[Sample]) -> None:
     """Raise :class:`ValueError` when a sample's ``tags`` hold a key that once steered training
-    (it would be ignored silently), naming the typed field to set instead."""
+    (it would be ignored silently), naming the typed field to set instead (``no_update`` is now
+    ``trainable``; the others kept their names)."""
     for s in samples:
-        for k in STEERING_TAGS:
+        for k in ("no_update", "baseline", "role_reward", "trajectory"):
             if k in s.tags:
                 raise ValueError(f"Sample tags[{k!r}] steers training and is no longer read from tags; "
-                                 f"set the field Sample.{STEERING_TAGS[k]} instead (tags are diagnostics only)")
+                                 f"set the field Sample.{'trainable' if k == 'no_update' else k} instead (tags are diagnostics only)")

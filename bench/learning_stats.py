@@ -1,0 +1,95 @@
+"""The learning benchmark's statistics (``bench/learning.py``): paired differences against the untrained team
+and the warm start, accuracy cliffs and the training dynamics."""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from learning_grid import CLIFF_POINTS, DYNAMICS_WINDOW, Arm, ArmResult, Comparison, merge
+
+
+def paired_vs_untrained(untrained: ArmResult, arm: ArmResult) -> dict[int, dict[str, Any]]:
+    """Per seed both ran on the same held-out problems: the paired difference of ``arm`` - ``untrained``
+    in normalised return (:func:`teamrl.trainer.evaluate.compare`), its standard error and whether it
+    exceeds 2 standard errors."""
+    from teamrl.trainer.evaluate import EvalRow, compare
+
+    base = {s: (ids, sc) for s, ids, sc in zip(untrained.seeds, untrained.problem_ids, untrained.problem_scores)}
+    out = {}
+    for seed, ids, scores in zip(arm.seeds, arm.problem_ids, arm.problem_scores):
+        if seed not in base or base[seed][0] != ids or not ids:
+            continue  # not the same problems (or no untrained run of this seed yet): nothing to pair
+
+        def row(method: str, values: list[float]) -> EvalRow:
+            return EvalRow(method, statistics.mean(values), 0.0, len(values), 0.0, 0.0, scores=values)
+        c = compare([row("team", scores), row("untrained", base[seed][1])])
+        out[seed] = {"difference": c.difference, "stderr": c.stderr, "problems": c.problems, "beyond_noise": c.beyond_noise}
+    return out
+
+
+def warm_start_alone(comp: Comparison, results: list[ArmResult]) -> ArmResult | None:
+    """The comparison's "warm start only" result (warm-started, not trained by RL), if it has that arm."""
+    return next((r for a, r in zip(comp.arms, results) if a.warm_start and not a.rl), None)
+
+
+def paired_vs_warm_start(comp: Comparison, results: list[ArmResult]) -> list[dict[int, dict[str, Any]] | None]:
+    """Per arm: a warm-started RL arm's paired difference against the warm start alone (RL's own effect, the
+    same statistics as :func:`paired_vs_untrained`); None for every other arm or without a warm-start-only arm."""
+    warm = warm_start_alone(comp, results)
+    return [paired_vs_untrained(warm, r) if warm is not None and a.warm_start and a.rl else None
+            for a, r in zip(comp.arms, results)]
+
+
+# the row label of an arm's run scored by another method (``Arm.also_eval``): "<arm>, <this>"
+ALSO_LABELS = {"swapped": "swapped policies"}
+
+
+def also_rows(arm: Arm, r: ArmResult, warm: ArmResult | None, arm_vs_warm: dict | None
+              ) -> list[tuple[str, ArmResult, dict | None]]:
+    """(method, result, paired vs the warm start) for each of ``arm.also_eval``: the arm's runs scored by that
+    method, a row of their own (its scores per seed from the arm's cells; the training budget, episodes and
+    tokens, is the arm's), paired with the warm start ``warm`` where the arm itself is (``arm_vs_warm``)."""
+    rows = []
+    for method in arm.also_eval:
+        row = ArmResult(f"{r.label}, {ALSO_LABELS.get(method, method)}", episodes=r.episodes)
+        for per_seed in r.also:
+            if method in per_seed:
+                merge(row, ArmResult(**per_seed[method]))
+        rows.append((method, row, None if arm_vs_warm is None else paired_vs_untrained(warm, row)))
+    return rows
+
+
+def held_out_cliffs(results: list[ArmResult], points: float = CLIFF_POINTS) -> str:
+    """The trained arms whose held-out accuracy fell more than ``points`` percentage points under the
+    untrained team's (results[0]) on the same seed: an accuracy cliff (one line of Markdown)."""
+    base = dict(zip(results[0].seeds, results[0].success))
+    found = [f"{r.label} (seed {seed}: {100 * acc:.0f}% vs {100 * base[seed]:.0f}%)" for r in results[1:]
+             for seed, acc in zip(r.seeds, r.success) if seed in base and 100 * (base[seed] - acc) > points]
+    return (f"Accuracy cliffs (held-out accuracy more than {points:g} points under the untrained team's, same seed): "
+            + ("; ".join(found) if found else "none") + ".")
+
+
+def study_dynamics(results: list[ArmResult], window: int = DYNAMICS_WINDOW) -> list[dict[str, Any] | None]:
+    """Per arm (None where it did not train): per seed, the training curve's peak (the highest mean of
+    ``window`` consecutive steps, and the last step of that window), its final value (the mean of the last
+    ``window`` steps) and how far it fell from the peak; the gradient norm per role, mean over seeds. A step
+    samples a few problems only, so a window, not one step, makes a peak."""
+    out: list[dict[str, Any] | None] = []
+    for r in results:
+        if not r.curves:
+            out.append(None)
+            continue
+        peak, peak_step, final = [], [], []
+        for curve in r.curves:
+            w = min(window, len(curve))
+            means = [statistics.mean(curve[i - w:i]) for i in range(w, len(curve) + 1)]
+            best = max(range(len(means)), key=lambda i: (means[i], -i))  # the first of equal peaks
+            peak.append(means[best])
+            peak_step.append(best + w)
+            final.append(means[-1])
+        roles = sorted({role for norms in r.role_grad_norms for role in norms})
+        out.append({"peak": peak, "peak_step": peak_step, "final": final,
+                    "fell_from_peak": [p - f for p, f in zip(peak, final)],
+                    "role_grad_norm": {role: statistics.mean(n[role] for n in r.role_grad_norms if role in n) for role in roles}})
+    return out
