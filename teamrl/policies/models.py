@@ -33,6 +33,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 
 from teamrl.core.config import InputError
+from teamrl.core.seeding import align_parameters
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 CHATML_TEMPLATE = (
@@ -191,7 +192,8 @@ def load_model(name: str, dtype: torch.dtype = torch.float32, device: str | torc
     if not tok.chat_template:
         tok.chat_template = CHATML_TEMPLATE
     model.generation_config.pad_token_id = tok.pad_token_id
-    return model.to(device=device, dtype=dtype), tok
+    # 64-byte aligned weights: the same floats whether they came memory-mapped from a file or freshly converted
+    return align_parameters(model.to(device=device, dtype=dtype)), tok
 
 
 def generation_eos_ids(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase) -> list[int]:
