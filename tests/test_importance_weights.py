@@ -302,22 +302,29 @@ def test_a_mismatched_or_nonfinite_sampling_logprob_is_one_line_naming_the_sampl
 
 # ---- the trainer logs them per policy ------------------------------------------------------------------------------
 
-def test_the_trainer_logs_each_policys_weights_and_none_by_default(tmp_path, monkeypatch) -> None:
-    """MAGRPO, one adapter per role: ``is_weight_*/<policy>`` for every policy; synchronous in-process sampling
-    draws from the weights the update starts from, so every weight is 1 (to float rounding)."""
+def _opposite_advantages(monkeypatch) -> None:
+    """A random model is never right: the trainer gives its trained samples advantages +1 / -1 in turn."""
     import itertools
 
     from teamrl.trainer.trainer import Trainer
 
     assign = Trainer._assign_advantages
 
-    def opposite_advantages(self, samples):  # a random model is never right: give the samples +1 / -1 in turn
+    def opposite_advantages(self, samples):
         train = assign(self, samples)
         for s, a in zip(train, itertools.cycle([1.0, -1.0])):
             s.advantage = a
         return train
 
     monkeypatch.setattr(Trainer, "_assign_advantages", opposite_advantages)
+
+
+def test_the_trainer_logs_each_policys_weights_and_none_by_default(tmp_path, monkeypatch) -> None:
+    """MAGRPO, one adapter per role: ``is_weight_*/<policy>`` for every policy; synchronous in-process sampling
+    draws from the weights the update starts from, so every weight is 1 (to float rounding)."""
+    from teamrl.trainer.trainer import Trainer
+
+    _opposite_advantages(monkeypatch)
 
     def step(name: str, *extra: str) -> tuple[Trainer, dict]:
         tr = Trainer(load_config(None, [f"name={name}", f"run.dir={tmp_path}", "model=tiny-random", "algorithm=magrpo",
@@ -349,21 +356,12 @@ def test_on_policy_weights_are_1_when_roles_of_one_shared_policy_sample_at_diffe
     sample's, so a role sampled at T=0.5 beside one at 1.0 on one shared policy trained under the wrong
     distribution: synchronous weights 0.648..1.407 where they must be 1)."""
     import dataclasses
-    import itertools
 
     from teamrl.api import EpisodeOutcome, register_workflow
     from teamrl.trainer.trainer import Trainer
     from teamrl.workflows import WORKFLOWS
 
-    assign = Trainer._assign_advantages
-
-    def opposite_advantages(self, samples):  # a random model is never right: give the samples +1 / -1 in turn
-        train = assign(self, samples)
-        for s, a in zip(train, itertools.cycle([1.0, -1.0])):
-            s.advantage = a
-        return train
-
-    monkeypatch.setattr(Trainer, "_assign_advantages", opposite_advantages)
+    _opposite_advantages(monkeypatch)
     temperatures = []
 
     @register_workflow("two_temperatures", roles=("cool", "warm"))

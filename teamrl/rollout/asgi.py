@@ -17,6 +17,7 @@ FastAPI and uvicorn are imported when a server is built (the ``gateway`` extra; 
 
 import itertools
 import json
+import math
 import re
 import resource
 import socket
@@ -50,6 +51,26 @@ class RequestError(Exception):
         kind = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError", 405: "MethodNotAllowed",
                 409: "ConflictError", 410: "GoneError", 413: "RequestTooLarge"}.get(self.status, "Error")
         return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.status}}
+
+
+def short_repr(value: Any, limit: int = 80) -> str:
+    """``repr(value)`` cut to ``limit`` characters (a 300000-digit integer is not echoed back whole)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + f"... ({len(text)} characters)"
+
+
+def request_number(value: Any, name: str, accepted: str, bound: float = math.inf) -> float:
+    """``value`` as a finite float with ``|x| <= bound`` (NaN, inf and integers beyond any float refused), or a
+    :class:`RequestError` 400 naming the field ``name`` and what it ``accepted``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise RequestError(400, f"{name}: expected {accepted}, got {short_repr(value)}", name)
+    try:
+        number = float(value)
+    except OverflowError:  # an integer beyond any float
+        number = math.inf
+    if not (math.isfinite(number) and abs(number) <= bound):
+        raise RequestError(400, f"{name}: expected {accepted}, got {short_repr(value)}", name)
+    return number
 
 
 async def send_json(send: Any, status: int, body: Any, close: bool = False) -> None:

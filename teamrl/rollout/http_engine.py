@@ -135,24 +135,24 @@ class _Deadline:
             self._timer.cancel()
 
 
-class _DeadlineHTTPConnection(http.client.HTTPConnection):
+class _DeadlineConnection:
+    """A connection (mixed into http.client's) whose socket the :class:`_Deadline` shuts down when it expires."""
+
     def __init__(self, *args: Any, deadline: _Deadline, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._deadline = deadline
 
     def connect(self) -> None:
-        super().connect()
-        self._deadline.arm(self.sock)
+        super().connect()  # type: ignore[misc]
+        self._deadline.arm(self.sock)  # type: ignore[attr-defined]
 
 
-class _DeadlineHTTPSConnection(http.client.HTTPSConnection):
-    def __init__(self, *args: Any, deadline: _Deadline, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._deadline = deadline
+class _DeadlineHTTPConnection(_DeadlineConnection, http.client.HTTPConnection):
+    pass
 
-    def connect(self) -> None:
-        super().connect()
-        self._deadline.arm(self.sock)
+
+class _DeadlineHTTPSConnection(_DeadlineConnection, http.client.HTTPSConnection):
+    pass
 
 
 class _DeadlineHTTPHandler(urllib.request.HTTPHandler):

@@ -33,7 +33,6 @@ one call, so rollouts batch as they do in process.
 import contextlib
 import copy
 import json
-import math
 import threading
 import time
 import uuid
@@ -44,7 +43,8 @@ from typing import Any, Iterator
 import torch
 
 from teamrl.policies.models import load_model, quiet_peft_wrapping, resolve_device
-from teamrl.rollout.asgi import AsgiServer, ConnectionLimits, Guard, RequestError, json_errors, require_asgi
+from teamrl.rollout.asgi import (AsgiServer, ConnectionLimits, Guard, RequestError, json_errors, request_number,
+                                 require_asgi, short_repr)
 from teamrl.rollout.engine import GenerationRequest, SamplingParams
 from teamrl.rollout.hf_engine import HFEngine
 from teamrl.rollout.strict_server import GENERATION_DEFAULT_FIELDS, RowSettings, StrictBehaviour, decode_row, generation_defaults
@@ -403,12 +403,6 @@ class ModelServer:
         return out
 
 
-def _short(v: Any) -> str:
-    """``repr(v)`` cut short (a 300000-digit integer is not echoed back)."""
-    text = repr(v)
-    return text if len(text) <= 40 else text[:40] + f"... ({len(text)} characters)"
-
-
 def _int(body: dict, key: str, default: int, lo: int, hi: int, limit: str = "") -> int:
     """``body[key]``, an integer from ``lo`` to ``hi``, or a 400 naming the field and the range (and ``limit``: its setting)."""
     v = body.get(key, default)
@@ -416,31 +410,21 @@ def _int(body: dict, key: str, default: int, lo: int, hi: int, limit: str = "") 
         v = default
     if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
         raise RequestError(400, f"{key}: expected an integer from {lo} to {hi}" + (f" ({limit})" if limit else "") +
-                           f", got {_short(v)}", key)
+                           f", got {short_repr(v)}", key)
     return v
 
 
 def _num(body: dict, key: str, default: float, accepted: str) -> float:
     """``body[key]`` as a finite float (NaN and inf never reach the sampler), or a 400 naming the field."""
     v = body.get(key, default)
-    if v is None:
-        v = default
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise RequestError(400, f"{key}: expected {accepted}, got {_short(v)}", key)
-    try:
-        number = float(v)
-    except OverflowError:  # an integer beyond any float
-        number = math.inf
-    if not math.isfinite(number):
-        raise RequestError(400, f"{key}: expected {accepted}, got {_short(v)}", key)
-    return number
+    return request_number(default if v is None else v, key, accepted)
 
 
 def _seed(body: dict) -> int | None:
     """``body["seed"]``: null or an integer in vLLM's range (int64), or a 400."""
     seed = body.get("seed")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not SEED_RANGE[0] <= seed <= SEED_RANGE[1]):
-        raise RequestError(400, f"seed: expected null or an integer from {SEED_RANGE[0]} to {SEED_RANGE[1]}, got {_short(seed)}",
+        raise RequestError(400, f"seed: expected null or an integer from {SEED_RANGE[0]} to {SEED_RANGE[1]}, got {short_repr(seed)}",
                            "seed")
     return seed
 

@@ -45,7 +45,8 @@ from teamrl.core.sample import Sample
 from teamrl.policies.chat import render_chat
 from teamrl.policies.router import role_type
 from teamrl.rollout.engine import GenerationRequest, SamplingParams
-from teamrl.rollout.asgi import MAX_JSON_DEPTH, AsgiServer, ConnectionLimits, Guard, RequestError, json_errors, require_asgi
+from teamrl.rollout.asgi import (MAX_JSON_DEPTH, AsgiServer, ConnectionLimits, Guard, RequestError, json_errors,
+                                 request_number, require_asgi, short_repr)
 from teamrl.workflows.context import EpisodeContext
 
 # vLLM/OpenAI finish reasons from the engine's
@@ -454,7 +455,7 @@ def parse_reward(value: Any, roles: tuple[str, ...]) -> tuple[float, dict[str, f
             per_role = {}
         if not isinstance(per_role, dict) or any(role_type(r) not in roles and r not in roles for r in per_role):
             raise RequestError(400, f"reward.roles: expected a mapping of this team's roles {list(roles)} to numbers; got "
-                                    f"{_short(per_role)}", "reward.roles")
+                                    f"{short_repr(per_role)}", "reward.roles")
         correct = value.get("correct")
         if correct is not None and not isinstance(correct, bool):
             raise RequestError(400, f"reward.correct: expected true or false; got {correct!r}", "reward")
@@ -465,24 +466,10 @@ def parse_reward(value: Any, roles: tuple[str, ...]) -> tuple[float, dict[str, f
 FLOAT32_MAX = 3.4028234663852886e38  # the trainer holds rewards in float32 tensors: a larger one becomes inf there
 
 
-def _short(value: Any, limit: int = 80) -> str:
-    """``repr(value)`` cut to ``limit`` characters (a 400-digit number is not echoed whole)."""
-    text = repr(value)
-    return text if len(text) <= limit else text[:limit] + f"... ({len(text)} characters)"
-
-
 def _number(value: Any, name: str) -> float:
     """``value`` as a float the trainer can hold: finite in float32, or a 400 naming ``name`` and the range."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise RequestError(400, f"{name}: expected a finite number; got {_short(value)}", name)
-    try:
-        number = float(value)
-    except OverflowError:  # an int beyond any float
-        number = math.inf
-    if not (math.isfinite(number) and abs(number) <= FLOAT32_MAX):
-        raise RequestError(400, f"{name}: expected a finite number within float32's range (|x| <= {FLOAT32_MAX:.7g}); got "
-                                f"{_short(value)}", name)
-    return number
+    return request_number(value, name, f"a finite number within float32's range (|x| <= {FLOAT32_MAX:.7g})",
+                          bound=FLOAT32_MAX)
 
 
 # ---- the HTTP side -----------------------------------------------------------------------------------
