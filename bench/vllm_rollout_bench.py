@@ -81,7 +81,7 @@ def build(kind: str, tokens: int):
 
 
 def in_process_engine(router):
-    """The trainer's engine (``Trainer._make_engine`` for ``rollout.engine=hf``)."""
+    """The trainer's engine (``teamrl.rollout.engine_setup.make_engine`` for ``rollout.engine=hf``)."""
     from teamrl.policies.models import generation_eos_ids
     from teamrl.policies.multi_lora import SharedBaseAdapters
     from teamrl.rollout.hf_engine import HFEngine

@@ -318,7 +318,7 @@ def _main(argv: list[str]) -> int:
     if ns.command == "sft":
         return _sft(cfg, ns)
     from teamrl.rollout.http_engine import ServerError
-    from teamrl.trainer.workers import WorkerFailed
+    from teamrl.trainer.learner import WorkerFailed
     from teamrl.trainer.trainer import RunExists, make_trainer
     from teamrl.trainer.update import NonFiniteReward
 

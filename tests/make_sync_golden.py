@@ -92,8 +92,8 @@ def weights_digest(trainer: Any) -> dict[str, Any]:
     import torch
 
     out = {}
-    for name in trainer.placement.policy_names():
-        weights, _ = trainer.placement.policy_state(name)
+    for name in trainer.learner.policy_names():
+        weights, _ = trainer.learner.state(name)
         h = hashlib.sha256()
         sums = {}
         for k in sorted(weights):

@@ -22,6 +22,7 @@ from teamrl.core.metrics import read_metrics
 from teamrl.core.sample import Sample
 from teamrl.tasks import TASKS
 from teamrl.trainer.trainer import Trainer
+from teamrl.trainer.weight_sync import DriverCopy
 from teamrl.workflows import WORKFLOWS, EpisodeOutcome, Workflow
 from tests.test_bad_input import assert_one_line_error, run_cli, tiny_train
 from tests.make_sync_golden import CASES, COMMON, GOLDEN, golden_team, numeric_metrics, run_case, same, weights_digest
@@ -85,15 +86,15 @@ def test_max_staleness_0_reproduces_the_committed_synchronous_loop(case):
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_the_pipeline_at_max_staleness_0_gives_the_synchronous_metrics_and_weights(tmp_path, monkeypatch, case):
-    monkeypatch.setattr(Trainer, "force_pipeline", True)
+    monkeypatch.setattr(Trainer, "collect_in_thread", True)
     seen = {}
 
     def setup(trainer):
         seen["trainer"] = trainer
-        assert trainer.pipelined and trainer.placement.deferred
+        assert trainer.ahead and isinstance(trainer.weight_copy, DriverCopy)
         # the worker trains its own copy of every trained weight (each adapter of the shared base included); the
         # frozen base is one set of tensors, read by both
-        worker = trainer.placement.workers["local"].target.router
+        worker = trainer.learner.router
         assert worker is not trainer.router and list(worker.policies) == list(trainer.router.policies)
         trained = [{id(p) for pol in r.policies.values() for p in pol.parameters()} for r in (trainer.router, worker)]
         assert trained[0] and trained[1] and not trained[0] & trained[1]
@@ -120,13 +121,13 @@ def weights_digest_of_router(trainer) -> dict:
     """:func:`weights_digest` of the driver's copy instead of the workers' weights."""
 
     class DriverView:
-        class placement:
+        class learner:
             @staticmethod
             def policy_names():
                 return list(trainer.router.policies)
 
             @staticmethod
-            def policy_state(name):
+            def state(name):
                 return trainer.router.policies[name].named_state(), None
 
     return weights_digest(DriverView)
@@ -184,7 +185,7 @@ def test_max_staleness_1_trains_on_samples_at_most_one_update_behind(tmp_path, c
     assert not _producers()
     _check_k1_run(tmp_path / case, records, list(trainer.router.policies))
     for name in trainer.router.policies:  # the trained weights are finite
-        weights, _ = trainer.placement.policy_state(name)
+        weights, _ = trainer.learner.state(name)
         assert all(torch.isfinite(w).all() for w in weights.values())
 
 
@@ -267,12 +268,20 @@ def test_a_max_staleness_1_run_resumes_and_completes(tmp_path):
 
 
 class _NoWeights:
-    """A placement whose policies have no weights to move (the pipeline's own logic, no model)."""
+    """A learner and weight copy whose policies have no weights to move (the collector's own logic, no model)."""
 
-    def snapshot(self, name):
+    def version(self, name):
+        return 0
+
+    def weights(self, name):
         return {}
 
-    def to_driver(self, name, weights=None):
+    def publish(self, name, weights=None):
+        pass
+
+
+class _NoEngine:
+    def sync_weights(self, name):
         pass
 
 
@@ -280,22 +289,22 @@ def test_asking_again_for_a_step_already_taken_is_one_line_not_a_hang():
     """A step whose training failed before it published its weights (an error the caller caught) cannot be trained
     again from the same producer: its rollout is gone and the producer waits for those weights. Before, get() waited
     for it forever; now it says so at once."""
-    from teamrl.trainer.pipeline import Rollout, RolloutPipeline
+    from teamrl.trainer.collector import Collector, Rollout
 
     def produce(step, position, versions, engine):
         return Rollout(step, [], [], 0, 0.0, None, position + 1, dict(versions))
 
     from teamrl.trainer.weight_sync import WeightSync
 
-    pipeline = RolloutPipeline(produce=produce, placement=_NoWeights(), sync=WeightSync(_NoWeights(), object()), start_step=0, last_step=5,
-                               start_position=0, versions={"shared": 0}, max_staleness=1)
+    pipeline = Collector(produce=produce, learner=_NoWeights(), sync=WeightSync(_NoWeights(), _NoEngine()), start_step=0,
+                         last_step=5, start_position=0, versions={"shared": 0}, max_staleness=1)
     try:
-        assert pipeline.get(1).step == 1
+        assert pipeline.collect(1).step == 1
         got: list = []
 
         def again():
             try:
-                got.append(pipeline.get(1))
+                got.append(pipeline.collect(1))
             except RuntimeError as e:
                 got.append(e)
 
@@ -371,7 +380,7 @@ def test_an_evaluation_during_an_asynchronous_run_scores_the_weights_just_traine
 
     def evaluate_accuracy(self):
         driver = {n: p.named_state() for n, p in self.router.policies.items()}
-        trained = {n: self.placement.policy_state(n)[0] for n in self.router.policies}
+        trained = {n: self.learner.state(n)[0] for n in self.router.policies}
         evaluated.append(all(torch.equal(driver[n][k], trained[n][k]) for n in driver for k in driver[n]))
         return original(self)
 
@@ -435,7 +444,7 @@ def test_an_endpoint_gone_mid_run_with_stop_ends_the_run_in_one_line(tmp_path, t
     urls = "[" + ", ".join(h.url for h in two_servers) + "]"
     from teamrl.trainer import trainer as trainer_module
 
-    produce = trainer_module.Trainer._produce
+    produce = trainer_module.Trainer._sample_rollout
 
     def produce_then_kill(self, step, *args, **kwargs):
         if step == 2:  # the second server goes away before the producer's second rollout
@@ -445,7 +454,7 @@ def test_an_endpoint_gone_mid_run_with_stop_ends_the_run_in_one_line(tmp_path, t
 
     import unittest.mock
 
-    with unittest.mock.patch.object(trainer_module.Trainer, "_produce", produce_then_kill):
+    with unittest.mock.patch.object(trainer_module.Trainer, "_sample_rollout", produce_then_kill):
         rc, err = run_cli(capsys, *tiny_train(tmp_path, "rollout.engine=http", f"rollout.server_urls={urls}",
                                               "rollout.on_endpoint_failure=stop", "rollout.max_staleness=1",
                                               "train.steps=3", "name=gone"))

@@ -122,7 +122,7 @@ def test_role_grad_norm_is_the_mean_over_the_roles_optimizer_steps_whatever_the_
     the sum 2.948 with the flag, the last step's 1.176 without it, the mean 0.983)."""
     import itertools
 
-    import teamrl.trainer.workers as workers
+    import teamrl.trainer.learner as workers
     from teamrl.tasks.solve import MathSolve
     from teamrl.trainer.trainer import Trainer
 

@@ -417,7 +417,7 @@ def test_the_trainer_combines_the_weights_of_every_optimizer_step_of_a_policy(tm
     sampled log 2 more likely than the trainer says: weight 1/2; the generators' on-policy: weight 1."""
     import itertools
 
-    import teamrl.trainer.workers as workers
+    import teamrl.trainer.learner as workers
     from teamrl.trainer.trainer import Trainer
 
     assign = Trainer._assign_advantages

@@ -43,7 +43,7 @@ def test_trim_returns_the_freed_heap_pages():
 
 
 def test_each_policy_update_trims_the_heap_after_it(tiny, monkeypatch):
-    import teamrl.trainer.workers as workers
+    import teamrl.trainer.learner as workers
     from teamrl.core.sample import Sample
     from teamrl.losses import LossConfig
     from teamrl.policies.policy import Policy

@@ -312,13 +312,13 @@ def test_teamrl_train_runs_the_m_grpo_config(tmp_path, capsys):
 def _decoupled_run(tmp_path, mode):
     tr = make_trainer(_cfg(tmp_path, f"name={mode}", f"m_grpo.decoupled={mode}"))
     records = [tr.train_step(), tr.train_step()]
-    weights = {a: tr.placement.policy_state(a)[0] for a in tr.router.policies}
+    weights = {a: tr.learner.state(a)[0] for a in tr.router.policies}
     return tr, records, weights
 
 
 def test_decoupled_ray_equals_in_process_and_a_killed_worker_fails_clearly(tmp_path, scripted):
     ray = pytest.importorskip("ray")
-    from teamrl.trainer.workers import WorkerFailed
+    from teamrl.trainer.learner import WorkerFailed
 
     inproc, rec_a, w_a = _decoupled_run(tmp_path, "inprocess")
     assert set(inproc.router.policies) == {"main", "sub"} and inproc.cfg.policy.mode == "separate"
@@ -336,9 +336,9 @@ def test_decoupled_ray_equals_in_process_and_a_killed_worker_fails_clearly(tmp_p
             for k in w_a[agent]:
                 assert torch.allclose(w_a[agent][k], w_b[agent][k], atol=1e-6, rtol=1e-5), (agent, k)
 
-        assert set(tr.placement.workers) == {"main", "sub"}  # one worker (Ray actor) per agent
-        tr.placement.workers["main"].timeout = 30.0
-        ray.kill(tr.placement.workers["main"].target)
+        assert set(tr.learner.actors) == {"main", "sub"}  # one worker (Ray actor) per agent
+        tr.learner.timeout = 30.0
+        ray.kill(tr.learner.actors["main"])
         t0 = time.perf_counter()
         with pytest.raises(WorkerFailed, match="policy worker 'main' died"):
             tr.train_step()
@@ -352,13 +352,13 @@ def test_decoupled_checkpoint_resumes_every_worker_and_eval_runs(tmp_path, scrip
     cfg = _cfg(tmp_path, "name=ckpt", "m_grpo.decoupled=inprocess", "run.save_every=1", "train.steps=1")
     tr = make_trainer(cfg)
     tr.train_step()
-    saved = {a: tr.placement.policy_state(a)[0] for a in tr.router.policies}
+    saved = {a: tr.learner.state(a)[0] for a in tr.router.policies}
     fresh = make_trainer(_cfg(tmp_path, "name=fresh", "m_grpo.decoupled=inprocess"))
     again = make_trainer(cfg, resume=True)
     assert again.step == 1
     moved = False
     for a in saved:
-        resumed, initial = again.placement.policy_state(a)[0], fresh.placement.policy_state(a)[0]
+        resumed, initial = again.learner.state(a)[0], fresh.learner.state(a)[0]
         assert all(torch.equal(saved[a][k], resumed[k]) for k in saved[a])
         moved |= any(not torch.equal(saved[a][k], initial[k]) for k in saved[a])
     assert moved  # the checkpoint holds trained weights, not the initial ones

@@ -141,7 +141,7 @@ def test_decoupled_placement_checks_rewards_too(tmp_path, monkeypatch) -> None:
     tr = make_trainer(load_config(config, [*common, "name=drop", "train.nonfinite_reward=drop_group"]))
     rec = tr.train_step()
     assert rec["nonfinite_groups_dropped"] == 1  # one trainer counts the dropped groups of every policy
-    assert all(torch.isfinite(v).all() for a in tr.router.policies for v in tr.placement.policy_state(a)[0].values())
+    assert all(torch.isfinite(v).all() for a in tr.router.policies for v in tr.learner.state(a)[0].values())
 
 
 def test_trainer_logs_a_skipped_step_and_saves_finite_weights(tmp_path, monkeypatch) -> None:

@@ -89,7 +89,7 @@ def _run(cfg, steps=2):
     tr = Trainer(cfg)
     initial = {n: {k: v.clone() for k, v in p.named_state().items()} for n, p in tr.router.policies.items()}
     records = [tr.train_step() for _ in range(steps)]
-    trained = {n: tr.placement.policy_state(n)[0] for n in tr.router.policies}
+    trained = {n: tr.learner.state(n)[0] for n in tr.router.policies}
     return tr, records, initial, trained
 
 
@@ -111,18 +111,18 @@ def test_ray_placement_equals_local(cluster, tasks, tmp_path, algorithm):
             for k, v in w_local[name].items():
                 assert torch.allclose(w_ray[name][k], v, rtol=1e-5, atol=1e-6), (algorithm, name, k)
                 assert torch.equal(driver_copy[k], w_ray[name][k]), (algorithm, name, k)
-        where = tr.placement.where()
+        where = tr.learner.where()
         assert all(d["pid"] != os.getpid() for d in where.values())  # the policies trained in other processes
         if algorithm == "magrpo":  # the roles on the nodes the config named
             assert {w: d["node_id"] for w, d in where.items()} == {"short": cluster["node_a"], "long": cluster["node_b"]}
         if algorithm == "m_grpo":  # two adapters, one worker
-            assert list(where) == ["base"] and tr.placement.worker_of == {"main": "base", "sub": "base"}
+            assert list(where) == ["base"] and tr.learner.worker_of == {"main": "base", "sub": "base"}
     finally:
         tr.shutdown()
 
 
 def test_killed_worker_is_named_within_seconds_and_resume_reproduces_the_next_steps(cluster, tmp_path):
-    from teamrl.trainer.workers import WorkerFailed
+    from teamrl.trainer.learner import WorkerFailed
 
     def cfg(name, placement):
         return _cfg(tmp_path, "grpo", f"name={name}", "train.steps=3", "run.save_every=1", f"policy.placement={placement}")
@@ -134,7 +134,7 @@ def test_killed_worker_is_named_within_seconds_and_resume_reproduces_the_next_st
 
     def rollout_then_kill(*args):  # the worker dies mid-step: after the rollout, before the update
         samples = rollout(*args)
-        ray.kill(cut.placement.workers["shared"].target)
+        ray.kill(cut.learner.actors["shared"])
         return samples
 
     cut._rollout = rollout_then_kill
@@ -184,7 +184,7 @@ def test_http_rollouts_sample_from_the_weights_the_ray_workers_trained(cluster, 
 
 
 def test_a_worker_the_cluster_cannot_place_fails_naming_it_and_what_it_asked_for(cluster, tmp_path):
-    from teamrl.trainer.workers import WorkerFailed
+    from teamrl.trainer.learner import WorkerFailed
 
     cfg = _cfg(tmp_path, "grpo", "name=nowhere", "policy.placement=ray", "policy.ray_timeout_s=3",
                "policy.resources={shared: {num_cpus: 1, resources: {node_c: 1}}}")
@@ -202,7 +202,7 @@ def test_a_dead_driver_leaves_no_actors(cluster, tmp_path):
         from teamrl.core.config import load_config
         from teamrl.trainer.trainer import Trainer
         tr = Trainer(load_config(None, {[*COMMON, *SETUPS["grpo"], "policy.placement=ray", f"run.dir={tmp_path}", "name=orphan"]!r}))
-        print(json.dumps({{w: d["pid"] for w, d in tr.placement.where().items()}}), flush=True)
+        print(json.dumps({{w: d["pid"] for w, d in tr.learner.where().items()}}), flush=True)
         time.sleep(600)
     """)
     proc = subprocess.Popen([sys.executable, "-c", driver], cwd=ROOT, stdout=subprocess.PIPE, text=True,
@@ -243,7 +243,7 @@ def test_placement_config_is_checked_before_any_model_loads(tmp_path):
 
 
 def test_workers_that_name_unknown_policies_fail_naming_them(tmp_path, monkeypatch):
-    from teamrl.trainer.workers import worker_groups
+    from teamrl.trainer.learner import worker_groups
 
     monkeypatch.setitem(TASKS, "toy_team", ToyTeam)
     cfg = _cfg(tmp_path, "magrpo", "policy.workers={pair: [short, lng]}")

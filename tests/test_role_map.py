@@ -68,8 +68,8 @@ def test_role_statistics_keep_a_declared_critic2_apart_and_fold_instances(tiny):
 def test_trainer_role_metrics_are_per_declared_role():
     samples = [Sample(role=r, policy=r.rstrip("0"), problem_id=0, prompt_ids=[1], completion_ids=[2] * n, sampling_logprobs=[],
                       reward=rw) for r, n, rw in (("critic", 1, 1.0), ("critic2", 3, 0.0), ("judge0", 2, 0.5))]
-    trainer = SimpleNamespace(roles=["critic", "critic2", "judge"], cfg=SimpleNamespace(policy=SimpleNamespace(mode="shared")),
-                              route=lambda r: "shared")
-    out = Trainer._role_metrics(trainer, samples, {}, {})
+    from teamrl.trainer.step_metrics import role_metrics
+
+    out = role_metrics(samples, ["critic", "critic2", "judge"], {}, {}, route=lambda r: "shared", shared=True)
     assert out == {"reward/critic": 1.0, "completion_len/critic": 1.0, "reward/critic2": 0.0, "completion_len/critic2": 3.0,
                    "reward/judge": 0.5, "completion_len/judge": 2.0}

@@ -106,3 +106,28 @@ def test_a_step_logs_its_named_phases_and_weights_leave_the_learner_in_one_place
     callers = sorted(str(p.relative_to(root)) for p in root.rglob("*.py")
                      if re.search(r"\.sync_weights\(", p.read_text()) and "def sync_weights" not in p.read_text())
     assert callers == ["trainer/weight_sync.py"], callers
+
+
+def test_weights_are_loaded_into_a_rollout_copy_in_one_place_per_kind():
+    """grep: one weight-sync implementation per kind (issue 45): the driver copy is ``DriverCopy`` (the only load into
+    the router rollouts sample from), the server upload is each engine's own ``sync_weights``, called by
+    ``WeightSync`` and by the collector's engine that wraps another (a pool hands each endpoint's to a thread); the other loads are
+    the learner's own weights (``PolicyWorker``) and a checkpoint restored into a router (``RouterStates``)."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "teamrl"
+    where: dict[str, set[str]] = {"load_named_state": set(), "sync_weights": set()}
+    for path in sorted(root.rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            owner = node.name if isinstance(node, ast.ClassDef) else "<module>" if node is tree else None
+            if owner is None:
+                continue
+            body = [n for n in node.body if not isinstance(n, ast.ClassDef)] if owner == "<module>" else node.body
+            for call in (c for n in body for c in ast.walk(n)):
+                if isinstance(call, ast.Call) and getattr(call.func, "attr", "") in where:
+                    where[call.func.attr].add(f"{path.relative_to(root)}:{owner}")
+    assert where == {"load_named_state": {"trainer/checkpoint.py:RouterStates", "trainer/learner.py:PolicyWorker",
+                                          "trainer/weight_sync.py:DriverCopy"},
+                     "sync_weights": {"trainer/weight_sync.py:WeightSync", "trainer/collector.py:StoppableEngine"}}, where

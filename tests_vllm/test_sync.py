@@ -18,7 +18,8 @@ from teamrl.core.config import VllmConfig, load_config
 from teamrl.policies.chat import encode_chat
 from teamrl.rollout.http_engine import ServerError
 from teamrl.rollout.vllm_server import ManagedVLLMServer
-from teamrl.trainer.trainer import STARTUP_PROBE, Trainer
+from teamrl.rollout.engine_setup import STARTUP_PROBE
+from teamrl.trainer.trainer import Trainer
 from tests_vllm.helpers import REPO, assert_server_gone
 
 # short steps of the shipped GRPO config: 2 prompts x 4 samples x 16 tokens

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 from torch import nn
@@ -45,6 +46,12 @@ def build_token_batch(prompts: Sequence[Sequence[int]], completions: Sequence[Se
         mask[i, P - len(p):P + len(c)] = 1
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
     return TokenBatch(ids, mask, pos, ids[:, P:], mask[:, P:].bool())
+
+
+def to_device(batch: Any, dev: torch.device) -> Any:
+    """The same batch dataclass (:class:`TokenBatch`, :class:`SharedPrefixBatch`) with every tensor field on ``dev``."""
+    return dataclasses.replace(batch, **{f.name: getattr(batch, f.name).to(dev) for f in dataclasses.fields(batch)
+                                         if isinstance(getattr(batch, f.name), torch.Tensor)})
 
 
 def completion_logprobs(model: nn.Module, batch: TokenBatch, temperature: Temperature = 1.0,

@@ -51,13 +51,14 @@ class CheckpointMismatch(InputError):
 
 
 class PolicyStates(Protocol):
-    """What a checkpoint reads and restores of the policies, wherever they live (a worker placement)."""
+    """What a checkpoint reads and restores of the policies, wherever they live (a
+    :class:`~teamrl.trainer.learner.Learner`)."""
 
     def policy_names(self) -> list[str]: ...
 
-    def policy_state(self, name: str) -> tuple[dict[str, torch.Tensor], dict[str, Any]]: ...
+    def state(self, name: str) -> tuple[dict[str, torch.Tensor], dict[str, Any]]: ...
 
-    def load_policy_state(self, name: str, weights: dict[str, torch.Tensor], optimizer: dict[str, Any]) -> None: ...
+    def load_state(self, name: str, weights: dict[str, torch.Tensor], optimizer: dict[str, Any]) -> None: ...
 
 
 class RouterStates:
@@ -69,11 +70,11 @@ class RouterStates:
     def policy_names(self) -> list[str]:
         return list(self.router.policies)
 
-    def policy_state(self, name: str) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    def state(self, name: str) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         pol = self.router.policies[name]
         return pol.named_state(), pol.optimizer.state_dict()
 
-    def load_policy_state(self, name: str, weights: dict[str, torch.Tensor], optimizer: dict[str, Any]) -> None:
+    def load_state(self, name: str, weights: dict[str, torch.Tensor], optimizer: dict[str, Any]) -> None:
         pol = self.router.policies[name]
         pol.load_named_state(weights)
         pol.load_optimizer_state(optimizer)
@@ -96,12 +97,12 @@ def _first_nonfinite(tree: Any, path: str = "") -> str | None:
 
 
 def save_checkpoint(folder: Path, step: int, policies: PolicyRouter | PolicyStates, state: dict[str, Any], keep: int = 2) -> Path:
-    """Write ``folder/step_N`` (each policy of a router or a worker placement) and keep only the ``keep`` newest checkpoints.
+    """Write ``folder/step_N`` (each policy of a router or a learner) and keep only the ``keep`` newest checkpoints.
 
     Raises ValueError, writing nothing, when a policy's weights or optimizer state hold a NaN/inf.
     """
     states = _states(policies)
-    saved = {name: states.policy_state(name) for name in states.policy_names()}
+    saved = {name: states.state(name) for name in states.policy_names()}
     for name, (weights, optim) in saved.items():
         for what, tree in (("weight", weights), ("optimizer state", optim)):
             bad = _first_nonfinite(tree)
@@ -408,7 +409,7 @@ def _check_trainer_state(f: Path, state: Any) -> None:
 
 
 def load_checkpoint(path: Path, policies: PolicyRouter | PolicyStates) -> dict[str, Any]:
-    """Restore policies (of a router or a worker placement), optimizers and RNG states from ``path``; return the trainer state.
+    """Restore policies (of a router or a learner), optimizers and RNG states from ``path``; return the trainer state.
 
     Every file is read and checked against this run's policies (names and shapes of the tensors, the trainer state's
     keys) before anything is restored: a mismatch is a :class:`CheckpointMismatch` naming the file and the entry."""
@@ -423,7 +424,7 @@ def load_checkpoint(path: Path, policies: PolicyRouter | PolicyStates) -> dict[s
             raise InputFileMissing(f"checkpoint {path} has no weights for policy {name!r} ({f.name}); was the policy mode changed?")
         # a GPU run resumes on a CPU too (_read maps to the CPU)
         weights, optim = _read(f), _read(path / f"optimizer_{name}.pt")
-        expected = states.policy_state(name)[0]
+        expected = states.state(name)[0]
         _check_weights(f, weights, expected)
         _check_optimizer(path / f"optimizer_{name}.pt", optim, expected)
         loaded[name] = (weights, optim)
@@ -435,5 +436,5 @@ def load_checkpoint(path: Path, policies: PolicyRouter | PolicyStates) -> dict[s
         raise CheckpointMismatch(f"checkpoint file {state_file}: its rng entry is not the RNG states teamrl writes "
                                  f"({type(e).__name__}: {' '.join(str(e).split())[:120]})") from e
     for name, (weights, optim) in loaded.items():
-        states.load_policy_state(name, weights, optim)
+        states.load_state(name, weights, optim)
     return state

@@ -30,12 +30,11 @@ import yaml
 from teamrl.core.config import Config, ConfigError, InputError, InputFileMissing, config_to_dict
 from teamrl.core.seeding import derive_seed, seed_everything
 from teamrl.policies.chat import Messages, encode_chat
-from teamrl.policies.logprobs import build_token_batch, completion_logprobs
+from teamrl.policies.logprobs import build_token_batch, completion_logprobs, to_device
 from teamrl.policies.policy import Policy
 from teamrl.policies.router import PolicyRouter
 from teamrl.tasks import Problem, make_task
 from teamrl.trainer.checkpoint import list_checkpoints, save_checkpoint
-from teamrl.trainer.update import _to_device
 
 WARM_START_STEP = 0  # the checkpoint step of the warm start: RL resumes from it at step 0
 
@@ -107,7 +106,7 @@ def task_demonstrations(task: Any, problems: Sequence[Problem]) -> list[Demonstr
 def sft_loss(model: torch.nn.Module, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]],
              pad_id: int) -> tuple[torch.Tensor, int]:
     """(mean cross-entropy per completion token, completion token count): the prompt and the padding carry no loss."""
-    batch = _to_device(build_token_batch(prompts, completions, pad_id), next(model.parameters()).device)
+    batch = to_device(build_token_batch(prompts, completions, pad_id), next(model.parameters()).device)
     logp, _ = completion_logprobs(model, batch)
     mask = batch.completion_pad_mask.to(logp.dtype)
     tokens = int(mask.sum())

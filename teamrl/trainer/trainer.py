@@ -1,4 +1,15 @@
-"""The training loop: problems -> rollouts -> rewards -> advantages -> per-policy updates -> log -> checkpoint."""
+"""The training loop, :meth:`Trainer.train`: each step collects, learns and publishes (docs/architecture.md).
+
+One step of :meth:`Trainer.train_step`, each phase timed in ``metrics.jsonl`` (``timing/<phase>_s``):
+
+1. **collect** (:class:`~teamrl.trainer.collector.Collector`): the step's problems, every episode sampled by the
+   algorithm (rewards and groups included), up to ``rollout.max_staleness`` steps ahead of the learner;
+2. **learn**: group-relative advantages, then :meth:`Learner.update <teamrl.trainer.learner.Learner.update>` of every
+   policy on its own samples (in this process or on Ray workers);
+3. **publish**: every policy's new weights through the one weight sync (:mod:`teamrl.trainer.weight_sync`) to what
+   rollouts sample from;
+4. log the step's record (:mod:`teamrl.trainer.step_metrics`), evaluate when asked, checkpoint.
+"""
 
 from __future__ import annotations
 
@@ -8,9 +19,8 @@ import json
 import random
 import sys
 import time
-import uuid
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 import yaml
@@ -22,41 +32,26 @@ from teamrl.core.metrics import MetricsSink, read_metrics
 from teamrl.core.sample import Sample, check_steering_tags
 from teamrl.core.seeding import derive_seed, seed_everything
 from teamrl.losses import group_ids_from_keys, trajectory_advantages, trajectory_ids
-from teamrl.policies.chat import encode_chat
-from teamrl.policies.logprobs import build_token_batch, completion_logprobs, truncated_token_logprobs
 from teamrl.policies.models import check_max_new_tokens, generation_eos_ids
-from teamrl.policies.multi_lora import SharedBaseAdapters
 from teamrl.policies.router import check_role_map, declared_role
-from teamrl.rollout.engine import Engine, GenerationRequest, SamplingParams
-from teamrl.rollout.hf_engine import HFEngine
+from teamrl.rollout.engine import Engine, SamplingParams
+from teamrl.rollout.engine_setup import make_engine, probe_logprobs, stop_vllm_servers
 from teamrl.rollout.scheduler import GenerationScheduler
 from teamrl.tasks import Problem, make_task
 from teamrl.tasks.solve import SolveTask
 from teamrl.trainer.checkpoint import (check_resume_settings, check_run_dir, checkpoint_to_resume, list_checkpoints,
                                       load_checkpoint, lock_run_dir, run_dir_writes, save_checkpoint, unlock_run_dir)
-from teamrl.trainer.diagnostics import CliffDetector, learning_signal, role_capture
+from teamrl.trainer.collector import Collector, Rollout
+from teamrl.trainer.diagnostics import CliffDetector, learning_signal
 from teamrl.trainer.evaluate import workflow_stats
-from teamrl.trainer.pipeline import Rollout, RolloutPipeline
-from teamrl.trainer.update import (IMPORTANCE_STATS, NonFiniteReward, _contributes, _to_device, check_sampling_logprobs,
-                                   combine_importance_stats, make_update_settings, nonfinite_reward_groups)
-from teamrl.trainer.weight_sync import WeightSync
-from teamrl.trainer.workers import PolicyPlacement, make_router
+from teamrl.trainer.learner import LearnBatch, make_learner, make_router
+from teamrl.trainer.step_metrics import (episode_outcome_line, learner_metrics, role_metrics, sample_metrics,
+                                         staleness_metrics)
+from teamrl.trainer.update import (NonFiniteReward, _contributes, check_sampling_logprobs, make_update_settings,
+                                   nonfinite_reward_groups)
+from teamrl.trainer.weight_sync import DriverCopy, InProcess, WeightSync
 from teamrl.workflows import WORKFLOWS, default_workflow
 from teamrl.workflows.context import EpisodeContext
-
-
-def episode_outcome_line(e: FinishedEpisode) -> str:
-    """One line of ``episodes/outcomes_<step>.jsonl`` (JSON): which episode (``where``: e.g. MAGRPO's path of
-    joint actions), its team return and final reward, and what the workflow returned (correct, answer, stats;
-    a stats value JSON cannot hold is written as its ``str``, a whole ``stats`` with non-text keys as its ``repr``)."""
-    outcome = e.result.outcome
-    record = {"problem_id": e.problem_id, "episode": e.episode, **e.where, "team_return": e.result.team_return,
-              "final_reward": e.result.final_reward,
-              **({"correct": outcome.correct, "answer": outcome.answer, "stats": outcome.stats} if outcome is not None else {})}
-    try:
-        return json.dumps(record, default=str)
-    except TypeError:  # a dict key json cannot write (a tuple) inside stats
-        return json.dumps({**record, "stats": repr(record.get("stats"))}, default=str)
 
 
 class RunExists(RuntimeError):
@@ -94,31 +89,12 @@ def check_policy_roles(cfg: Config, task: Any, algorithm: Any) -> None:
                               "spelling") from None
 
 
-# The prompt of the HTTP engine's start-up check (any prompt works: it only needs long, sampled completions).
-STARTUP_PROBE = "Write a few words about the weather."
-# The prompts of the sync check after every adapter load: fixed (each check also scores the last one's tokens) and
-# short, without the chat template (any tokens exercise the adapter; the trainer's forward is most of the check's cost)
-SYNC_PROBES = ("The weather today is", "Three colours I like are")
-
-
-# Statistics of several optimizer steps of one policy (policy.equalize_steps false) that add up; every other one is
-# the mean over the steps that have it (a role's gradient norm: the mean over the steps that trained it, as the
-# workflow study defines it and verl's reduce_metrics averages).
-SUMMED_OVER_STEPS = ("tokens", "skipped_steps")
-
-
-def over_steps(stat: str, values: Sequence[float]) -> float:
-    """One statistic of a policy's (or role's) optimizer steps of an iteration: the sum for :data:`SUMMED_OVER_STEPS`,
-    else the mean."""
-    return sum(values) if stat in SUMMED_OVER_STEPS else sum(values) / len(values)
-
-
 class Trainer:
     """Trains the policies of a workflow on a task, as configured by a validated :class:`Config`."""
 
-    # Run the asynchronous loop (rollout producer thread, separate weight copies) even at rollout.max_staleness=0;
-    # only tests set it: at 0 the loop must give what the synchronous one gives.
-    force_pipeline = False
+    # Collect in a thread ahead of the learner (separate weight copies) even at rollout.max_staleness=0; only tests set
+    # it: at 0 the thread must give what collecting in the trainer's thread gives.
+    collect_in_thread = False
 
     def __init__(self, cfg: Config, resume: bool = False, resume_intact: bool = False) -> None:
         """``resume``: continue from the newest checkpoint (refused, naming the file, when it does not read
@@ -152,10 +128,10 @@ class Trainer:
         # the roles that act (a study workflow's role types; M-GRPO's single-agent baseline drops the sub-agent)
         self.roles = list(self.algorithm.roles or self.task.roles)
         check_policy_roles(cfg, self.task, self.algorithm)
-        # rollout.max_staleness > 0: the rollouts of the next steps are sampled while a step trains (teamrl.trainer.pipeline)
+        # rollout.max_staleness > 0: the rollouts of the next steps are sampled while a step trains (collector.py)
         self.max_staleness = cfg.rollout.max_staleness
-        self.pipelined = self.max_staleness > 0 or self.force_pipeline
-        self._pipeline: RolloutPipeline | None = None
+        self.ahead = self.max_staleness > 0 or self.collect_in_thread
+        self.collector: Collector | None = None  # started by the first step
         # checked before any model loads: a truncated last checkpoint is named at once
         resume_from, set_aside = checkpoint_to_resume(self.ckpt_dir, intact=resume_intact) if resume else (None, [])
         if resume_from is not None:
@@ -184,7 +160,7 @@ class Trainer:
         self.step = 0
         self.data_position = 0  # of the last trained step (the producer of the asynchronous loop keeps its own)
         if resume_from is not None:
-            state = load_checkpoint(resume_from, self.placement)
+            state = load_checkpoint(resume_from, self.learner)
             self.step, self.data_position = state["step"], state["data_position"]
             # its own RNG (AT-GRPO branch choice, M-GRPO alignment); a checkpoint from before it was saved:
             # one rollout per step, so the count of rollouts is the step
@@ -195,8 +171,14 @@ class Trainer:
         # updates of each policy published to the engine: one per trained step (every policy is published after every
         # step, changed or not), so a resumed run knows them from its step
         self.policy_versions: dict[str, int] = {name: self.step for name in self.router.policies}
-        self.engine = self._make_engine()  # after a resume, so a server gets the restored adapters
-        self.weight_sync = WeightSync(self.placement, self.engine)  # the one way new weights reach the engine
+        # the driver's copies hold what the learner holds (its initial or restored weights) before any rollout
+        for name in self.router.policies:
+            self.weight_copy.publish(name)
+        # after a resume, so a server gets the restored adapters
+        self.engine, self.vllm_servers = make_engine(cfg, self.router, self.eos_ids, self.run_dir, self.params,
+                                                     self._send_initial, self._probe_logprobs)
+        self.vllm_server = self.vllm_servers[0] if self.vllm_servers else None
+        self.weight_sync = WeightSync(self.weight_copy, self.engine)  # the one way new weights reach the engine
         with run_dir_writes(self.run_dir):
             self.run_dir.mkdir(parents=True, exist_ok=True)
             (self.run_dir / "config.yaml").write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
@@ -214,139 +196,27 @@ class Trainer:
             raise ConfigError("train.eval_every: the task holds out no problems; set task.test_size > 0")
         return task
 
-    def _make_engine(self) -> Engine:
-        """The in-process engine, or (``rollout.engine=http``) a client of a ``teamrl serve`` / vLLM / SGLang server, or
-        (``rollout.engine=vllm``) a client of a vLLM server started here for the run (stopped by :meth:`shutdown`).
-        Several servers (``rollout.server_urls``, ``rollout.vllm.servers``, or servers placed by Ray) make a pool
-        (:class:`~teamrl.rollout.pool.EnginePool`), each endpoint checked and synced as one server is."""
-        if self.cfg.rollout.engine == "hf":
-            # LoRA policies on one base decode together through it, each row with its own adapter (no merged copies)
-            return HFEngine(lambda name: self.router.policies[name].generation_model(), self.tokenizer, device=self.router.device,
-                            extra_eos_ids=self.eos_ids, row_models=SharedBaseAdapters(self.router.policies))
-        from tqdm import tqdm
-
-        from teamrl.rollout.http_engine import HTTPEngine, ServerError
-        from teamrl.rollout.pool import EnginePool
-        from teamrl.rollout.vllm_server import check_lora_slots, check_served_model, explain_lora_error
-
-        r = self.cfg.rollout
-        adapter_dir = (Path(r.adapter_dir) if r.adapter_dir else self.run_dir / "served_adapters").resolve()
-        # adapters named per process (<policy>@<run>-<id>): a second run, a resume or another run on the same server
-        # never meets a name already loaded there
-        urls, dialect = list(r.server_urls) or [r.server_url], r.server_dialect
-        exited: list = [None] * len(urls)
-        if r.engine == "vllm":
-            from teamrl.rollout.vllm_server import start_servers
-
-            self.vllm_servers = start_servers(self.cfg, self.run_dir, len(self.router.policies),
-                                              log=lambda line: tqdm.write(line, file=sys.stderr))
-            self.vllm_server = self.vllm_servers[0]
-            urls, dialect = [s.url for s in self.vllm_servers], "vllm"
-            exited = [s.exit_reason for s in self.vllm_servers]
-        tag = f"{self.cfg.name}-{uuid.uuid4().hex[:6]}"
-        # in a pool each endpoint has its own adapter names (and so its own adapter folders): _e1, _e2, ... (no "." or
-        # "-": PEFT refuses dots in adapter names, and release_stale reads the run name up to the last "-")
-        # token ids an answer may hold: the model's embedding rows (a padded vocabulary has more than the tokenizer)
-        model = getattr(next(iter(self.router.policies.values()), None), "model", None)  # None: policies on workers
-        vocab = model.get_input_embeddings().num_embeddings if hasattr(model, "get_input_embeddings") else 0
-        engines = [HTTPEngine(url, self.tokenizer, adapter_dir=adapter_dir, dialect=dialect, request_deadline_s=r.request_deadline_s,
-                              vocab_size=max(vocab, len(self.tokenizer)),
-                              save_adapter=lambda name, folder: self.router.policies[name].save_adapter(folder),
-                              adapter_tag=tag if len(urls) == 1 else f"{tag}_e{i + 1}",
-                              verify_logprobs=self._probe_logprobs if r.server_sync_check else None,
-                              verify_tolerance=r.server_check_tolerance,
-                              probe_prompts=[self.tokenizer(p, add_special_tokens=False)["input_ids"] for p in SYNC_PROBES],
-                              log=tqdm.write) for i, url in enumerate(urls)]
-        engine: Engine = engines[0] if len(engines) == 1 else EnginePool(
-            engines, names=urls, on_failure=r.on_endpoint_failure, log=lambda line: tqdm.write(line, file=sys.stderr),
-            exited=exited)
-        try:
-            for e in engines:
-                if e.dialect == "vllm":
-                    check_served_model(e, self.cfg.model)  # one line naming --served-model-name
-                e.check_base_model(self.cfg.model)
-                stale = e.release_stale()
-                if stale:
-                    print(f"teamrl: unloaded {len(stale)} adapter(s) an earlier process of this run left on {e.base_url}: "
-                          f"{', '.join(stale)}", file=sys.stderr)
-            for name in self.router.policies:  # the server holds none of this run's adapters yet: send the initial ones
-                WeightSync(self.placement, engine).publish(name)
-            if r.server_check:
-                for e in engines:
-                    truncated = e.processed_logprobs and self.params.temperature > 0 and (r.top_k > 0 or r.top_p < 1)
-                    f = e.startup_check(self.cfg.model, list(self.router.policies), self.params, r.group_size,
-                                        encode_chat(self.tokenizer, STARTUP_PROBE), self._probe_logprobs,
-                                        tolerance=r.server_check_tolerance, seed=derive_seed(self.cfg.seed, 0, 3))
-                    print(f"teamrl: start-up check of {e.base_url} ({e.dialect}): {f['distinct']:.0f} of {f['group']:.0f} "
-                          f"samples distinct (fewest over {len(self.router.policies)} policies); log-probs vs the trainer's under "
-                          f"temperature {self.params.temperature}, top_k {self.params.top_k}, top_p {self.params.top_p}"
-                          f"{' (truncated and renormalised as the server samples)' if truncated else ''}: "
-                          f"max gap {f['logprob_gap']:.2e}, mean {f['logprob_mean_gap']:.2e} over {f['tokens']:.0f} tokens; "
-                          f"tolerance {f['tolerance']:g}", flush=True)
-            for e in engines:
-                if e.dialect == "vllm":  # one line naming --max-loras when the policies cannot all be served at once
-                    check_lora_slots(e, list(self.router.policies), probe=lambda e=e: e.generate(
-                        self.cfg.model, [GenerationRequest(encode_chat(self.tokenizer, STARTUP_PROBE), SamplingParams(max_new_tokens=1))]))
-        except ServerError as e:  # an adapter the server would not load: name the vLLM flag that would
-            try:
-                engine.close()
-            finally:
-                self._stop_vllm_server()
-            lora = self.cfg.policy.lora
-            raise explain_lora_error(e, lora.r if lora is not None else 0) from None
-        except BaseException:
-            try:
-                engine.close()  # a failed check leaves nothing of this run on the server
-            finally:
-                self._stop_vllm_server()
-            raise
-        if len(engines) > 1:
-            print(f"teamrl: a pool of {len(engines)} rollout endpoints ({', '.join(urls)}); each policy's requests are "
-                  f"spread over them; on a failed endpoint: {r.on_endpoint_failure} (rollout.on_endpoint_failure)",
-                  file=sys.stderr)
-        return engine
-
-    def _stop_vllm_server(self) -> None:
-        """Stop the vLLM server(s) this run started (``rollout.engine=vllm``; on Ray: the servers, then their actors)."""
-        from tqdm import tqdm
-
-        servers = getattr(self, "vllm_servers", None) or [s for s in [getattr(self, "vllm_server", None)] if s is not None]
-        errors = []
-        for server in servers:
-            try:
-                server.stop(log=lambda line: tqdm.write(line, file=sys.stderr))
-            except Exception as e:  # stop the others all the same
-                errors.append(e)
-        if errors:
-            raise errors[0]
+    def _send_initial(self, engine: Engine) -> None:
+        """Every policy's initial (or restored) weights to a server the run starts with."""
+        for name in self.router.policies:
+            WeightSync(self.weight_copy, engine).publish(name)
 
     def _probe_logprobs(self, policy: str, prompt_ids: list[int] | list[list[int]], completions: list, temperature: float,
                         top_k: int = 0, top_p: float = 1.0) -> list[list[float]]:
-        """The trainer's log-probs of ``completions`` of ``prompt_ids`` (one prompt, or one per completion) under
-        ``policy``'s current weights, in one forward (the start-up and sync checks compare the server's with them); with
-        ``top_k``/``top_p``, those of the truncated and renormalised distribution a server samples from
-        (:func:`truncated_token_logprobs`)."""
-        prompts = prompt_ids if prompt_ids and isinstance(prompt_ids[0], list) else [prompt_ids] * len(completions)
-        batch = build_token_batch(prompts, [c.token_ids for c in completions], self.tokenizer.pad_token_id)
-        with self.router.policies[policy].generation_model() as model, torch.no_grad():
-            batch = _to_device(batch, next(model.parameters()).device)
-            if top_k <= 0 and top_p >= 1:
-                lp, _ = completion_logprobs(model, batch, temperature or 1.0)
-            else:
-                out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids,
-                            use_cache=False, logits_to_keep=batch.completion_len + 1)
-                # one row at a time: the sort of top-p over the vocabulary at every position is large
-                lp = torch.stack([truncated_token_logprobs(out.logits[i, :-1], batch.completion_ids[i], temperature, top_k, top_p)
-                                  for i in range(len(completions))])
-        return [lp[i, :len(c.token_ids)].tolist() for i, c in enumerate(completions)]
+        """The trainer's log-probs of a server's ``completions`` under ``policy``'s weights (the start-up and sync
+        checks; :func:`~teamrl.rollout.engine_setup.probe_logprobs`)."""
+        return probe_logprobs(self.router, policy, prompt_ids, completions, temperature, top_k, top_p)
 
     def _build_policies(self) -> None:
-        """The driver's router (the rollout engine samples from it), the tokenizer, the role -> policy route, and
-        the workers that train the policies (``policy.placement``: this router itself, or Ray actors)."""
+        """The driver's router (the rollout engine samples from it), the tokenizer, the role -> policy route, the
+        learner that trains the policies (``policy.placement``: this router itself, its own copy when collecting
+        ahead, or Ray actors) and how its weights reach the driver's router (:mod:`teamrl.trainer.weight_sync`)."""
         self.router = make_router(self.cfg, self.roles)
         self.tokenizer = self.router.tokenizer
         self.route = self.router.policy_name
-        self.placement = PolicyPlacement(self.cfg, self.router, self.roles, deferred=self.pipelined)
+        self.learner = make_learner(self.cfg, self.router, self.roles, separate=self.ahead)
+        in_process = not self.learner.remote and not self.ahead
+        self.weight_copy = InProcess() if in_process else DriverCopy(self.router, self.learner)
 
     # ---- data -------------------------------------------------------------------------
     def _next_problems(self) -> list[Problem]:
@@ -365,28 +235,52 @@ class Trainer:
             position += 1
         return out, position
 
-    # ---- one iteration ----------------------------------------------------------------
+    # ---- one step: collect, learn, publish ------------------------------------------------
     def train_step(self) -> dict[str, Any]:
-        """One iteration; returns the metrics record it logged.
-
-        Synchronous (``rollout.max_staleness`` 0): the rollout, then the update, then the weight sync. Asynchronous:
-        the step's rollout comes from the producer thread (started at the first step), which samples the next steps'
-        rollouts while this one trains (:mod:`teamrl.trainer.pipeline`)."""
+        """One step (module docstring); returns the metrics record it logged."""
         step = self.step + 1
-        if not self.pipelined:
-            return self._consume(self._produce(step, self.data_position, dict(self.policy_versions)), None)
-        if self._pipeline is None:
-            self._start_pipeline()
+        if self.collector is None:
+            self.collector = Collector(produce=self._sample_rollout, sync=self.weight_sync, learner=self.learner,
+                                       start_step=self.step, last_step=self.cfg.train.steps,
+                                       start_position=self.data_position, versions=dict(self.policy_versions),
+                                       max_staleness=self.max_staleness, threaded=self.ahead)
         t0 = time.perf_counter()
-        rollout = self._pipeline.get(step)
-        return self._consume(rollout, time.perf_counter() - t0)
+        rollout = self.collector.collect(step)
+        t1 = time.perf_counter()
+        record: dict[str, Any] = {"step": step}
+        train_samples, dropped = self._learn(rollout, record)
+        t2 = time.perf_counter()
+        for name in self.router.policies:  # every policy is published after every step, changed or not
+            self.policy_versions[name] += 1
+        for name, figures in self.collector.publish(step, dict(self.policy_versions)).items():
+            record.update({f"sync/{name}/{k}": v for k, v in figures.items()})
+        t3 = time.perf_counter()
+        timing = {"timing/collect_s": rollout.rollout_s, "timing/learn_s": t2 - t1, "timing/publish_s": t3 - t2}
+        self.data_position = rollout.data_position
+        self._log_step(rollout, train_samples, record, update_s=t3 - t1,
+                       ahead=(t1 - t0, dropped) if self.ahead else None)
+        if self.eval_task is not None and step % self.cfg.train.eval_every == 0:
+            t_eval = time.perf_counter()
+            record.update(self._evaluate_and_watch(step))
+            timing["timing/evaluate_s"] = time.perf_counter() - t_eval
+        record.update(timing)
+        self.step = step
+        self.metrics.log(record)
+        if step % self.cfg.run.save_every == 0 or step == self.cfg.train.steps or self.stopped_at_cliff:
+            # the data position and algorithm state of this step's rollout: a resumed run produces the next one from them
+            state = {"data_position": self.data_position}
+            algorithm_state = rollout.algorithm.state_dict()
+            if algorithm_state:
+                state["algorithm"] = algorithm_state
+            save_checkpoint(self.ckpt_dir, step, self.learner, state, keep=self.cfg.run.keep_checkpoints)
+        return record
 
-    def _produce(self, step: int, position: int, versions: dict[str, int], engine: Engine | None = None) -> Rollout:
-        """Step ``step``'s rollout: the problems at data ``position``, every episode sampled with ``engine`` (default:
-        the trainer's) holding each policy at ``versions`` (stamped on every sample)."""
+    def _sample_rollout(self, step: int, position: int, versions: dict[str, int], engine: Engine) -> Rollout:
+        """Step ``step``'s rollout: the problems at data ``position``, every episode sampled with ``engine`` holding each
+        policy at ``versions`` (stamped on every sample)."""
         t0 = time.perf_counter()
         problems, position = self._problems_at(position)
-        scheduler = GenerationScheduler(engine or self.engine, seed=derive_seed(self.cfg.seed, step, 1))
+        scheduler = GenerationScheduler(engine, seed=derive_seed(self.cfg.seed, step, 1))
 
         def make_ctx(problem: Problem, episode: int, tags: dict) -> EpisodeContext:
             params = self.greedy_params if tags.get("greedy") else self.params
@@ -397,40 +291,36 @@ class Trainer:
             raise self._nothing_to_train(step, problems, samples)
         for s in samples:  # one set of weights for the whole rollout: its version at the start
             s.policy_version = versions[s.policy]
-        # the algorithm as this rollout left it: the producer's next rollout moves the live one on (a shallow copy
-        # suffices: a rollout replaces its state, finished episodes included, it never mutates the old objects)
-        algorithm = copy.copy(self.algorithm) if self.pipelined else self.algorithm
+        # the algorithm as this rollout left it: a rollout ahead moves the live one on (a shallow copy suffices: a
+        # rollout replaces its state, finished episodes included, it never mutates the old objects)
+        algorithm = copy.copy(self.algorithm) if self.ahead else self.algorithm
         return Rollout(step, problems, samples, len(scheduler.calls), time.perf_counter() - t0, algorithm, position,
                        dict(versions))
 
-    def _start_pipeline(self) -> None:
-        """Start the rollout producer of the asynchronous loop after the current step."""
-        self._pipeline = RolloutPipeline(produce=self._produce, placement=self.placement, sync=self.weight_sync,
-                                         start_step=self.step, last_step=self.cfg.train.steps,
-                                         start_position=self.data_position, versions=dict(self.policy_versions),
-                                         max_staleness=self.max_staleness)
-
-    def _stop_pipeline(self) -> None:
-        """Stop the rollout producer, if one runs (its rollouts not trained yet are dropped)."""
-        pipeline, self._pipeline = getattr(self, "_pipeline", None), None
-        if pipeline is not None:
-            pipeline.close()
-
-    def _publish(self, step: int, record: dict[str, Any]) -> None:
-        """After the update of ``step``, every policy's new version leaves the learner: synchronous, through
-        :meth:`WeightSync.publish` now (the server's sync figures into ``record``); asynchronous, as a snapshot for
-        the producer, which publishes it at the start of the rollout whose gate it opens."""
-        if not self.pipelined:
-            for name in self.router.policies:
-                figures = self.weight_sync.publish(name)
-                self.policy_versions[name] += 1
-                record.update({f"sync/{name}/{k}": v for k, v in figures.items()})
-            return
-        out = {}
+    def _learn(self, rollout: Rollout, record: dict[str, Any]) -> tuple[list[Sample], tuple[int, int]]:
+        """Advantages and every policy's update on ``rollout`` (stats into ``record``, per-role statistics into
+        ``last_role_stats``); returns the trained samples and (samples dropped as too stale, samples looked at)."""
+        dropped = self._drop_stale(rollout.samples) if self.ahead else (0, 0)
+        train_samples = self._assign_advantages(rollout.samples)
+        # how much of the batch can teach anything: groups with a non-zero advantage, samples the update computes
+        record.update(learning_signal(train_samples, self.roles, lambda s: _contributes(s, self.update_settings.loss)))
+        if self.cfg.train.nonfinite_reward == "drop_group":
+            record["nonfinite_groups_dropped"] = self.nonfinite_groups_dropped
+        parts: dict[str, list[list[Sample]]] = {}
         for name in self.router.policies:
-            self.policy_versions[name] += 1
-            out[name] = (self.policy_versions[name], self.placement.snapshot(name))
-        self._pipeline.publish(step, out)
+            own = [s for s in train_samples if s.policy == name]
+            # One optimizer step per policy, or (equalize_steps false) one per role instance in turn; with several,
+            # each is clipped against the weights that sampled (old log-probs taken before the first)
+            parts[name] = [own] if self.cfg.policy.equalize_steps else [[s for s in own if s.role == r]
+                                                                         for r in dict.fromkeys(s.role for s in own)]
+        mode = self.update_settings.loss.importance_correction
+        if mode != "none" and self.learner.remote:  # update_policy checks too; on the driver, a Ray worker's error
+            check_sampling_logprobs(train_samples, mode)  # would come back wrapped in its remote traceback
+        steps = self.learner.update(LearnBatch(parts, self.update_settings, self.tokenizer.pad_token_id,
+                                               tuple(self.eos_ids)))
+        policy_record, self.last_role_stats = learner_metrics(steps, parts)
+        record.update(policy_record)
+        return train_samples, dropped
 
     def _drop_stale(self, samples: list[Sample]) -> tuple[int, int]:
         """The defensive staleness filter: a trainable sample more than ``max_staleness`` updates behind its policy is
@@ -447,60 +337,33 @@ class Trainer:
                                "broke its gate")
         return len(stale), len(eligible)
 
-    def _async_metrics(self, rollout: Rollout, train_samples: list[Sample], dropped: tuple[int, int],
-                       trainer_wait_s: float) -> dict[str, float]:
-        """``async/*``: per policy, how many trained samples were n = 0..k updates behind (and the mean), the share
-        dropped as too stale, the trainer's wait for the rollout and the producer's wait for (and load of) weights."""
-        out: dict[str, float] = {}
-        for name in self.router.policies:
-            behind = [self.policy_versions[name] - s.policy_version for s in train_samples if s.policy == name]
-            if not behind:
-                continue
-            for n in range(self.max_staleness + 1):
-                out[f"async/staleness/{name}/{n}"] = float(sum(b == n for b in behind))
-            out[f"async/staleness_mean/{name}"] = sum(behind) / len(behind)
-        out["async/dropped_stale_share"] = dropped[0] / dropped[1] if dropped[1] else 0.0
-        out["async/trainer_wait_s"] = trainer_wait_s
-        out["async/weights_wait_s"] = rollout.weights_wait_s
-        out["async/weights_load_s"] = rollout.weights_load_s
-        for name, figures in rollout.sync_figures.items():  # the server's sync check of the loads before this rollout
-            for k, v in figures.items():
-                out[f"sync/{name}/{k}"] = v
-        return out
-
-    def _consume(self, rollout: Rollout, trainer_wait_s: float | None) -> dict[str, Any]:
-        """Train on ``rollout`` (step ``rollout.step``), log the step, checkpoint; returns the record.
-        ``trainer_wait_s``: the asynchronous loop's wait for the rollout (None: synchronous)."""
-        step, samples = rollout.step, rollout.samples
-        self.data_position = rollout.data_position
-        t1 = time.perf_counter()
-        record: dict[str, Any] = {"step": step}
-        dropped = self._drop_stale(samples) if self.pipelined else (0, 0)
-        samples, train_samples = self._train(samples, record)
-        if self.pipelined:
-            async_record = self._async_metrics(rollout, train_samples, dropped, trainer_wait_s or 0.0)
-        t_learned = time.perf_counter()
-        self._publish(step, record)  # before the logging: the asynchronous producer may be waiting for these weights
-        t_update = time.perf_counter() - t1
-        timing = {"timing/collect_s": rollout.rollout_s, "timing/learn_s": t_learned - t1,
-                  "timing/publish_s": t_update - (t_learned - t1)}
-        rewards = torch.tensor([s.reward for s in train_samples])
-        lengths = torch.tensor([len(s.completion_ids) for s in train_samples], dtype=torch.float32)
+    def _log_step(self, rollout: Rollout, train_samples: list[Sample], record: dict[str, Any], update_s: float,
+                  ahead: tuple[float, tuple[int, int]] | None) -> None:
+        """The step's record (:mod:`teamrl.trainer.step_metrics`) and, with ``run.log_episodes``, its episodes.
+        ``ahead``: for a rollout collected ahead, the trainer's wait for it and (samples dropped as too stale, looked
+        at); None: collected in this thread."""
+        samples = rollout.samples
+        record.update(sample_metrics(train_samples))
         gen_tokens = sum(len(s.completion_ids) for s in samples)
-        record.update({
-            "reward_mean": float(rewards.mean()), "reward_std": float(rewards.std()) if len(rewards) > 1 else 0.0,
-            "reward_max": float(rewards.max()), "completion_len": float(lengths.mean()),
-            "eos_frac": sum(s.finish_reason == "eos" for s in train_samples) / len(train_samples),
-            "engine_calls": rollout.engine_calls, "rollout_s": rollout.rollout_s, "update_s": t_update,
-            "rollout_tokens_per_s": gen_tokens / max(rollout.rollout_s, 1e-9), "data_position": self.data_position,
-        })
-        if self.pipelined:
-            record.update(async_record)
+        record.update({"engine_calls": rollout.engine_calls, "rollout_s": rollout.rollout_s, "update_s": update_s,
+                       "rollout_tokens_per_s": gen_tokens / max(rollout.rollout_s, 1e-9),
+                       "data_position": self.data_position})
+        if ahead is not None:
+            wait_s, dropped = ahead
+            # the versions of the policies before this step's publish: how far behind the trained samples were
+            before = {name: v - 1 for name, v in self.policy_versions.items()}
+            record.update(staleness_metrics(list(self.router.policies), before, train_samples, self.max_staleness,
+                                            dropped))
+            record.update({"async/trainer_wait_s": wait_s, "async/weights_wait_s": rollout.weights_wait_s,
+                           "async/weights_load_s": rollout.weights_load_s})
+            for name, figures in rollout.sync_figures.items():  # the server's checks of the loads before this rollout
+                record.update({f"sync/{name}/{k}": v for k, v in figures.items()})
         endpoint_metrics = getattr(self.engine, "metrics", None)  # a pool of rollout servers: pool/endpoints_live
         if callable(endpoint_metrics):
             record.update(endpoint_metrics())
         if len(self.roles) > 1:
-            record.update(self._role_metrics(train_samples, self.last_role_stats, record))
+            record.update(role_metrics(train_samples, self.roles, self.last_role_stats, record, self.route,
+                                       shared=self.cfg.policy.mode == "shared"))
         algorithm = rollout.algorithm
         record.update(algorithm.metrics(train_samples))
         finished = list(algorithm.finished)
@@ -510,30 +373,19 @@ class Trainer:
         if baselines:
             record["greedy_reward_mean"] = sum(s.reward for s in baselines) / len(baselines)
         if self.cfg.run.log_episodes:
-            ep_dir = self.run_dir / "episodes"
-            ep_dir.mkdir(exist_ok=True)
-            with (ep_dir / f"step_{step:06d}.jsonl").open("w") as f:
-                for s in samples:
-                    f.write(json.dumps(s.to_record()) + "\n")
-            if finished:  # one line per episode that ran to its end: its outcome and the workflow's stats
-                with (ep_dir / f"outcomes_{step:06d}.jsonl").open("w") as f:
-                    for e in finished:
-                        f.write(episode_outcome_line(e) + "\n")
-        if self.eval_task is not None and step % self.cfg.train.eval_every == 0:
-            t_eval = time.perf_counter()
-            record.update(self._evaluate_and_watch(step))
-            timing["timing/evaluate_s"] = time.perf_counter() - t_eval
-        record.update(timing)
-        self.step = step
-        self.metrics.log(record)
-        if step % self.cfg.run.save_every == 0 or step == self.cfg.train.steps or self.stopped_at_cliff:
-            # the data position and algorithm state of this step's rollout: a resumed run produces the next one from them
-            state = {"data_position": self.data_position}
-            algorithm_state = algorithm.state_dict()
-            if algorithm_state:
-                state["algorithm"] = algorithm_state
-            save_checkpoint(self.ckpt_dir, step, self.placement, state, keep=self.cfg.run.keep_checkpoints)
-        return record
+            self._write_episodes(rollout.step, samples, finished)
+
+    def _write_episodes(self, step: int, samples: list[Sample], finished: list[FinishedEpisode]) -> None:
+        """``episodes/step_<step>.jsonl`` (every sample) and ``outcomes_<step>.jsonl`` (every finished episode)."""
+        ep_dir = self.run_dir / "episodes"
+        ep_dir.mkdir(exist_ok=True)
+        with (ep_dir / f"step_{step:06d}.jsonl").open("w") as f:
+            for s in samples:
+                f.write(json.dumps(s.to_record()) + "\n")
+        if finished:  # one line per episode that ran to its end: its outcome and the workflow's stats
+            with (ep_dir / f"outcomes_{step:06d}.jsonl").open("w") as f:
+                for e in finished:
+                    f.write(episode_outcome_line(e) + "\n")
 
     def _workflow_stats(self, finished: list[FinishedEpisode]) -> dict[str, float]:
         """The workflow's statistics over the episodes of the step that ended with an outcome, as ``teamrl eval``
@@ -553,29 +405,6 @@ class Trainer:
         return NothingToTrain(f"workflow {name!r}: none of the {len(samples)} samples of step {step} is trainable (all "
                               "are greedy baselines or frozen roles'); nothing to train")
 
-    def _role_metrics(self, samples: list[Sample], role_stats: dict[str, float], record: dict[str, Any]) -> dict[str, float]:
-        """Per declared role (its instances ``generator0..`` included): reward, response length and,
-        when measured, loss, entropy, gradient norm and role capture (share of the summed gradient norms)."""
-        out: dict[str, float] = {}
-        types = list(dict.fromkeys(self.roles))
-        for t in types:
-            own = [s for s in samples if declared_role(s.role, types) == t]
-            if own:
-                out[f"reward/{t}"] = sum(s.reward for s in own) / len(own)
-                out[f"completion_len/{t}"] = sum(len(s.completion_ids) for s in own) / len(own)
-        norms = {t: role_stats[f"grad_norm@{t}"] for t in types if f"grad_norm@{t}" in role_stats}
-        for t in types:
-            for k in ("loss", "entropy"):
-                if f"{k}@{t}" in role_stats:
-                    out[f"role_{k}/{t}"] = role_stats[f"{k}@{t}"]
-        if not norms and self.cfg.policy.mode != "shared":  # one policy per role type: its norm is the role's
-            norms = {t: record[f"grad_norm/{self.route(t)}"] for t in types if f"grad_norm/{self.route(t)}" in record}
-        for t, v in norms.items():
-            out[f"role_grad_norm/{t}"] = v
-        if len(norms) > 1 and sum(norms.values()) > 0:  # no gradient (all advantages 0): capture is undefined
-            out.update({f"role_capture/{t}": v for t, v in role_capture(norms).items()})
-        return out
-
     def evaluate_accuracy(self) -> dict[str, float]:
         """Greedy accuracy (and the workflow diagnostics) on the held-out problems: one episode each."""
         problems = self.eval_task.problems()[:self.cfg.train.eval_problems]
@@ -589,16 +418,16 @@ class Trainer:
         """Evaluate, update the running peak; keep the best checkpoint; warn (and stop) at a cliff."""
         from tqdm import tqdm
 
-        if self._pipeline is not None:  # the engine between two rollouts, holding this step's weights
-            with self._pipeline.exclusive():
+        if self.collector is not None and self.collector.threaded:  # the engine between two rollouts, with these weights
+            with self.collector.exclusive():
                 out: dict[str, Any] = self.evaluate_accuracy()
         else:
             out = self.evaluate_accuracy()
         event = self.cliffs.update(step, out["eval/accuracy"])
         out["eval/peak_accuracy"] = event.peak
         if event.kind == "peak" and step > 0:
-            save_checkpoint(self.run_dir / "best", step, self.placement, {"data_position": self.data_position,
-                                                                      "eval_accuracy": event.accuracy}, keep=1)
+            save_checkpoint(self.run_dir / "best", step, self.learner, {"data_position": self.data_position,
+                                                                    "eval_accuracy": event.accuracy}, keep=1)
         if event.kind == "cliff":
             out["eval/cliff"] = 1
             tqdm.write(f"warning: accuracy cliff at step {step}: eval accuracy {event.accuracy:.3f} is {event.drop_points:.1f} "
@@ -611,41 +440,6 @@ class Trainer:
     def _rollout(self, problems: list[Problem], make_ctx, scheduler: GenerationScheduler) -> list[Sample]:
         """Every sample of this step's rollouts, with rewards and groups."""
         return self.algorithm.rollout(problems, self.task, make_ctx, scheduler.run)
-
-    def _train(self, samples: list[Sample], record: dict[str, Any]) -> tuple[list[Sample], list[Sample]]:
-        """Advantages and the updates (stats into ``record``, per-role statistics into
-        ``last_role_stats``); returns (samples to log, trained samples)."""
-        train_samples = self._assign_advantages(samples)
-        # how much of the batch can teach anything: groups with a non-zero advantage, samples the update computes
-        record.update(learning_signal(train_samples, self.roles, lambda s: _contributes(s, self.update_settings.loss)))
-        if self.cfg.train.nonfinite_reward == "drop_group":
-            record["nonfinite_groups_dropped"] = self.nonfinite_groups_dropped
-        role_stats: dict[str, list[float]] = {}
-        parts_by_policy = {}
-        for name in self.router.policies:
-            own = [s for s in train_samples if s.policy == name]
-            # One optimizer step per policy, or (equalize_steps false) one per role instance in turn.
-            parts_by_policy[name] = [own] if self.cfg.policy.equalize_steps else [[s for s in own if s.role == r] for r in dict.fromkeys(s.role for s in own)]
-        # with several steps, each is clipped against the weights that sampled (old log-probs taken before the first);
-        # every worker updates its policies at once, and the driver's copies are synced after (the asynchronous loop
-        # publishes the new weights instead: the producer loads them at a rollout boundary)
-        mode = self.update_settings.loss.importance_correction
-        if mode != "none" and self.placement.remote:  # update_policy checks too; on the driver, a Ray worker's error
-            check_sampling_logprobs(train_samples, mode)  # would come back wrapped in its remote traceback
-        steps = self.placement.update(parts_by_policy, self.update_settings, self.tokenizer.pad_token_id, self.eos_ids)
-        for name, parts in parts_by_policy.items():
-            policy_stats: dict[str, list[float]] = {}
-            for part_stats in steps[name]:
-                for k, v in part_stats.items():
-                    if "@" in k:
-                        role_stats.setdefault(k, []).append(v)
-                    elif k not in IMPORTANCE_STATS:  # those are of every step's weights (below)
-                        policy_stats.setdefault(k, []).append(v)
-            record.update({f"{k}/{name}": over_steps(k, v) for k, v in policy_stats.items()})
-            record.update({f"{k}/{name}": v for k, v in combine_importance_stats(steps[name]).items()})
-            record[f"optimizer_steps/{name}"] = len([p for p in parts if p]) - int(record.get(f"skipped_steps/{name}", 0))
-        self.last_role_stats = {k: over_steps(k.split("@", 1)[0], v) for k, v in role_stats.items()}
-        return samples, train_samples
 
     def _assign_advantages(self, samples: list[Sample]) -> list[Sample]:
         """Group-relative advantages over the trainable samples; returns them.
@@ -687,18 +481,22 @@ class Trainer:
             self.shutdown()
 
     def shutdown(self) -> None:
-        """Stop the rollout producer (asynchronous loop), the policy workers (Ray actors), unload this run's adapters
+        """Stop the collector's thread (collecting ahead), the policy workers (Ray actors), unload this run's adapters
         from a rollout server and stop the vLLM server the run started (``rollout.engine=vllm``); the run directory and
         its checkpoints stay as they are."""
-        self._stop_pipeline()  # first: the producer uses the engine
+        collector, self.collector = getattr(self, "collector", None), None
+        if collector is not None:  # first: its thread uses the engine (its rollouts not trained yet are dropped)
+            collector.close()
         close = getattr(getattr(self, "engine", None), "close", None)
         try:
             if close is not None:
                 close()
         finally:
             try:
-                self._stop_vllm_server()  # after the adapters are unloaded from it
-                self.placement.shutdown()
+                stop_vllm_servers(getattr(self, "vllm_servers", []))  # after the adapters are unloaded from it
+                learner = getattr(self, "learner", None)
+                if learner is not None:
+                    learner.shutdown()
             finally:
                 if getattr(self, "_locked", False):
                     self._locked = False

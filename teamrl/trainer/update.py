@@ -15,7 +15,8 @@ from teamrl.core.memory import trim_freed_memory
 from teamrl.core.sample import Sample
 from teamrl.losses import LossConfig, completion_mask, policy_loss
 from teamrl.policies.logprobs import (SharedPrefixBatch, Temperature, TokenBatch, build_shared_prefix_batch,
-                                     build_token_batch, completion_logprobs, shared_prefix_backward, shared_prefix_logprobs)
+                                     build_token_batch, completion_logprobs, shared_prefix_backward, shared_prefix_logprobs,
+                                     to_device)
 from teamrl.policies.policy import Policy
 from teamrl.policies.router import declared_role, role_type
 
@@ -204,14 +205,6 @@ def _pack(prompts: list[list[int]], completions: list[list[int]], pad_id: int):
     return build_token_batch(prompts, completions, pad_id)
 
 
-def _to_device(batch, dev: torch.device):
-    """The same batch dataclass with every tensor field on ``dev``."""
-    import dataclasses
-
-    return dataclasses.replace(batch, **{f.name: getattr(batch, f.name).to(dev) for f in dataclasses.fields(batch)
-                                         if isinstance(getattr(batch, f.name), torch.Tensor)})
-
-
 def sample_temperatures(samples: Sequence[Sample]) -> Temperature:
     """The temperatures ``samples`` were drawn at, for their log-probs: one float when they share it (the usual case),
     else one per sample (a tensor); greedy (0 or unset) counts as 1."""
@@ -241,7 +234,7 @@ def policy_logprobs(policy: Policy, samples: Sequence[Sample], settings: UpdateS
             part = samples[start:start + settings.micro_batch_size]
             batch = _pack([s.prompt_ids for s in part], [s.completion_ids for s in part], pad_id)
             if dev.type != "cpu":
-                batch = _to_device(batch, dev)
+                batch = to_device(batch, dev)
             logp = _logprobs(model, batch, sample_temperatures(part))[0].float().cpu()
             out += [row[:len(s.completion_ids)] for row, s in zip(logp, part)]
     return out
@@ -403,7 +396,7 @@ def _plan_update(samples: list[Sample], settings: UpdateSettings, pad_id: int, e
         # each sample's log-probs at the temperature it was drawn at (roles of one policy may sample at different ones)
         t = sample_temperatures(samples[sl])
         if dev.type != "cpu":  # batches are packed on the CPU; move them to the model's device once
-            b, m, t = _to_device(b, dev), m.to(dev), (t.to(dev) if isinstance(t, torch.Tensor) else t)
+            b, m, t = to_device(b, dev), m.to(dev), (t.to(dev) if isinstance(t, torch.Tensor) else t)
         micro_batches.append(_MicroBatch(sl, names[sl.start], b, m, t))
     if dev.type != "cpu":
         adv = adv.to(dev)
