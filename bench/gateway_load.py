@@ -182,7 +182,7 @@ def run(episodes: int = 64, calls: int = 3, tokens: int = 16, kill_fraction: flo
     from teamrl.policies.models import load_model
     from teamrl.rollout.hf_engine import HFEngine
     from teamrl.tasks.solve import MathSolve, MathSolveOptions
-    from teamrl.workflows.gateway import Gateway, GatewayOptions
+    from teamrl.rollout.gateway import Gateway, GatewayOptions
 
     model_, tok = load_model(model, seed=0)
     engine = HFEngine(lambda policy: contextlib.nullcontext(model_), tok)

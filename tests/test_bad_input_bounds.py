@@ -304,7 +304,7 @@ def test_serve_refuses_bad_arguments_before_loading_the_model(capsys, tmp_path, 
 def test_a_gateway_port_in_use_is_one_line(busy_port):
     # old: OSError [Errno 98] Address already in use, a traceback
     from teamrl.core.config import InputError
-    from teamrl.workflows.gateway import Gateway, GatewayOptions
+    from teamrl.rollout.gateway import Gateway, GatewayOptions
 
     with pytest.raises(InputError, match=f"127.0.0.1:{busy_port}.*in use.*0"):
         Gateway(GatewayOptions(port=busy_port)).start()

@@ -1,4 +1,4 @@
-"""The training gateway: OpenAI-API calls of an episode become exact Samples (teamrl.workflows.gateway).
+"""The training gateway: OpenAI-API calls of an episode become exact Samples (teamrl.rollout.gateway).
 
 Episodes run on the tiny random model through a real uvicorn server and the real ``openai`` client.
 """
@@ -18,11 +18,11 @@ from teamrl.core.config import ConfigError, load_config
 from teamrl.policies.chat import encode_chat
 from teamrl.policies.router import role_type
 from teamrl.rollout.engine import SamplingParams
+from teamrl.rollout.gateway import EpisodeHost, Gateway, GatewayOptions
 from teamrl.rollout.hf_engine import HFEngine
 from teamrl.rollout.scheduler import GenerationScheduler
 from teamrl.tasks.solve import MathSolve, MathSolveOptions
 from teamrl.workflows.context import EpisodeContext
-from teamrl.workflows.gateway import Gateway, GatewayOptions
 from teamrl.algorithms.grpo import WorkflowGRPO
 from teamrl.core.config import InputError
 from teamrl.workflows import Workflow
@@ -315,3 +315,12 @@ def test_tool_calls_pass_through_to_the_template_and_a_roles_repeated_calls_are_
     assert writer[0].prompt_ids == encode_chat(engine.tokenizer, expected, tools=tools)
     assert "5" in writer[0].prompt_text and [s.turn for s in writer] == [0, 1]  # the role's k-th call is its turn k
     assert [s.turn for s in ctxs[0].samples if s.role == "checker"] == [0]
+
+
+def test_an_episode_context_is_what_the_gateway_reads(engine):
+    """``EpisodeHost`` (declared in rollout/, below the workflows) is met by the workflows' EpisodeContext."""
+    ctx = EpisodeContext(GenerationScheduler(engine, seed=1), role_type, engine.tokenizer, SamplingParams(), "p0", 3, {"k": 1})
+    assert set(EpisodeHost.__annotations__) == {"tokenizer", "scheduler", "route", "problem_id", "episode", "tags", "params"}
+    for name in EpisodeHost.__annotations__:
+        assert hasattr(ctx, name), name
+    assert ctx.route("writer_1") == "writer" and ctx.tags == {"k": 1} and ctx.episode == 3

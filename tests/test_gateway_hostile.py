@@ -25,7 +25,7 @@ import pytest
 
 from tests.test_gateway import ROLES, RecordingEngine, run_episodes, serving
 from teamrl.tasks.solve import MathSolve, MathSolveOptions
-from teamrl.workflows.gateway import MAX_CLAIM_WAIT_S, ClientGone, Gateway, GatewayOptions
+from teamrl.rollout.gateway import MAX_CLAIM_WAIT_S, ClientGone, Gateway, GatewayOptions
 
 
 @pytest.fixture(scope="module")

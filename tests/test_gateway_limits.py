@@ -22,7 +22,7 @@ from typing import Any, Iterator
 import httpx
 import pytest
 
-from teamrl.workflows.gateway import Gateway, GatewayEpisode, GatewayOptions
+from teamrl.rollout.gateway import Gateway, GatewayEpisode, GatewayOptions
 
 REPO = Path(__file__).resolve().parents[1]
 ROLES = ("writer", "checker")
@@ -109,7 +109,7 @@ GATEWAY_CHILD = """
 import asyncio, sys, threading
 from tests.slowloris import limit_open_files
 limit_open_files()
-from teamrl.workflows.gateway import Gateway, GatewayOptions
+from teamrl.rollout.gateway import Gateway, GatewayOptions
 gw = Gateway(GatewayOptions())
 gw.start()
 loop = asyncio.new_event_loop()

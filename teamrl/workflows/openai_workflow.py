@@ -1,4 +1,4 @@
-"""Workflows written against the OpenAI API, trained through the gateway (:mod:`teamrl.workflows.gateway`).
+"""Workflows written against the OpenAI API, trained through the gateway (:mod:`teamrl.rollout.gateway`).
 
 ``@openai_workflow("name", roles=(...))`` turns a plain function ``episode(problem, client)``
 (sync or async) into a workflow: each episode starts the function (sync code in a worker thread)
@@ -29,11 +29,11 @@ from typing import Any, Callable
 from teamrl.core.config import InputError
 from teamrl.policies.router import role_type
 from teamrl.rollout.asgi import RequestError
+from teamrl.rollout.gateway import Gateway, GatewayOptions, parse_reward, shared_gateway
 from teamrl.tasks.solve import SolveTask
 from teamrl.tasks.task import Problem
 from teamrl.workflows import register_workflow
 from teamrl.workflows.context import EpisodeContext
-from teamrl.workflows.gateway import Gateway, GatewayOptions, parse_reward, shared_gateway
 from teamrl.workflows.outcome import EpisodeOutcome
 
 
@@ -121,7 +121,7 @@ async def run_gateway_episode(name: str, episode_fn: Callable | None, roles: tup
 def openai_workflow(name: str, roles: tuple[str, ...]) -> Callable[[Callable], Callable]:
     """Decorator: register ``episode(problem, client) -> reward`` (sync or async, written against the
     ``openai`` package) as ``workflow.name: <name>`` with its roles (each role a ``model`` name).
-    Its options (``workflow.options``) are :class:`~teamrl.workflows.gateway.GatewayOptions`."""
+    Its options (``workflow.options``) are :class:`~teamrl.rollout.gateway.GatewayOptions`."""
 
     def add(episode_fn: Callable) -> Callable:
         async def run(ctx: EpisodeContext, task: SolveTask, problem: Problem, settings: GatewayOptions) -> GatewayOutcome:

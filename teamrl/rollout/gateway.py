@@ -2,9 +2,9 @@
 
 Agent code written against the ``openai`` package trains unchanged: each episode gets its own
 base URL, ``http://HOST:PORT/episodes/<id>/v1``, and every ``chat.completions.create(model=<role>,
-...)`` on it is served through that episode's :class:`~teamrl.workflows.context.EpisodeContext`:
-the request joins the generation scheduler's batch (everything in flight shares it) and becomes a
-:class:`~teamrl.core.sample.Sample` of the role's policy, with the exact prompt ids (the chat
+...)`` on it is served through that episode's context (an :class:`EpisodeHost`; the workflows'
+``EpisodeContext`` is one): the request joins the generation scheduler's batch (everything in
+flight shares it) and becomes a :class:`~teamrl.core.sample.Sample` of the role's policy, with the exact prompt ids (the chat
 template applied here, once), the sampled completion ids and their sampling log-probs. The
 response carries the token ids as vLLM does (``prompt_token_ids``; ``choices[i].token_ids``), so
 nothing is ever re-tokenised.
@@ -38,16 +38,16 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Hashable
+from typing import Any, Callable, Hashable, Protocol
 
 from teamrl.core.config import option
 from teamrl.core.sample import Sample
 from teamrl.policies.chat import render_chat
 from teamrl.policies.router import role_type
-from teamrl.rollout.engine import GenerationRequest, SamplingParams
 from teamrl.rollout.asgi import (MAX_JSON_DEPTH, AsgiServer, ConnectionLimits, Guard, RequestError, json_errors,
                                  request_number, require_asgi, short_repr)
-from teamrl.workflows.context import EpisodeContext
+from teamrl.rollout.engine import GenerationRequest, SamplingParams
+from teamrl.rollout.scheduler import GenerationScheduler
 
 # vLLM/OpenAI finish reasons from the engine's
 BATCH_WAIT_LIMIT = 10  # a call waits at most this many batch windows for others to join its batch
@@ -55,6 +55,20 @@ FINISH = {"eos": "stop", "stop": "stop", "length": "length"}
 MAX_CLAIM_WAIT_S = 60.0  # the longest ``POST /episodes?wait=`` (seconds)
 CLAIM_POLL_S = 0.2  # a waiting claim looks this often whether its client is still connected
 EPISODE_PATH = re.compile(r"^/episodes/([^/]+)/")  # the routes of one episode
+
+
+class EpisodeHost(Protocol):
+    """What the gateway reads of an episode's context; ``teamrl.workflows.context.EpisodeContext`` is one.
+
+    Declared here, structurally, so that this layer (rollout) never imports the workflows above it."""
+
+    tokenizer: Any  # encodes the prompt (the chat template applied here), decodes token ids
+    scheduler: GenerationScheduler  # the rollout's batch: every call of every episode in flight joins it
+    route: Callable[[str], str]  # role -> policy name
+    problem_id: Hashable
+    episode: int
+    tags: dict[str, Any]
+    params: SamplingParams  # the rollout's sampling settings (a request may only shorten max_tokens)
 
 
 @dataclass(frozen=True)
@@ -89,7 +103,7 @@ class GatewayEpisode:
     """One episode as the gateway sees it. ``committed``: the Samples of calls whose answer was written."""
 
     id: str
-    ctx: EpisodeContext
+    ctx: EpisodeHost
     loop: asyncio.AbstractEventLoop  # the scheduler's: calls run there
     roles: tuple[str, ...]
     problem: dict[str, Any]
@@ -160,7 +174,7 @@ class Gateway:
             self._server = None
 
     # ---- episodes (called from the scheduler's loop) --------------------------------------------
-    def open_episode(self, ctx: EpisodeContext, roles: tuple[str, ...], problem: dict[str, Any],
+    def open_episode(self, ctx: EpisodeHost, roles: tuple[str, ...], problem: dict[str, Any],
                      external: bool = False) -> GatewayEpisode:
         """Register an episode of ``ctx``; an external one waits in the claim queue until a client takes it."""
         loop = asyncio.get_running_loop()
