@@ -5,7 +5,6 @@ Episodes run on the tiny random model through a real uvicorn server and the real
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import threading
 import time
