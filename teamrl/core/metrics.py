@@ -19,8 +19,8 @@ class MetricsSink:
                  wandb_project: str = "teamrl", run_name: str = "", config: dict | None = None) -> None:
         self.path = Path(path)
         if self.path.exists():
-            kept = [l for l in self.path.read_text().splitlines() if l.strip() and json.loads(l).get("step", 0) <= start_step]
-            self.path.write_text("".join(l + "\n" for l in kept))
+            kept = [r for r in self.path.read_text().splitlines() if r.strip() and json.loads(r).get("step", 0) <= start_step]
+            self.path.write_text("".join(r + "\n" for r in kept))
         self._tb = None
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
@@ -56,7 +56,7 @@ class MetricsSink:
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
     """All records of a ``metrics.jsonl``."""
-    return [json.loads(l) for l in Path(path).read_text().splitlines() if l.strip()]
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
 
 
 def training_records(records: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -229,7 +229,7 @@ def evalplus_same(got: Any, expected: Any, atol: float) -> bool:
 
     if atol == 0 and floats(expected):
         atol = 1e-6
-    if atol == 0 or type(got) != type(expected):
+    if atol == 0 or type(got) is not type(expected):
         return False
     if isinstance(expected, (list, tuple)):
         return len(got) == len(expected) and all(abs(g - e) <= atol + 1e-7 * abs(e) for g, e in zip(got, expected))

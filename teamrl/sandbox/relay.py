@@ -12,12 +12,15 @@ import signal
 import subprocess
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from teamrl.sandbox.jail import _DRAIN_SECONDS, _PROGRAM_ENV, _bwrap_command, _bwrap_exit_code, _host_namespaces
 from teamrl.sandbox.judge import MAX_VALUE_CHARS, CallTest, ReferenceTest, RefusedValue, decode_plain, program_names
 from teamrl.sandbox.records import _HARNESS_PID, _parse_records, _Records
 from teamrl.sandbox.users import _LEASES, _kill_user, _kill_user_atomically, _Lease
+
+if TYPE_CHECKING:  # for the annotation only: sandbox.py, where _Run is, imports this module
+    from teamrl.sandbox.sandbox import _Run
 
 _judge_runtime_source: str | None = None
 # A request (the judge's arguments) or a reply (the program's value) bigger than this is
