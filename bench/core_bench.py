@@ -206,7 +206,9 @@ def main(argv: list[str] | None = None) -> int:
                       completion_ids=torch.randint(100, 40000, (160,), generator=g).tolist(),
                       sampling_logprobs=[], advantage=float(torch.randn(1, generator=g))) for i in range(16)]
     settings = UpdateSettings(loss=LossConfig(), micro_batch_size=16)
-    step = lambda: update_policy(pol, samples, settings, tok.pad_token_id, [eos])
+    def step():
+        return update_policy(pol, samples, settings, tok.pad_token_id, [eos])
+
     step()  # warm-up
     t_step, _ = _time(step, args.repeats)
     flops, formula = train_step_flops(pol.model, LoraConfig().r, 16, 200, 160)

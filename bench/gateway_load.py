@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import statistics
 import sys
 import threading
 import time
@@ -203,7 +202,7 @@ def run(episodes: int = 64, calls: int = 3, tokens: int = 16, kill_fraction: flo
 
 
 def markdown(rounds: list[dict[str, Any]], args: argparse.Namespace) -> str:
-    lines = [f"# Training gateway load test\n",
+    lines = ["# Training gateway load test\n",
              f"`python bench/gateway_load.py --episodes {args.episodes} --calls {args.calls} --tokens {args.tokens} "
              f"--kill {args.kill} --model {args.model} --batch-window {args.batch_window}` on 127.0.0.1 ({args.threads} torch thread(s)); "
              f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.\n",

@@ -126,6 +126,18 @@ from learning_stats import (  # noqa: E402
     warm_start_alone,
 )
 
+# The names this file offers: its parts' (the tests reach them through here) and main.
+__all__ = [
+    "learning_calibration", "cell_fingerprint", "cell_path", "for_seeds", "read_cell", "write_cell", "BAND",
+    "CALIBRATE_PROBLEMS", "MARK_END", "MARK_START", "calibrate", "calibration_markdown", "pick_level",
+    "write_calibration_doc", "CALIBRATION", "CALIBRATION_DOC", "CELLS", "CLIFF_POINTS", "DYNAMICS_WINDOW",
+    "EVAL_PROBLEMS", "PER_SEED", "QUICK", "QUICK_OUT", "REPO", "SEEDS", "STUDY_SIZES", "WARM_LR",
+    "WARM_PROBLEMS_QUICK", "Arm", "ArmResult", "Comparison", "Level", "_config", "_overrides", "comparisons",
+    "merge", "plot", "render", "render_study_dynamics", "results_json", "next_run", "run_arm", "run_arm_in_process",
+    "shared_warm_start", "warm_start_dir", "ALSO_LABELS", "also_rows", "held_out_cliffs", "paired_vs_untrained",
+    "paired_vs_warm_start", "study_dynamics", "warm_start_alone", "main"
+]
+
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

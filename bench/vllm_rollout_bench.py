@@ -34,6 +34,7 @@ Usage: python bench/vllm_rollout_bench.py [--tokens 64] [--repeats 3] [--threads
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -170,7 +171,8 @@ def main(argv: list[str] | None = None) -> int:
                 remote.check_base_model("smollm2-135m")
                 for policy in router.policies:
                     remote.sync_weights(policy)
-                sides = {"teamrl": lambda: local.generate_many(calls), "vllm": lambda: remote.generate_many(calls)}
+                sides = {"teamrl": functools.partial(local.generate_many, calls),
+                         "vllm": functools.partial(remote.generate_many, calls)}
                 times: dict[str, list[float]] = {k: [] for k in sides}
                 checks = {}
                 for k, run in sides.items():  # warm-up, and the sanity check on its output
@@ -192,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
                     "kind": kind, "policies": len(router.policies), "rows": rows, "tokens": rows * args.tokens,
                     "shape": " + ".join(f"{len(reqs)} x {reqs[0].n}" for _, reqs, _ in calls),
                     "times": times, "median": {k: statistics.median(v) for k, v in times.items()}, "sanity": checks})
-                del router, local, remote
+                del router, local, remote, sides
         finally:
             results["vllm_exit"] = server.stop(quiet=True)
     results["loadavg_after"] = os.getloadavg()[0]

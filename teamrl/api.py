@@ -19,6 +19,22 @@ from teamrl.workflows import REWARDS, WORKFLOWS, EpisodeOutcome, Workflow, regis
 from teamrl.workflows.context import EpisodeContext
 from teamrl.workflows.openai_workflow import external_workflow, openai_workflow
 
-__all__ = ["ENTRY_POINT_GROUP", "REWARDS", "TASKS", "WORKFLOWS", "EpisodeContext", "EpisodeOutcome", "Problem", "Registry",
-           "SolveTask", "Task", "Workflow", "external_workflow", "load_plugin", "openai_workflow", "register_reward",
-           "register_task", "register_workflow"]
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "REWARDS",
+    "TASKS",
+    "WORKFLOWS",
+    "EpisodeContext",
+    "EpisodeOutcome",
+    "Problem",
+    "Registry",
+    "SolveTask",
+    "Task",
+    "Workflow",
+    "external_workflow",
+    "load_plugin",
+    "openai_workflow",
+    "register_reward",
+    "register_task",
+    "register_workflow",
+]

@@ -2,7 +2,8 @@
 
   teamrl train [CONFIG.yaml] [--resume | --resume-intact] [--plugin FILE.py ...] [key.sub=value ...]
   teamrl config [CONFIG.yaml] [--plugin FILE.py ...] [key.sub=value ...]   # validate and print the resolved config
-  teamrl eval [CONFIG.yaml] [--checkpoint RUN_DIR] [--method team,single,...] [--limit N] [--out DIR] [key.sub=value ...]
+  teamrl eval [CONFIG.yaml] [--checkpoint RUN_DIR] [--method team,single,...] [--limit N] [--out DIR]
+              [key.sub=value ...]
   teamrl sft [CONFIG.yaml] [--data DEMOS.jsonl] [--epochs N] [key.sub=value ...]   # warm start, then train --resume
   teamrl report RUN_DIR                              # RUN_DIR/report/index.html (+ PNG plots, report.md)
   teamrl study STUDY.yaml [--table]                  # a workflow x policy x task x model x seed grid -> study.md
@@ -72,7 +73,8 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _config_bounds(dotted: str) -> dict:
-    """The bounds (``ge``, ``gt``, ``le``) of the config key ``dotted`` (e.g. ``train.lr``), for a flag that means the same."""
+    """The bounds (``ge``, ``gt``, ``le``) of the config key ``dotted`` (e.g. ``train.lr``), for a flag that means
+    the same."""
     import dataclasses
     import typing
 
@@ -86,8 +88,8 @@ def _config_bounds(dotted: str) -> dict:
 
 
 def _number(kind: type, like: str = "", **bounds: float):
-    """An argparse ``type``: an ``int`` or a finite ``float`` within ``bounds`` (or those of config key ``like``); out of
-    them, argparse's one-line error names the flag, the value and what is accepted."""
+    """An argparse ``type``: an ``int`` or a finite ``float`` within ``bounds`` (or those of config key ``like``);
+    out of them, argparse's one-line error names the flag, the value and what is accepted."""
     bounds = {**(_config_bounds(like) if like else {}), **bounds}
 
     def parse(text: str):
@@ -158,8 +160,11 @@ def main(argv: list[str] | None = None) -> int:
             return _main(sys.argv[1:] if argv is None else argv)
     except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: what was saved stays, a half-written checkpoint does not
         signum = e.signum if isinstance(e, Terminated) else signal.SIGINT
-        print(f"teamrl: interrupted ({signal.Signals(signum).name}); checkpoints already written are kept: a training run "
-              "continues with the same command and --resume", file=sys.stderr)
+        print(
+            f"teamrl: interrupted ({signal.Signals(signum).name}); checkpoints already written are kept: "
+            "a training run continues with the same command and --resume",
+            file=sys.stderr,
+        )
         return 128 + signum
     except InputError as e:  # only the user's input: anything else is a bug and keeps its traceback
         if os.environ.get("TEAMRL_TRACEBACK", "") not in ("", "0"):
@@ -195,58 +200,126 @@ def _main(argv: list[str]) -> int:
     p_train.add_argument("args", nargs="*", help="CONFIG.yaml and key.sub=value overrides")
     p_cfg = sub.add_parser("config", help="validate a config and print it resolved")
     p_cfg.add_argument("args", nargs="*")
-    p_eval = sub.add_parser("eval", help="trained vs untrained team and prompt baselines: normalised return, validity, tokens/s")
+    p_eval = sub.add_parser(
+        "eval", help="trained vs untrained team and prompt baselines: normalised return, validity, tokens/s"
+    )
     p_eval.add_argument("--checkpoint", default=None, help="a run directory: its last checkpoint is the trained team")
-    p_eval.add_argument("--method", default=None, help="comma-separated subset of team,untrained,single,concat,sequential,discussion,swapped: those the run's workflow takes (default: team with --checkpoint, untrained and the workflow's baselines)")
-    p_eval.add_argument("--limit", type=_number(int, ge=1), default=20, help="number of evaluation problems (default 20)")
-    p_eval.add_argument("--temperature", type=_number(float, "rollout.temperature"), default=0.0, help="sampling temperature (default 0: greedy)")
+    p_eval.add_argument(
+        "--method",
+        default=None,
+        help="comma-separated subset of team,untrained,single,concat,sequential,discussion,swapped: those the run's "
+        "workflow takes (default: team with --checkpoint, untrained and the workflow's baselines)",
+    )
+    p_eval.add_argument(
+        "--limit", type=_number(int, ge=1), default=20, help="number of evaluation problems (default 20)"
+    )
+    p_eval.add_argument(
+        "--temperature",
+        type=_number(float, "rollout.temperature"),
+        default=0.0,
+        help="sampling temperature (default 0: greedy)",
+    )
     p_eval.add_argument("--out", default=None, metavar="DIR", help="where results.json and the per-method episodes go "
                         "(default: RUN_DIR/eval/<timestamp> with --checkpoint, else run.dir/eval-<timestamp>)")
     p_eval.add_argument("args", nargs="*")
-    p_sft = sub.add_parser("sft", help="warm start: fine-tune each role's policy on demonstrations (a JSONL, or the task's "
-                                       "own solver) and save them as the run's step-0 checkpoint; then teamrl train --resume")
+    p_sft = sub.add_parser(
+        "sft",
+        help="warm start: fine-tune each role's policy on demonstrations (a JSONL, or the task's "
+        "own solver) and save them as the run's step-0 checkpoint; then teamrl train --resume",
+    )
     p_sft.add_argument("--data", default=None, help="JSONL of {role, messages, completion} rows (default: the task's "
                                                      "demonstrations(problem) on its training problems)")
-    p_sft.add_argument("--problems", type=_number(int, ge=1), default=64, help="training problems to take task demonstrations from (default 64)")
-    p_sft.add_argument("--as-role", default=None, help="train this role's policy on every demonstration, whatever role it names")
-    p_sft.add_argument("--epochs", type=_number(int, ge=1), default=3, help="passes over the demonstrations (default 3)")
-    p_sft.add_argument("--batch-size", type=_number(int, ge=1), default=8, help="demonstrations per optimizer step (default 8)")
+    p_sft.add_argument(
+        "--problems",
+        type=_number(int, ge=1),
+        default=64,
+        help="training problems to take task demonstrations from (default 64)",
+    )
+    p_sft.add_argument(
+        "--as-role", default=None, help="train this role's policy on every demonstration, whatever role it names"
+    )
+    p_sft.add_argument(
+        "--epochs", type=_number(int, ge=1), default=3, help="passes over the demonstrations (default 3)"
+    )
+    p_sft.add_argument(
+        "--batch-size", type=_number(int, ge=1), default=8, help="demonstrations per optimizer step (default 8)"
+    )
     p_sft.add_argument("--lr", type=_number(float, "train.lr"), default=None, help="learning rate (default train.lr)")
     p_sft.add_argument("args", nargs="*", help="CONFIG.yaml and key.sub=value overrides (the RL run's own)")
-    p_report = sub.add_parser("report", help="RUN_DIR/report/index.html: curves, the latest eval, transcripts (+ PNG plots, report.md)")
+    p_report = sub.add_parser(
+        "report", help="RUN_DIR/report/index.html: curves, the latest eval, transcripts (+ PNG plots, report.md)"
+    )
     p_report.add_argument("run_dir")
     p_study = sub.add_parser("study", help="run a workflow-study grid cell by cell (resumable) and write its table")
     p_study.add_argument("study_config")
     p_study.add_argument("--table", action="store_true", help="only rewrite the table from the finished cells")
-    p_serve = sub.add_parser("serve", help="serve the engine behind an OpenAI-compatible completions endpoint (vLLM protocol)")
-    p_serve.add_argument("--model", default="smollm2-135m", help="base model: alias, local folder or hub id (default smollm2-135m)")
-    p_serve.add_argument("--served-model-name", default=None, help="the base model's name in requests (default: --model)")
+    p_serve = sub.add_parser(
+        "serve", help="serve the engine behind an OpenAI-compatible completions endpoint (vLLM protocol)"
+    )
+    p_serve.add_argument(
+        "--model", default="smollm2-135m", help="base model: alias, local folder or hub id (default smollm2-135m)"
+    )
+    p_serve.add_argument(
+        "--served-model-name", default=None, help="the base model's name in requests (default: --model)"
+    )
     p_serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    p_serve.add_argument("--port", type=_number(int, ge=0, le=65535), default=8000, help="port (default 8000; 0 picks a free one)")
-    p_serve.add_argument("--lora", action="append", default=[], metavar="NAME=PATH", help="load a PEFT adapter folder at start (repeatable)")
+    p_serve.add_argument(
+        "--port", type=_number(int, ge=0, le=65535), default=8000, help="port (default 8000; 0 picks a free one)"
+    )
+    p_serve.add_argument(
+        "--lora",
+        action="append",
+        default=[],
+        metavar="NAME=PATH",
+        help="load a PEFT adapter folder at start (repeatable)",
+    )
     p_serve.add_argument("--device", default="auto", help="auto (cuda when present), cpu, cuda or cuda:N")
     p_serve.add_argument("--dtype", default="auto", help="auto (bf16 on cuda, fp32 on cpu), float32, bfloat16, float16")
-    p_serve.add_argument("--seed", type=_number(int, "seed"), default=0, help="initialisation seed of random models (tiny-random); match training's seed")
-    p_serve.add_argument("--threads", type=_number(int, "threads"), default=0, help="torch CPU threads; 0 keeps torch's default")
+    p_serve.add_argument(
+        "--seed",
+        type=_number(int, "seed"),
+        default=0,
+        help="initialisation seed of random models (tiny-random); match training's seed",
+    )
+    p_serve.add_argument(
+        "--threads", type=_number(int, "threads"), default=0, help="torch CPU threads; 0 keeps torch's default"
+    )
     p_serve.add_argument("--ready-file", default=None, help="write the server's URL to this file once it listens")
     p_serve.add_argument("--verbose", action="store_true", help="log every request")
-    p_serve.add_argument("--max-n", type=int, default=1024, help="most completions per prompt of one request (400 above)")
+    p_serve.add_argument(
+        "--max-n", type=int, default=1024, help="most completions per prompt of one request (400 above)"
+    )
     p_serve.add_argument("--max-sequences", type=int, default=8192,
                          help="most sequences (prompts x n) of one request, which runs as one batch (400 above)")
-    p_serve.add_argument("--max-connections", type=int, default=1024,
-                         help="open connections held at once (at most half the open-file limit); one over it closes the "
-                              "oldest that has sent no complete request")
+    p_serve.add_argument(
+        "--max-connections",
+        type=int,
+        default=1024,
+        help="open connections held at once (at most half the open-file limit); one over it closes the "
+        "oldest that has sent no complete request",
+    )
     p_serve.add_argument("--strict", choices=("vllm", "sglang"), default=None,
                          help="imitate vLLM 0.33.0 or SGLang 0.5.23 where they differ from teamrl (per-prompt seeds, "
                               "generation_config defaults, raw log-probs, real LoRA paths); for testing clients")
-    p_serve.add_argument("--logprobs-mode", choices=("raw_logprobs", "processed_logprobs"), default="raw_logprobs",
-                         help="with --strict: which log-probs are returned (vLLM's --logprobs-mode; default raw_logprobs)")
-    p_serve.add_argument("--override-generation-config", default=None, metavar="JSON",
-                         help='with --strict: sampling defaults as generation_config.json would set them, e.g. \'{"repetition_penalty": 1.1}\'')
+    p_serve.add_argument(
+        "--logprobs-mode",
+        choices=("raw_logprobs", "processed_logprobs"),
+        default="raw_logprobs",
+        help="with --strict: which log-probs are returned (vLLM's --logprobs-mode; default raw_logprobs)",
+    )
+    p_serve.add_argument(
+        "--override-generation-config",
+        default=None,
+        metavar="JSON",
+        help="with --strict: sampling defaults as generation_config.json would set them, "
+        'e.g. \'{"repetition_penalty": 1.1}\'',
+    )
     for p in (p_train, p_cfg, p_eval, p_sft):
         p.add_argument("--plugin", action="append", default=[], metavar="FILE.py",
                        help="import a Python file that registers tasks, workflows or rewards (repeatable)")
-    sub.add_parser("bench", help="benchmarks vs CoMLRL, TRL and model.generate -> bench/RESULTS.md (options: teamrl bench --help)")
+    sub.add_parser(
+        "bench", help="benchmarks vs CoMLRL, TRL and model.generate -> bench/RESULTS.md (options: teamrl bench --help)"
+    )
     plugins, argv = _take_plugins(argv)
     ns, unknown = parser.parse_known_args(argv)
     # argparse stops taking positionals after an option: key=value overrides after one are still overrides
@@ -330,7 +403,8 @@ def _main(argv: list[str]) -> int:
         return 2
     try:
         everything = trainer.train()
-    except (WorkerFailed, NonFiniteReward, ServerError) as e:  # ServerError: a sync check failed, or the server went away
+    # ServerError: a sync check failed, or the server went away
+    except (WorkerFailed, NonFiniteReward, ServerError) as e:
         print(f"teamrl: {e}", file=sys.stderr)
         return 1
     from teamrl.core.metrics import accuracy_summary, training_records
@@ -370,7 +444,9 @@ def _final_eval(cfg, run_dir: Path, argv: list[str]) -> None:
     from teamrl.trainer.evaluate import eval_output_dir, evaluate, format_table, held_out_config, write_results
 
     held_out, where = held_out_config(cfg)
-    rows = evaluate(held_out, ["untrained", "team"], checkpoint=run_dir, limit=cfg.train.final_eval_problems, progress=False)
+    rows = evaluate(
+        held_out, ["untrained", "team"], checkpoint=run_dir, limit=cfg.train.final_eval_problems, progress=False
+    )
     print(f"untrained vs trained team, greedy, on {rows[0].problems} {where}:")
     print(format_table(rows))
     out = write_results(rows, eval_output_dir(run_dir, held_out), held_out, ["teamrl", *argv],
@@ -391,18 +467,23 @@ def _check_writable_file(probe: Path, flag: str, path: Path) -> None:
         if not existed:
             probe.unlink()
     except OSError as e:
-        raise InputError(f"{flag} {path}: cannot be written ({e.strerror}); give a file path in a writable folder") from None
+        raise InputError(
+            f"{flag} {path}: cannot be written ({e.strerror}); give a file path in a writable folder"
+        ) from None
 
 
 def _check_out_dir(out: Path, flag: str) -> None:
-    """Refuse ``flag out`` before the work when it cannot become a folder of results (a file, under a file, not writable)."""
+    """Refuse ``flag out`` before the work when it cannot become a folder of results (a file, under a file, not
+    writable)."""
     from teamrl.core.config import InputError
 
     probe = out
     while not probe.exists() and probe.parent != probe:  # the nearest path that exists
         probe = probe.parent
     if not probe.is_dir():
-        raise InputError(f"{flag} {out}: {probe} is a file, not a folder; give a folder (existing or new) for the results")
+        raise InputError(
+            f"{flag} {out}: {probe} is a file, not a folder; give a folder (existing or new) for the results"
+        )
     if not os.access(probe, os.W_OK | os.X_OK):
         raise InputError(f"{flag} {out}: {probe} is not writable; give a folder this user can write")
 
@@ -433,7 +514,9 @@ def _serve(ns) -> int:
 
             overrides = json.loads(ns.override_generation_config) if ns.override_generation_config else {}
             if not isinstance(overrides, dict):
-                raise ValueError(f"--override-generation-config: expected a JSON object, got {ns.override_generation_config!r}")
+                raise ValueError(
+                    f"--override-generation-config: expected a JSON object, got {ns.override_generation_config!r}"
+                )
             strict = StrictBehaviour(ns.strict, ns.logprobs_mode, max_stop_strings=4 if ns.strict == "vllm" else None,
                                      generation_defaults=overrides)
         elif ns.override_generation_config or ns.logprobs_mode != "raw_logprobs":
@@ -467,10 +550,15 @@ def _sft(cfg, ns) -> int:
         demos = task_demonstrations(task, task.problems()[:ns.problems])
     if ns.as_role:
         demos = [replace(d, role=ns.as_role) for d in demos]
-    run_dir, records = warm_start(cfg, demos, epochs=ns.epochs, batch_size=ns.batch_size, lr=ns.lr, progress=cfg.run.progress)
+    run_dir, records = warm_start(
+        cfg, demos, epochs=ns.epochs, batch_size=ns.batch_size, lr=ns.lr, progress=cfg.run.progress
+    )
     for name in dict.fromkeys(r["policy"] for r in records):
         own = [r["loss"] for r in records if r["policy"] == name]
-        print(f"policy {name}: demonstration loss {own[0]:.3f} (first step) -> {own[-1]:.3f} (last step), {len(own)} steps")
+        print(
+            f"policy {name}: demonstration loss {own[0]:.3f} (first step) -> {own[-1]:.3f} (last step), "
+            f"{len(own)} steps"
+        )
     print(f"{len(demos)} demonstrations, warm start saved in {run_dir / 'checkpoints'}; "
           f"continue with RL: teamrl train ... name={cfg.name} --resume")
     return 0
@@ -494,8 +582,15 @@ def _eval(cfg, ns, argv: list[str]) -> int:
         return 2
     print(format_table(rows))
     checkpoint = Path(ns.checkpoint) if ns.checkpoint else None
-    out = write_results(rows, eval_output_dir(checkpoint, cfg, Path(ns.out) if ns.out else None), cfg, ["teamrl", *argv],
-                        checkpoint=checkpoint, limit=ns.limit, temperature=ns.temperature)
+    out = write_results(
+        rows,
+        eval_output_dir(checkpoint, cfg, Path(ns.out) if ns.out else None),
+        cfg,
+        ["teamrl", *argv],
+        checkpoint=checkpoint,
+        limit=ns.limit,
+        temperature=ns.temperature,
+    )
     print(f"eval results: {out}/results.json; each problem's episode per method: "
           + ", ".join(f"{out}/{r.method}.jsonl" for r in rows))
     return 0

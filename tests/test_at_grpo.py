@@ -72,7 +72,9 @@ def _rollout(engine, tok, env, k, select, grouping="tree", seed=0):
     params = SamplingParams(max_new_tokens=4)
     from teamrl.workflows.context import EpisodeContext
 
-    make = lambda p, e, tags: EpisodeContext(sched, lambda r: "p", tok, params, p.id, e, tags)
+    def make(p, e, tags):
+        return EpisodeContext(sched, lambda r: "p", tok, params, p.id, e, tags)
+
     return algo.rollout(env.problems(), env, make, sched.run), sched
 
 

@@ -77,8 +77,13 @@ def test_render_reads_the_two_agent_result_as_multi_adapter_bench_writes_it():
 def test_rollout_update_flops_counts_each_prompt_once_and_trains_only_kept_completions():
     core = _module("core_bench")
     model, _ = load_model("tiny-random")
-    fwd = lambda n, ctx, logits: core.matmul_flops(model, 4, n, ctx, logits, train=False)
-    train = lambda n, ctx, logits: core.matmul_flops(model, 4, n, ctx, logits, train=True)
+
+    def fwd(n, ctx, logits):
+        return core.matmul_flops(model, 4, n, ctx, logits, train=False)
+
+    def train(n, ctx, logits):
+        return core.matmul_flops(model, 4, n, ctx, logits, train=True)
+
     f = core.rollout_update_flops(model, 4, [(10, [5, 5], [True, False]), (6, [3], [False])])
     assert f["rollout"] == pytest.approx(fwd(10, 5, 1) + 2 * fwd(4, 12.5, 4) + fwd(6, 3, 1) + fwd(2, 7.5, 2))
     # the second group trains nothing (no prompt pass); the first trains its prompt once and one completion
@@ -94,9 +99,11 @@ def test_prompt_groups_are_per_policy_and_prompt_and_mark_what_the_update_trains
     from teamrl.core.sample import Sample
 
     anchors = _module("anchors")
-    mk = lambda policy, prompt, n, adv, trainable=True: Sample(role=policy, policy=policy, problem_id=0, prompt_ids=prompt,
-                                                              completion_ids=[1] * n, sampling_logprobs=[], advantage=adv,
-                                                              trainable=trainable)
+
+    def mk(policy, prompt, n, adv, trainable=True):
+        return Sample(role=policy, policy=policy, problem_id=0, prompt_ids=prompt, completion_ids=[1] * n,
+                      sampling_logprobs=[], advantage=adv, trainable=trainable)
+
     groups = anchors.prompt_groups([mk("a", [1, 2, 3], 4, 0.5), mk("a", [1, 2, 3], 2, 0.0), mk("b", [1, 2, 3], 4, -1.0),
                                     mk("b", [1, 2, 3], 4, 1.0, trainable=False)])
     assert groups == [(3, [4, 2], [True, False]), (3, [4, 4], [True, False])]

@@ -19,7 +19,10 @@ def test_same_seed_same_output_other_seed_differs(tiny, tiny_engine):
     a = tiny_engine.generate("p", reqs, seed=7)
     b = tiny_engine.generate("p", reqs, seed=7)
     c = tiny_engine.generate("p", reqs, seed=8)
-    ids = lambda out: [x.token_ids for r in out for x in r]
+
+    def ids(out):
+        return [x.token_ids for r in out for x in r]
+
     assert ids(a) == ids(b)
     assert ids(a) != ids(c)
     assert [len(r) for r in a] == [3, 3, 3]

@@ -5,7 +5,6 @@ Episodes run on the tiny random model through a real uvicorn server and the real
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import threading
 import time
@@ -289,7 +288,10 @@ DROPPING = Workflow(_dropped_episode, ("writer",))  # referenced as tests.test_g
 def test_a_step_whose_episodes_were_all_dropped_is_a_clear_error(engine, task):
     algorithm = WorkflowGRPO("tests.test_gateway:DROPPING", group_size=2, settings=None)
     sched = GenerationScheduler(engine)
-    make_ctx = lambda p, e, tags: EpisodeContext(sched, role_type, engine.tokenizer, SamplingParams(), p.id, e, tags)
+
+    def make_ctx(p, e, tags):
+        return EpisodeContext(sched, role_type, engine.tokenizer, SamplingParams(), p.id, e, tags)
+
     with pytest.raises(InputError, match="all 4 episodes of this step were dropped"):
         algorithm.rollout(task.problems()[:2], task, make_ctx, sched.run)
 

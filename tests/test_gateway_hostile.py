@@ -23,7 +23,7 @@ import httpx
 import openai
 import pytest
 
-from tests.test_gateway import ROLES, RecordingEngine, run_episodes, serving
+from tests.test_gateway import RecordingEngine, run_episodes, serving
 from teamrl.tasks.solve import MathSolve, MathSolveOptions
 from teamrl.rollout.gateway import MAX_CLAIM_WAIT_S, ClientGone, Gateway, GatewayOptions
 

@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
-import resource
 import socket
 import subprocess
 import sys

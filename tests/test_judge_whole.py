@@ -56,7 +56,7 @@ def test_always_equal_objects_score_zero_on_the_loop_shaped_humaneval_tests(huma
         results = pool.map(jobs)
     passed = {label: f"{r.tests_passed}/{r.tests_total} ({r.status})" for label, r in zip(labels, results) if r.tests_passed}
     assert passed == {}, f"forged passes: {passed}"
-    assert all(r.status in ("failed", "error") for r in results), [(l, r.status) for l, r in zip(labels, results)]
+    assert all(r.status in ("failed", "error") for r in results), [(label, r.status) for label, r in zip(labels, results)]
 
 
 def test_canonical_solutions_pass_every_humaneval_problem_with_a_test_judged_whole(humaneval):

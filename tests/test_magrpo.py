@@ -1,10 +1,8 @@
 from dataclasses import dataclass
 
 import pytest
-import torch
 
-from teamrl.algorithms.magrpo import (MAGRPO, MAGRPOSettings, completion_returns, discounted_return, group_key,
-                                      joint_indices)
+from teamrl.algorithms.magrpo import completion_returns, discounted_return, joint_indices
 from teamrl.core.config import load_config
 from teamrl.tasks import TASKS
 from teamrl.tasks.task import Problem, TeamTask
@@ -115,7 +113,7 @@ def test_termination_threshold_stops_expansion(toy):
     rec = t.train_step()
     import json
 
-    eps = [json.loads(l) for l in (t.run_dir / "episodes" / "step_000001.jsonl").read_text().splitlines()]
+    eps = [json.loads(line) for line in (t.run_dir / "episodes" / "step_000001.jsonl").read_text().splitlines()]
     assert {e["turn"] for e in eps} == {0}  # every joint action reached the threshold at turn 0
     assert "normalised_return" in rec and 0 <= rec["normalised_return"] <= 1
 

@@ -7,7 +7,6 @@ import copy
 import dataclasses
 import math
 
-import pytest
 import torch
 
 from teamrl.algorithms.at_grpo import ATGRPO, ATGRPOSettings

@@ -2,7 +2,6 @@
 reported, outcomes and scores are counted right, and the mutant list names real files and tests."""
 
 import re
-import sys
 from pathlib import Path
 
 import pytest

@@ -265,7 +265,7 @@ def test_at_grpo_tree_and_trajectory_rewards_by_hand():
     assert len(tree) == 8
     for n, pair in enumerate([tree[i:i + 2] for i in range(0, 8, 2)], 1):
         local = [0.2, 0.4] if pair[0].role == "y" else [0.3, 0.5]
-        assert [s.reward for s in pair] == pytest.approx([l + 0.5 * n for l in local])
+        assert [s.reward for s in pair] == pytest.approx([r + 0.5 * n for r in local])
         assert [s.tags.get("chosen", False) for s in pair] == [False, True]
         assert pair[0].prompt_text == f"{pair[0].role} {n - 1}"  # the chosen branch's state continues
     assert len({s.group for s in tree}) == 4 and all(s.group == ("p", s.turn, s.role) for s in tree)

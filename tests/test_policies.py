@@ -125,7 +125,6 @@ def test_unknown_role_is_named():
 
 def test_generation_model_is_the_merged_adapter_and_follows_updates():
     router = PolicyRouter("lora_per_role", ["planner", "coder"], "tiny-random", LORA, lr=5e-2)
-    tok = router.tokenizer
     ids = torch.tensor([[256, 70, 71, 72, 73]])
     for _ in range(2):  # the copy is refreshed after each update
         _update(router, "planner")

@@ -1,6 +1,5 @@
 """``teamrl serve`` and the HTTP engine: same tokens and log-probs as the in-process engine, over 127.0.0.1."""
 
-import contextlib
 import json
 import os
 import signal

@@ -27,7 +27,7 @@ def test_run_directory_holds_config_metrics_episodes_checkpoints(tmp_path):
     assert [m["step"] for m in metrics] == [1, 2, 3]
     assert yaml.safe_load((d / "config.yaml").read_text())["model"] == "tiny-random"
     assert sorted(p.name for p in (d / "checkpoints").iterdir()) == ["step_000002", "step_000003"]
-    eps = [json.loads(l) for l in (d / "episodes" / "step_000001.jsonl").read_text().splitlines()]
+    eps = [json.loads(line) for line in (d / "episodes" / "step_000001.jsonl").read_text().splitlines()]
     assert len(eps) == 2 * 4
     groups = {}
     for e in eps:
@@ -43,14 +43,14 @@ def test_run_directory_holds_config_metrics_episodes_checkpoints(tmp_path):
 def test_advantages_sum_to_zero_per_group_and_max_mode_uses_greedy_baseline(tmp_path):
     t = Trainer(_cfg(tmp_path, "name=a", "train.steps=1"))
     t.train_step()
-    eps = [json.loads(l) for l in (tmp_path / "a" / "episodes" / "step_000001.jsonl").read_text().splitlines()]
+    eps = [json.loads(line) for line in (tmp_path / "a" / "episodes" / "step_000001.jsonl").read_text().splitlines()]
     by = {}
     for e in eps:
         by.setdefault(e["group"], []).append(e["advantage"])
     assert all(abs(sum(v)) < 1e-4 for v in by.values())
     t2 = Trainer(_cfg(tmp_path, "name=b", "train.steps=1", "train.advantage=max"))
     rec = t2.train_step()
-    eps = [json.loads(l) for l in (tmp_path / "b" / "episodes" / "step_000001.jsonl").read_text().splitlines()]
+    eps = [json.loads(line) for line in (tmp_path / "b" / "episodes" / "step_000001.jsonl").read_text().splitlines()]
     base = {e["group"]: e["reward"] for e in eps if e["baseline"]}
     assert len(base) == 2 and "greedy_reward_mean" in rec
     for e in eps:

@@ -24,16 +24,16 @@ from teamrl.workflows.outcome import stat_means
 from tests.scripted import scripted_rollout
 
 ROOT = Path(__file__).resolve().parents[1]
-O = EpisodeOutcome
+Out = EpisodeOutcome
 
-EVAL_OPT = [O("a", "1", True, stats={"first_correct": False, "iterations": 2, "verdicts": [(False, False), (True, True)]}),
-            O("b", "2", False, stats={"first_correct": False, "iterations": 3, "verdicts": [(True, False), (None, False)]}),
-            O("c", "3", True, stats={"first_correct": True, "iterations": 1, "verdicts": [(False, True)]})]
-VOTING = [O("a", "1", True, stats={"agreement": "all_right", "oracle": True, "miss": False, "recovery": False, "choice_source": "parsed"}),
-          O("a", "1", False, stats={"agreement": "split", "oracle": True, "miss": True, "recovery": False, "choice_source": "majority"}),
-          O("a", "1", True, stats={"agreement": "split", "oracle": True, "miss": False, "recovery": True, "choice_source": "parsed"}),
-          O("a", "1", False, stats={"agreement": "all_wrong", "oracle": False, "miss": False, "recovery": False, "choice_source": "parsed"})]
-ORCH = [O("a", "1", True, stats={"subtasks": 2, "over_limit": False}), O("a", None, False, stats={"subtasks": 4, "over_limit": True})]
+EVAL_OPT = [Out("a", "1", True, stats={"first_correct": False, "iterations": 2, "verdicts": [(False, False), (True, True)]}),
+            Out("b", "2", False, stats={"first_correct": False, "iterations": 3, "verdicts": [(True, False), (None, False)]}),
+            Out("c", "3", True, stats={"first_correct": True, "iterations": 1, "verdicts": [(False, True)]})]
+VOTING = [Out("a", "1", True, stats={"agreement": "all_right", "oracle": True, "miss": False, "recovery": False, "choice_source": "parsed"}),
+          Out("a", "1", False, stats={"agreement": "split", "oracle": True, "miss": True, "recovery": False, "choice_source": "majority"}),
+          Out("a", "1", True, stats={"agreement": "split", "oracle": True, "miss": False, "recovery": True, "choice_source": "parsed"}),
+          Out("a", "1", False, stats={"agreement": "all_wrong", "oracle": False, "miss": False, "recovery": False, "choice_source": "parsed"})]
+ORCH = [Out("a", "1", True, stats={"subtasks": 2, "over_limit": False}), Out("a", None, False, stats={"subtasks": 4, "over_limit": True})]
 
 # What algorithms/grpo.py's outcome_metrics (which branched on the workflow's name) gave for these outcomes.
 BEFORE = {
@@ -69,8 +69,8 @@ def test_each_study_workflow_registers_the_summary_that_gives_the_same_metrics_a
 
 def test_a_workflow_without_a_summary_gets_accuracy_in_training_and_stat_means_in_eval():
     spec = Workflow(lambda *a: None, ("agent",))
-    outcomes = [O("a", "1", True, stats={"x": 1, "y": "text", "dropped": False}),
-                O("b", "1", False, stats={"x": 2, "y": "more", "dropped": True})]
+    outcomes = [Out("a", "1", True, stats={"x": 1, "y": "text", "dropped": False}),
+                Out("b", "1", False, stats={"x": 2, "y": "more", "dropped": True})]
     assert outcome_metrics(spec, outcomes) == {"accuracy": 0.5, "episodes_dropped": 1}
     assert workflow_stats(spec, outcomes) == {"accuracy": 0.5, "episodes_dropped": 1, "x": 1.5, "dropped": 0.5}
     assert stat_means(outcomes) == {"x": 1.5, "dropped": 0.5}  # text entries cannot be averaged

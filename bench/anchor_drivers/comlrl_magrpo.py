@@ -75,8 +75,9 @@ iterations = spec["iterations"]
 times = []
 for it, batch in enumerate(iterations):
     ds = Dataset.from_list([{"problem_id": b["problem_id"], "prompts": b["prompts"]} for b in batch])
-    trainer = MAGRPOTrainer(agents=agents, num_agents=len(roles), tokenizer=tok, train_dataset=ds, reward_func=reward,
-                            formatters=formatters, args=args) if it == 0 else trainer
+    if it == 0:
+        trainer = MAGRPOTrainer(agents=agents, num_agents=len(roles), tokenizer=tok, train_dataset=ds, reward_func=reward,
+                                formatters=formatters, args=args)
     trainer.train_dataset = ds
     t0 = time.perf_counter()
     trainer.train(**gen_kwargs)

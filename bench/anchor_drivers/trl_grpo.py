@@ -8,7 +8,6 @@ Usage: python trl_grpo.py SPEC.json OUT.json
 """
 
 import json
-import os
 import sys
 import tempfile
 import time

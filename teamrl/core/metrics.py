@@ -19,8 +19,12 @@ class MetricsSink:
                  wandb_project: str = "teamrl", run_name: str = "", config: dict | None = None) -> None:
         self.path = Path(path)
         if self.path.exists():
-            kept = [l for l in self.path.read_text().splitlines() if l.strip() and json.loads(l).get("step", 0) <= start_step]
-            self.path.write_text("".join(l + "\n" for l in kept))
+            kept = [
+                r
+                for r in self.path.read_text().splitlines()
+                if r.strip() and json.loads(r).get("step", 0) <= start_step
+            ]
+            self.path.write_text("".join(r + "\n" for r in kept))
         self._tb = None
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
@@ -39,7 +43,9 @@ class MetricsSink:
         with self.path.open("a") as f:
             f.write(json.dumps(clean) + "\n")
         step = int(record.get("step", 0))
-        numeric = {k: v for k, v in clean.items() if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step"}
+        numeric = {
+            k: v for k, v in clean.items() if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step"
+        }
         if self._tb is not None:
             for k, v in numeric.items():
                 self._tb.add_scalar(k, v, step)
@@ -56,7 +62,7 @@ class MetricsSink:
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
     """All records of a ``metrics.jsonl``."""
-    return [json.loads(l) for l in Path(path).read_text().splitlines() if l.strip()]
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
 
 
 def training_records(records: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -132,7 +132,9 @@ class Registry(MutableMapping[str, T], Generic[T]):
     def get_entry(self, name: str, key: str) -> T:
         """The entry for a config value at ``key``: a registered name or ``package.module:object``."""
         if not isinstance(name, str):
-            raise ConfigError(f"{key}: expected a string (a registered {self.kind} or package.module:object), got {name!r}")
+            raise ConfigError(
+                f"{key}: expected a string (a registered {self.kind} or package.module:object), got {name!r}"
+            )
         if isinstance(name, str) and ":" in name:
             obj = import_reference(name, key)
             return self._convert(obj) if self._convert is not None else obj

@@ -97,5 +97,7 @@ def check_steering_tags(samples: Iterable[Sample]) -> None:
     for s in samples:
         for k in ("no_update", "baseline", "role_reward", "trajectory"):
             if k in s.tags:
-                raise ValueError(f"Sample tags[{k!r}] steers training and is no longer read from tags; "
-                                 f"set the field Sample.{'trainable' if k == 'no_update' else k} instead (tags are diagnostics only)")
+                raise ValueError(
+                    f"Sample tags[{k!r}] steers training and is no longer read from tags; "
+                    f"set the field Sample.{'trainable' if k == 'no_update' else k} instead (tags are diagnostics only)"
+                )

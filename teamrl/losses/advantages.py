@@ -38,7 +38,9 @@ def _check_inputs(
         raise ValueError(f"group_ids must be an integer tensor; got dtype {group_ids.dtype}")
     if mode == "max":
         if baselines is None:
-            raise ValueError("advantage mode 'max' (ReMax) needs baselines: the reward of each group's greedy completion")
+            raise ValueError(
+                "advantage mode 'max' (ReMax) needs baselines: the reward of each group's greedy completion"
+            )
         if baselines.shape != rewards.shape:
             raise ValueError(
                 f"baselines must have the shape of rewards; got baselines shape {tuple(baselines.shape)} "
@@ -188,12 +190,16 @@ def trajectory_advantages(
         if values is None:
             continue
         spread = values[first][inv]
-        same = (values == spread) | (values.isnan() & spread.isnan()) if values.is_floating_point() else values == spread
+        same = (
+            (values == spread) | (values.isnan() & spread.isnan()) if values.is_floating_point() else values == spread
+        )
         if not bool(same.all()):
             i = int((~same).nonzero()[0])
-            raise ValueError(f"{name}: sample {i} has {values[i].item()} but sample {int(first[inv[i]])} of its trajectory "
-                             f"(group id {int(group_ids[i])}, trajectory id {int(trajectory_ids[i])}) has {spread[i].item()}; "
-                             "the samples of one trajectory must share one value")
+            raise ValueError(
+                f"{name}: sample {i} has {values[i].item()} but sample {int(first[inv[i]])} of its trajectory "
+                f"(group id {int(group_ids[i])}, trajectory id {int(trajectory_ids[i])}) has {spread[i].item()}; "
+                "the samples of one trajectory must share one value"
+            )
     unit_baselines = baselines[first] if baselines is not None else None
     return group_advantages(rewards[first], units[:, 0], mode, eps, unit_baselines)[inv]
 

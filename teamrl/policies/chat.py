@@ -9,7 +9,9 @@ from transformers import PreTrainedTokenizerBase
 Messages = Sequence[dict[str, str]]
 
 
-def render_chat(tokenizer: PreTrainedTokenizerBase, messages: Messages | str, tools: Sequence[dict[str, Any]] | None = None) -> str:
+def render_chat(
+    tokenizer: PreTrainedTokenizerBase, messages: Messages | str, tools: Sequence[dict[str, Any]] | None = None
+) -> str:
     """The prompt text: the tokenizer's chat template with the assistant turn opened.
 
     A plain string is one user message. ``tools``: OpenAI-style tool definitions, passed to the
@@ -24,6 +26,8 @@ def render_chat(tokenizer: PreTrainedTokenizerBase, messages: Messages | str, to
     return tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=False, **extra)
 
 
-def encode_chat(tokenizer: PreTrainedTokenizerBase, messages: Messages | str, tools: Sequence[dict[str, Any]] | None = None) -> list[int]:
+def encode_chat(
+    tokenizer: PreTrainedTokenizerBase, messages: Messages | str, tools: Sequence[dict[str, Any]] | None = None
+) -> list[int]:
     """Prompt token ids for ``messages`` (the template adds special tokens itself)."""
     return tokenizer(render_chat(tokenizer, messages, tools), add_special_tokens=False)["input_ids"]

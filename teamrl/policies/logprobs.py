@@ -31,7 +31,9 @@ class TokenBatch:
         return self.completion_ids.shape[1]
 
 
-def build_token_batch(prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]], pad_id: int) -> TokenBatch:
+def build_token_batch(
+    prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]], pad_id: int
+) -> TokenBatch:
     """Pack prompt and completion ids (lists of ints) into a :class:`TokenBatch`."""
     if len(prompts) != len(completions):
         raise ValueError(f"{len(prompts)} prompts but {len(completions)} completions")
@@ -143,7 +145,9 @@ class SharedPrefixBatch:
         return self.completion_ids.shape[1]
 
 
-def build_shared_prefix_batch(prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]], pad_id: int) -> SharedPrefixBatch:
+def build_shared_prefix_batch(
+    prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]], pad_id: int
+) -> SharedPrefixBatch:
     """Pack completions with their prompts deduplicated."""
     if len(prompts) != len(completions):
         raise ValueError(f"{len(prompts)} prompts but {len(completions)} completions")
@@ -176,7 +180,9 @@ def _prompt_pass(model: nn.Module, batch: SharedPrefixBatch):
     return cache, out.logits[:, -1:, :]
 
 
-def _completion_logits(model: nn.Module, batch: SharedPrefixBatch, rows: torch.Tensor, cache, first_logits: torch.Tensor) -> torch.Tensor:
+def _completion_logits(
+    model: nn.Module, batch: SharedPrefixBatch, rows: torch.Tensor, cache, first_logits: torch.Tensor
+) -> torch.Tensor:
     """Logits [len(rows), T, V] predicting completion ``rows``' tokens, continuing ``cache`` (already one row per
     completion in ``rows``); ``first_logits``: the prompts' last-position logits, one row per distinct prompt."""
     idx = batch.prompt_index.index_select(0, rows)
@@ -187,7 +193,9 @@ def _completion_logits(model: nn.Module, batch: SharedPrefixBatch, rows: torch.T
         return first
     cids = batch.completion_ids.index_select(0, rows)
     cpos = plen.unsqueeze(1) + torch.arange(T, device=plen.device).unsqueeze(0)
-    attn = torch.cat([batch.prompt_mask.index_select(0, idx), batch.completion_pad_mask.index_select(0, rows).long()], dim=1)
+    attn = torch.cat(
+        [batch.prompt_mask.index_select(0, idx), batch.completion_pad_mask.index_select(0, rows).long()], dim=1
+    )
     rest = model(input_ids=cids[:, :-1], attention_mask=attn[:, :-1], position_ids=cpos[:, :-1],
                  past_key_values=cache, use_cache=True).logits
     return torch.cat([first, rest], dim=1)
@@ -197,9 +205,12 @@ def shared_prefix_logprobs(model: nn.Module, batch: SharedPrefixBatch, temperatu
                            with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Same result as :func:`completion_logprobs` on the unshared batch, with one prompt pass per distinct prompt."""
     cache, last = _prompt_pass(model, batch)
-    cache.reorder_cache(batch.prompt_index)  # index_select: differentiable, gradients of the G rows add up on the prompt
+    # index_select: differentiable, gradients of the G rows add up on the prompt
+    cache.reorder_cache(batch.prompt_index)
     rows = torch.arange(batch.completion_ids.shape[0], device=batch.prompt_index.device)
-    return token_logprobs(_completion_logits(model, batch, rows, cache, last), batch.completion_ids, temperature, with_entropy)
+    return token_logprobs(
+        _completion_logits(model, batch, rows, cache, last), batch.completion_ids, temperature, with_entropy
+    )
 
 
 def shared_prefix_backward(model: nn.Module, batch: SharedPrefixBatch, rows_per_pass: int,
@@ -230,7 +241,9 @@ def shared_prefix_backward(model: nn.Module, batch: SharedPrefixBatch, rows_per_
         rows = slice(start, min(B, start + rows_per_pass))
         index = torch.arange(rows.start, rows.stop, device=dev)
         idx = batch.prompt_index.index_select(0, index)
-        pass_cache = DynamicCache([(k.index_select(0, idx), v.index_select(0, idx)) for k, v in zip(kv_leaves[::2], kv_leaves[1::2])])
+        pass_cache = DynamicCache(
+            [(k.index_select(0, idx), v.index_select(0, idx)) for k, v in zip(kv_leaves[::2], kv_leaves[1::2])]
+        )
         logits = _completion_logits(model, batch, index, pass_cache, last_leaf)
         rows_t = temperature[rows] if isinstance(temperature, torch.Tensor) else temperature
         logp, ent = token_logprobs(logits, batch.completion_ids[rows], rows_t, with_entropy)

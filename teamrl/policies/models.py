@@ -30,14 +30,22 @@ from typing import Any, Iterator
 from urllib.parse import urlparse
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
 
 from teamrl.core.config import InputError
 from teamrl.core.seeding import align_parameters
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 CHATML_TEMPLATE = (
-    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}{% endfor %}"
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 # name -> (hidden, layers, heads, kv_heads, intermediate)
@@ -47,12 +55,33 @@ TINY_RANDOM = {
 }
 # name -> the transformers config class and its shape; what a real checkpoint of that name would hold
 RANDOM_SHAPES: dict[str, tuple[str, dict]] = {
-    "random:smollm2-135m": ("LlamaConfig", dict(hidden_size=576, num_hidden_layers=30, num_attention_heads=9,
-                                                 num_key_value_heads=3, intermediate_size=1536, vocab_size=49152,
-                                                 max_position_embeddings=8192, tie_word_embeddings=True)),
-    "random:qwen3-1.7b": ("Qwen3Config", dict(hidden_size=2048, num_hidden_layers=28, num_attention_heads=16,
-                                              num_key_value_heads=8, head_dim=128, intermediate_size=6144,
-                                              vocab_size=151936, max_position_embeddings=40960, tie_word_embeddings=True)),
+    "random:smollm2-135m": (
+        "LlamaConfig",
+        dict(
+            hidden_size=576,
+            num_hidden_layers=30,
+            num_attention_heads=9,
+            num_key_value_heads=3,
+            intermediate_size=1536,
+            vocab_size=49152,
+            max_position_embeddings=8192,
+            tie_word_embeddings=True,
+        ),
+    ),
+    "random:qwen3-1.7b": (
+        "Qwen3Config",
+        dict(
+            hidden_size=2048,
+            num_hidden_layers=28,
+            num_attention_heads=16,
+            num_key_value_heads=8,
+            head_dim=128,
+            intermediate_size=6144,
+            vocab_size=151936,
+            max_position_embeddings=40960,
+            tie_word_embeddings=True,
+        ),
+    ),
 }
 MODEL_ALIASES = ("smollm2-135m", *TINY_RANDOM, *RANDOM_SHAPES)
 DEVICES = ("auto", "cpu", "cuda")
@@ -118,11 +147,15 @@ def hub_is_offline(timeout_s: float = 3.0) -> bool:
 
     if constants.HF_HUB_OFFLINE:
         return True
-    if any(os.environ.get(k) for k in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")):
+    if any(
+        os.environ.get(k) for k in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")
+    ):
         return False  # the client goes through the proxy; a direct connection says nothing
     url = urlparse(constants.ENDPOINT)
     try:
-        with socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)), timeout=timeout_s):
+        with socket.create_connection(
+            (url.hostname, url.port or (443 if url.scheme == "https" else 80)), timeout=timeout_s
+        ):
             return False
     except OSError:
         return True
@@ -133,8 +166,10 @@ def _path_or_typo(name: str) -> ModelNotFound | None:
     (the folder does not exist) or a near-miss of an alias. None: ask the hub."""
     aliases = ", ".join(MODEL_ALIASES)
     if name.startswith(("/", ".", "~")) or not HUB_ID.match(name):
-        return ModelNotFound(f"model {name!r}: the local folder {str(Path(name).expanduser().resolve())!r} does not exist; "
-                             f"give a model folder, an alias ({aliases}) or a hub id (org/name)")
+        return ModelNotFound(
+            f"model {name!r}: the local folder {str(Path(name).expanduser().resolve())!r} does not exist; "
+            f"give a model folder, an alias ({aliases}) or a hub id (org/name)"
+        )
     close = difflib.get_close_matches(name.lower(), MODEL_ALIASES, n=1, cutoff=0.75) if "/" not in name else []
     if close:
         return ModelNotFound(f"model {name!r} is not a known alias; did you mean {close[0]!r}? Aliases: {aliases}; "
@@ -184,7 +219,9 @@ def load_model(name: str, dtype: torch.dtype = torch.float32, device: str | torc
             tok = AutoTokenizer.from_pretrained(path)
             model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
         except Exception as e:  # say which folder failed and why
-            raise ModelNotFound(f"model {name!r}: the local folder {str(path)!r} exists but did not load as a causal LM: {e}") from e
+            raise ModelNotFound(
+                f"model {name!r}: the local folder {str(path)!r} exists but did not load as a causal LM: {e}"
+            ) from e
     else:
         model, tok = _from_hub(name, dtype)
     if tok.pad_token is None:
@@ -276,7 +313,9 @@ def _tiny_random(name: str, seed: int) -> tuple[PreTrainedModel, PreTrainedToken
     return model, tok
 
 
-def _random_shape(name: str, seed: int, dtype: torch.dtype, device: str | torch.device) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+def _random_shape(
+    name: str, seed: int, dtype: torch.dtype, device: str | torch.device
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     import transformers
 
     cls_name, shape = RANDOM_SHAPES[name]

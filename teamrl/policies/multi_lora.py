@@ -34,8 +34,10 @@ def _lora_layers(peft_model: nn.Module) -> list[nn.Module]:
             raise NotImplementedError(f"LoRA layer {name!r} is a {type(m).__name__}; per-row adapters support LoRA on "
                                       f"nn.Linear layers only (policy.lora.target_modules)")
         if getattr(m, "lora_variant", None):
-            raise NotImplementedError(f"LoRA layer {name!r} uses a variant ({sorted(m.lora_variant)}); per-row adapters "
-                                      f"support plain LoRA only")
+            raise NotImplementedError(
+                f"LoRA layer {name!r} uses a variant ({sorted(m.lora_variant)}); per-row adapters "
+                f"support plain LoRA only"
+            )
         if any(getattr(m, "lora_bias", {}).values()):
             raise NotImplementedError(f"LoRA layer {name!r} has a LoRA bias (lora_bias=True); per-row adapters support "
                                       f"bias-free LoRA only")
@@ -69,7 +71,9 @@ def _row_forward(layer: nn.Module, owner: "RowAdapterModel", x: torch.Tensor, *a
     return result + (delta if delta.dtype == result.dtype else delta.to(result.dtype))
 
 
-def _row_forward_per_adapter(layer: nn.Module, owner: "RowAdapterModel", x: torch.Tensor, result: torch.Tensor) -> torch.Tensor:
+def _row_forward_per_adapter(
+    layer: nn.Module, owner: "RowAdapterModel", x: torch.Tensor, result: torch.Tensor
+) -> torch.Tensor:
     """:func:`_row_forward`'s deltas one adapter at a time (for dropout in training mode)."""
     for name, rows in owner.plan:
         if name not in layer.lora_A:  # this adapter does not target this layer
@@ -121,7 +125,9 @@ class RowAdapterModel:
             self.plan = []
             return
         if any(not 0 <= i < len(self.adapters) for i in ids):
-            raise IndexError(f"row adapter indices {sorted(set(ids))}: must index the {len(self.adapters)} adapters {self.adapters}")
+            raise IndexError(
+                f"row adapter indices {sorted(set(ids))}: must index the {len(self.adapters)} adapters {self.adapters}"
+            )
         if len(set(ids)) == 1:
             self.plan = [(self.adapters[ids[0]], None)]
         elif all(a <= b for a, b in zip(ids, ids[1:])):  # contiguous blocks: each adapter works on a view
@@ -136,13 +142,16 @@ class RowAdapterModel:
         self._row_adapter = row_adapter
 
     def fused(self, layer: nn.Module) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-        """``layer``'s adapters side by side: ``lora_A`` weights [columns, in], scaled ``lora_B`` [out, columns], row mask [rows, columns].
+        """``layer``'s adapters side by side: ``lora_A`` weights [columns, in], scaled ``lora_B`` [out, columns], row
+        mask [rows, columns].
 
         ``None`` where an adapter's dropout is active (training mode) or the adapters' dtypes differ.
         Without gradient recording the weights are read once per ``with`` block (they are the
         sampling weights, fixed during it); with it, at every call, so that gradients reach them.
         """
-        if layer.training and any(not isinstance(layer.lora_dropout[a], nn.Identity) for a in self.adapters if a in layer.lora_A):
+        if layer.training and any(
+            not isinstance(layer.lora_dropout[a], nn.Identity) for a in self.adapters if a in layer.lora_A
+        ):
             return None
         key = id(layer)
         weights = None if torch.is_grad_enabled() else self._weights.get(key)
@@ -170,7 +179,8 @@ class RowAdapterModel:
         if self._entered:
             raise RuntimeError("RowAdapterModel is already in use")
         for layer in self._layers:
-            layer.forward = functools.partial(_row_forward, layer, self)  # instance attribute: shadows the class forward
+            # instance attribute: shadows the class forward
+            layer.forward = functools.partial(_row_forward, layer, self)
         self._weights, self._masks = {}, {}
         self._entered = True
         return self
@@ -206,7 +216,8 @@ class SharedBaseAdapters:
         return self._base.get(policy)
 
     def rows(self, policies: Sequence[str]) -> RowAdapterModel:
-        """The per-row model of ``policies`` (all on one base: same :meth:`base_of`), adapter index = position in ``policies``."""
+        """The per-row model of ``policies`` (all on one base: same :meth:`base_of`), adapter index = position in
+        ``policies``."""
         keys = {self.base_of(p) for p in policies}
         if len(keys) != 1 or None in keys:
             raise ValueError(f"policies {list(policies)} do not share one multi-adapter base")

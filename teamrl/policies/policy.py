@@ -83,14 +83,18 @@ class Policy:
         ``teamrl serve`` read. Full-weight policies have no adapter to save.
         """
         if self.adapter is None:
-            raise ValueError(f"policy {self.name!r} trains full weights, not a LoRA adapter; there is no adapter to save")
+            raise ValueError(
+                f"policy {self.name!r} trains full weights, not a LoRA adapter; there is no adapter to save"
+            )
         from peft import get_peft_model_state_dict
         from safetensors.torch import save_file
 
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         state = get_peft_model_state_dict(self.model, adapter_name=self.adapter)
-        save_file({k: v.detach().to("cpu").contiguous() for k, v in state.items()}, str(folder / "adapter_model.safetensors"))
+        save_file(
+            {k: v.detach().to("cpu").contiguous() for k, v in state.items()}, str(folder / "adapter_model.safetensors")
+        )
         self.model.peft_config[self.adapter].save_pretrained(str(folder))
         return folder
 
@@ -138,4 +142,7 @@ class Policy:
         elif self.reference_model is not None:
             yield self.reference_model
         else:
-            raise RuntimeError(f"policy {self.name!r} trains full weights and has no reference copy; set train.loss.kl_coef > 0 before building it")
+            raise RuntimeError(
+                f"policy {self.name!r} trains full weights and has no reference copy; "
+                "set train.loss.kl_coef > 0 before building it"
+            )

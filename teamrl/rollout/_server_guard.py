@@ -79,7 +79,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m teamrl.rollout._server_guard")
     p.add_argument("--parent", type=int, required=True, help="pid of the process whose death ends the server")
     p.add_argument("--log", required=True, help="file the server's stdout and stderr are appended to")
-    p.add_argument("--grace", type=float, default=20.0, help="seconds between SIGTERM and SIGKILL of the server's group")
+    p.add_argument(
+        "--grace", type=float, default=20.0, help="seconds between SIGTERM and SIGKILL of the server's group"
+    )
     p.add_argument("command", nargs=argparse.REMAINDER)
     ns = p.parse_args(argv)
     command = ns.command[1:] if ns.command[:1] == ["--"] else ns.command

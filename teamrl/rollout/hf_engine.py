@@ -61,7 +61,9 @@ class _PreallocatedLayer(DynamicLayer):
         self.capacity = capacity
         self.length = 0
 
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
             B, H, _, D = key_states.shape
@@ -76,7 +78,9 @@ class _PreallocatedLayer(DynamicLayer):
         self.keys, self.values = self.kbuf[:, :, :self.length], self.vbuf[:, :, :self.length]
         return self.keys, self.values
 
-    def write_rows(self, rows: torch.Tensor, key_states: torch.Tensor, value_states: torch.Tensor, batch: int, end: int) -> None:
+    def write_rows(
+        self, rows: torch.Tensor, key_states: torch.Tensor, value_states: torch.Tensor, batch: int, end: int
+    ) -> None:
         """Put a separately prefilled group's keys/values into ``rows``, right-aligned to column ``end``.
 
         The buffer starts zeroed: the columns left of a short prompt are padding that the attention
@@ -120,10 +124,14 @@ class HFEngine(Engine):
         self.eos_ids = torch.tensor(sorted(e for e in eos if e is not None), dtype=torch.long, device=self.device)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
-    def generate(self, policy: str, requests: Sequence[GenerationRequest], seed: int | None = None) -> list[list[Completion]]:
+    def generate(
+        self, policy: str, requests: Sequence[GenerationRequest], seed: int | None = None
+    ) -> list[list[Completion]]:
         return self.generate_many([(policy, requests, seed)])[0]
 
-    def generate_many(self, calls: Sequence[tuple[str, Sequence[GenerationRequest], int | None]]) -> list[list[list[Completion]]]:
+    def generate_many(
+        self, calls: Sequence[tuple[str, Sequence[GenerationRequest], int | None]]
+    ) -> list[list[list[Completion]]]:
         out: list[list[list[Completion]] | None] = [None] * len(calls)
         joint: dict[Hashable, list[int]] = {}  # shared base -> the calls that decode together on it
         for i, (policy, requests, seed) in enumerate(calls):
@@ -248,9 +256,15 @@ class HFEngine(Engine):
         steps = int(max_new.max())
         for t in range(steps):
             blocked = min_new.index_select(0, live) > t if t < eos_blocked_until else None
-            nxt, lp = self._sample_per_policy(logits if blocked is None else _block_tokens(logits, blocked, self.eos_ids),
-                                              temp.index_select(0, live), top_k.index_select(0, live),
-                                              top_p.index_select(0, live), gens, row_owner_t, live)
+            nxt, lp = self._sample_per_policy(
+                logits if blocked is None else _block_tokens(logits, blocked, self.eos_ids),
+                temp.index_select(0, live),
+                top_k.index_select(0, live),
+                top_p.index_select(0, live),
+                gens,
+                row_owner_t,
+                live,
+            )
             if blocked is not None and bool(blocked.any()):
                 # the EOS block is a sampling filter, like top-k/top-p: record the unfiltered distribution's log-prob,
                 # the one the trainer recomputes (else the on-policy importance weight is not 1)
@@ -286,8 +300,15 @@ class HFEngine(Engine):
                 prompt_state.slot_index = slot_index.index_select(0, live)
                 extra["shared_prompts"] = prompt_state
             with shared_prompt_decoding(model) if prompt_state is not None else contextlib.nullcontext():
-                out = model(input_ids=nxt.unsqueeze(1), attention_mask=attn if padded else None,
-                            position_ids=last_pos.unsqueeze(1), past_key_values=cache, use_cache=True, logits_to_keep=1, **extra)
+                out = model(
+                    input_ids=nxt.unsqueeze(1),
+                    attention_mask=attn if padded else None,
+                    position_ids=last_pos.unsqueeze(1),
+                    past_key_values=cache,
+                    use_cache=True,
+                    logits_to_keep=1,
+                    **extra,
+                )
             logits = out.logits[:, -1, :]
         texts = self.tokenizer.batch_decode(tokens, skip_special_tokens=True)
         for r in range(R):
@@ -296,7 +317,9 @@ class HFEngine(Engine):
         return [Completion(tokens[r], logps[r], texts[r], finish[r]) for r in range(R)]
 
     @staticmethod
-    def _shared_prompts(cache: DynamicCache, attn: torch.Tensor, row_prompt: list[int]) -> tuple[SharedPrompts, torch.Tensor]:
+    def _shared_prompts(
+        cache: DynamicCache, attn: torch.Tensor, row_prompt: list[int]
+    ) -> tuple[SharedPrompts, torch.Tensor]:
         """The prefilled prompts' keys/values as :class:`SharedPrompts`, and each output row's slot index into them."""
         slots, seen = [], [0] * attn.shape[0]
         for u in row_prompt:
@@ -309,8 +332,15 @@ class HFEngine(Engine):
         return state, slot_index
 
     @staticmethod
-    def _sample_per_policy(logits: torch.Tensor, temp: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
-                           gens: list[torch.Generator], row_owner: torch.Tensor, live: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _sample_per_policy(
+        logits: torch.Tensor,
+        temp: torch.Tensor,
+        top_k: torch.Tensor,
+        top_p: torch.Tensor,
+        gens: list[torch.Generator],
+        row_owner: torch.Tensor,
+        live: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """:func:`_sample` on each policy's block of live rows with that policy's generator (one block: one call)."""
         if len(gens) == 1:
             return _sample(logits, temp, top_k, top_p, gens[0])
@@ -346,9 +376,14 @@ class HFEngine(Engine):
             sub.layer_class_to_replicate = lambda: _PreallocatedLayer(width)
             if before_forward is not None:
                 before_forward(rows)
-            out = model(input_ids=ids.index_select(0, rows)[:, P - width:], attention_mask=None if bool(g_attn.all()) else g_attn,
-                        position_ids=pos.index_select(0, rows)[:, P - width:], past_key_values=sub, use_cache=True,
-                        logits_to_keep=1)
+            out = model(
+                input_ids=ids.index_select(0, rows)[:, P - width :],
+                attention_mask=None if bool(g_attn.all()) else g_attn,
+                position_ids=pos.index_select(0, rows)[:, P - width :],
+                past_key_values=sub,
+                use_cache=True,
+                logits_to_keep=1,
+            )
             if last is None:
                 last = out.logits.new_empty((U, out.logits.shape[-1]))
                 cache.layers = [_PreallocatedLayer(capacity) for _ in sub.layers]
@@ -402,7 +437,8 @@ def _prefill_groups(lengths: list[int]) -> list[list[int]]:
             g = groups[-1]
             width = lengths[g[0]]  # the longest of the group: sorted descending
             total = sum(lengths[j] for j in g) + lengths[i]
-            if 1 - total / (width * (len(g) + 1)) <= MAX_PREFILL_PADDING and width * (len(g) + 1) <= MAX_PREFILL_POSITIONS:
+            if (1 - total / (width * (len(g) + 1)) <= MAX_PREFILL_PADDING and
+                    width * (len(g) + 1) <= MAX_PREFILL_POSITIONS):
                 g.append(i)
                 continue
         groups.append([i])

@@ -95,7 +95,9 @@ def request_groups(requests: Sequence[GenerationRequest]) -> list[list[int]]:
     return list(groups.values())
 
 
-def spread(requests: Sequence[GenerationRequest], seed: int | None, endpoints: Sequence[Any]) -> list[tuple[Any, list[int], int | None]]:
+def spread(
+    requests: Sequence[GenerationRequest], seed: int | None, endpoints: Sequence[Any]
+) -> list[tuple[Any, list[int], int | None]]:
     """The deterministic assignment of one call to ``endpoints`` (see the module docstring): for each endpoint that
     gets any, ``(endpoint, request indices in call order, its chunk's seed)``."""
     if not endpoints:
@@ -110,7 +112,8 @@ def spread(requests: Sequence[GenerationRequest], seed: int | None, endpoints: S
 
 
 def _reason(e: BaseException) -> str:
-    """A failure in a few words: an unreachable server's own reason (``POST /v1/completions: [Errno 111] Connection refused``)."""
+    """A failure in a few words: an unreachable server's own reason
+    (``POST /v1/completions: [Errno 111] Connection refused``)."""
     return getattr(e, "reason", "") or f"{type(e).__name__}: {e}"
 
 
@@ -127,7 +130,11 @@ class EnginePool(Engine):
             raise ValueError("EnginePool: give at least one engine")
         if on_failure not in ON_FAILURE:
             raise ValueError(f"on_failure {on_failure!r}: choose one of {list(ON_FAILURE)}")
-        names = list(names) if names is not None else [str(getattr(e, "base_url", f"engine {i + 1}")) for i, e in enumerate(engines)]
+        names = (
+            list(names)
+            if names is not None
+            else [str(getattr(e, "base_url", f"engine {i + 1}")) for i, e in enumerate(engines)]
+        )
         exited = list(exited) if exited is not None else [None] * len(engines)
         if len(names) != len(engines) or len(exited) != len(engines):
             raise ValueError("EnginePool: names and exited need one entry per engine")
@@ -178,7 +185,9 @@ class EnginePool(Engine):
         if self.on_failure == "stop":
             raise EndpointFailed(f"{head}; stopping (rollout.on_endpoint_failure=stop)")
         if not left:
-            earlier = "; ".join(f"endpoint {e.index} ({e.name}) failed earlier: {e.reason}" for e in self.endpoints if e is not ep)
+            earlier = "; ".join(
+                f"endpoint {e.index} ({e.name}) failed earlier: {e.reason}" for e in self.endpoints if e is not ep
+            )
             raise EndpointFailed(f"{head}; no rollout endpoint is left" + (f" ({earlier})" if earlier else ""))
         self._say(f"{head}; continuing on {len(left)} endpoint{'s' if len(left) > 1 else ''}")
 
@@ -203,8 +212,11 @@ class EnginePool(Engine):
             except ServerUnreachable as e:  # an error status means it answers: alive
                 ep.probe_failures += 1
                 if ep.probe_failures >= PROBE_FAILURES:
-                    self.fail(ep, f"no answer to GET /health {ep.probe_failures} times in a row within {HEALTH_TIMEOUT_S:g} s "
-                                  f"({_reason(e)})")
+                    self.fail(
+                        ep,
+                        f"no answer to GET /health {ep.probe_failures} times in a row within {HEALTH_TIMEOUT_S:g} s "
+                        f"({_reason(e)})",
+                    )
             except ServerError:
                 ep.probe_failures = 0
 
@@ -247,11 +259,15 @@ class EnginePool(Engine):
         return out
 
     # ---- Engine ----------------------------------------------------------------------------
-    def generate(self, policy: str, requests: Sequence[GenerationRequest], seed: int | None = None) -> list[list[Completion]]:
+    def generate(
+        self, policy: str, requests: Sequence[GenerationRequest], seed: int | None = None
+    ) -> list[list[Completion]]:
         """Completions for ``requests`` from ``policy``, spread over the live endpoints (module docstring)."""
         return self.generate_many([(policy, requests, seed)])[0]
 
-    def generate_many(self, calls: Sequence[tuple[str, Sequence[GenerationRequest], int | None]]) -> list[list[list[Completion]]]:
+    def generate_many(
+        self, calls: Sequence[tuple[str, Sequence[GenerationRequest], int | None]]
+    ) -> list[list[list[Completion]]]:
         """Every chunk of every call at once; each call's answers are what its own :meth:`generate` returns."""
         results: list[list[list[Completion] | None]] = [[None] * len(requests) for _, requests, _ in calls]
         chunks = [_Chunk(c, ep, idx, s) for c, (_, requests, seed) in enumerate(calls)
@@ -280,8 +296,10 @@ class EnginePool(Engine):
     def _live_or_raise(self) -> list[Endpoint]:
         live = self.live
         if not live:
-            raise EndpointFailed("no rollout endpoint is left: " + "; ".join(f"endpoint {e.index} ({e.name}) failed: {e.reason}"
-                                                                         for e in self.endpoints))
+            raise EndpointFailed(
+                "no rollout endpoint is left: "
+                + "; ".join(f"endpoint {e.index} ({e.name}) failed: {e.reason}" for e in self.endpoints)
+            )
         return live
 
     def sync_weights(self, policy: str) -> None:
@@ -302,7 +320,11 @@ class EnginePool(Engine):
                 if k == "tokens":
                     worst[k] = worst.get(k, 0.0) + v
                 elif k == "moved":  # the least an update moved the probe: the weakest stale-adapter check
-                    worst[k] = v if k not in worst or math.isnan(worst[k]) else (worst[k] if math.isnan(v) else min(worst[k], v))
+                    worst[k] = (
+                        v
+                        if k not in worst or math.isnan(worst[k])
+                        else (worst[k] if math.isnan(v) else min(worst[k], v))
+                    )
                 else:
                     worst[k] = v if k not in worst else max(worst[k], v)
         for i, f in per.items():

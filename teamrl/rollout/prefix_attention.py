@@ -63,7 +63,9 @@ def shared_prompt_attention(module: torch.nn.Module, query: torch.Tensor, key: t
     visible, and the prompt padding is ``shared_prompts.valid``.
     """
     if shared_prompts is None:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
     if query.shape[2] != 1:
         raise ValueError(f"shared-prompt attention decodes one token per row; got {query.shape[2]} query positions")
     if kwargs.get("sliding_window") is not None or kwargs.get("softcap") is not None:
@@ -79,7 +81,9 @@ def shared_prompt_attention(module: torch.nn.Module, query: torch.Tensor, key: t
 
     # Prompt part: each prompt's rows side by side as query positions, one matrix product per prompt and kv head.
     q_slots = q.new_zeros((prompts * n, kv_heads, group, dim)).index_copy_(0, shared_prompts.slot_index, q)
-    q_slots = q_slots.view(prompts, n, kv_heads, group, dim).permute(0, 2, 1, 3, 4).reshape(prompts, kv_heads, n * group, dim)
+    q_slots = (
+        q_slots.view(prompts, n, kv_heads, group, dim).permute(0, 2, 1, 3, 4).reshape(prompts, kv_heads, n * group, dim)
+    )
     s1 = torch.matmul(q_slots, p_keys.transpose(-1, -2)) * scale  # [U, kv, n*g, P]
     s1 = s1.masked_fill(~shared_prompts.valid[:, None, None, :], float("-inf"))
     m1 = s1.amax(-1, keepdim=True)
@@ -88,7 +92,11 @@ def shared_prompt_attention(module: torch.nn.Module, query: torch.Tensor, key: t
     o1 = torch.matmul(e1, p_values)  # [U, kv, n*g, D]
 
     def to_rows(t: torch.Tensor) -> torch.Tensor:
-        t = t.view(prompts, kv_heads, n, group, t.shape[-1]).permute(0, 2, 1, 3, 4).reshape(prompts * n, kv_heads, group, t.shape[-1])
+        t = (
+            t.view(prompts, kv_heads, n, group, t.shape[-1])
+            .permute(0, 2, 1, 3, 4)
+            .reshape(prompts * n, kv_heads, group, t.shape[-1])
+        )
         return t.index_select(0, shared_prompts.slot_index)
 
     m1, l1, o1 = to_rows(m1), to_rows(l1), to_rows(o1)
@@ -110,7 +118,8 @@ ALL_MASK_ATTENTION_FUNCTIONS.register(ATTENTION_NAME, sdpa_mask)
 
 @contextlib.contextmanager
 def shared_prompt_decoding(model: torch.nn.Module) -> Iterator[None]:
-    """Inside: ``model``'s attention is :func:`shared_prompt_attention` (SDPA unless a call passes ``shared_prompts``)."""
+    """Inside: ``model``'s attention is :func:`shared_prompt_attention` (SDPA unless a call passes
+    ``shared_prompts``)."""
     cfg = model.config
     before = cfg._attn_implementation
     cfg._attn_implementation = ATTENTION_NAME

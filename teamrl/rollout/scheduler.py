@@ -29,7 +29,8 @@ class GenerationScheduler:
         self.flushes = 0
         self.calls: list[tuple[str, int]] = []  # (policy, number of requests) per policy per flush
         self._pending: list[tuple[str, GenerationRequest, asyncio.Future]] = []
-        self._arrived: asyncio.Event | None = None  # set by generate(): wakes the loop early (requests from other threads)
+        # set by generate(): wakes the loop early (requests from other threads)
+        self._arrived: asyncio.Event | None = None
         # coroutines about to issue requests (a replayed branch running to its next call): no flush until they are done
         self.holds = 0
 
@@ -60,8 +61,11 @@ class GenerationScheduler:
                 else:  # episodes wait on something else (e.g. a sandbox run, or gateway calls from other threads)
                     self._arrived = asyncio.Event()
                     arrived = asyncio.ensure_future(self._arrived.wait())
-                    await asyncio.wait([*(t for t in tasks if not t.done()), arrived], return_when=asyncio.FIRST_COMPLETED,
-                                       timeout=0.05)
+                    await asyncio.wait(
+                        [*(t for t in tasks if not t.done()), arrived],
+                        return_when=asyncio.FIRST_COMPLETED,
+                        timeout=0.05,
+                    )
                     arrived.cancel()
                     self._arrived = None
         finally:

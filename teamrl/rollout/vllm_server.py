@@ -79,8 +79,10 @@ def served_model_path(model: str) -> str:
     from teamrl.policies.models import RANDOM_SHAPES, TINY_RANDOM, ModelNotFound, local_model_path
 
     if model in TINY_RANDOM or model in RANDOM_SHAPES:
-        raise ConfigError(f"rollout.engine: vllm needs model files, but model {model!r} is built in memory by teamrl; use "
-                          "smollm2-135m, a model folder or a hub id (or rollout.engine=hf)")
+        raise ConfigError(
+            f"rollout.engine: vllm needs model files, but model {model!r} is built in memory by teamrl; use "
+            "smollm2-135m, a model folder or a hub id (or rollout.engine=hf)"
+        )
     if model == "smollm2-135m" or Path(model).expanduser().is_dir():
         return str(local_model_path(model).expanduser().resolve())
     if model.startswith(("/", ".", "~")):
@@ -166,8 +168,10 @@ class ManagedVLLMServer:
         self.policies = max(1, policies)
         self.max_loras = settings.max_loras or self.policies
         if settings.max_loras and settings.max_loras < policies:
-            raise ConfigError(f"rollout.vllm.max_loras: {settings.max_loras} is fewer than this run's {policies} policies; "
-                              f"give at least {policies} or 0 (one per policy)")
+            raise ConfigError(
+                f"rollout.vllm.max_loras: {settings.max_loras} is fewer than this run's {policies} policies; "
+                f"give at least {policies} or 0 (one per policy)"
+            )
         self.max_lora_rank = settings.max_lora_rank or lora_rank_for(lora_rank)
         self.log_path = Path(log_path)
         self.device = device
@@ -189,7 +193,8 @@ class ManagedVLLMServer:
                     host: str | None = None) -> "ManagedVLLMServer":
         """The server ``cfg`` asks for (``rollout.vllm``), its log at ``run_dir/vllm_server.log``; server ``index``
         (0-based) of a pool: its log at ``run_dir/vllm_server_<index + 1>.log`` and, when ``rollout.vllm.port`` is
-        set, port ``port + index``. ``host``: bind there instead of ``rollout.vllm.host`` (another Ray node's address)."""
+        set, port ``port + index``. ``host``: bind there instead of ``rollout.vllm.host`` (another Ray node's
+        address)."""
         from teamrl.policies.models import resolve_device
 
         dev, dt = resolve_device(cfg.policy.device, cfg.policy.dtype)
@@ -216,10 +221,28 @@ class ManagedVLLMServer:
     def command(self) -> list[str]:
         """The server's command line (``rollout.vllm.command`` or ``python -m vllm.entrypoints.openai.api_server``)."""
         launcher = list(self.settings.command) or [str(self.python), "-m", VLLM_MODULE]
-        cmd = [*launcher, "--model", self.model_path or served_model_path(self.model), "--served-model-name", self.model,
-               "--dtype", self.dtype, "--max-model-len", str(self.settings.max_model_len),
-               "--enable-lora", "--max-loras", str(self.max_loras), "--max-lora-rank", str(self.max_lora_rank),
-               "--logprobs-mode", "processed_logprobs", "--host", self.host, "--port", str(self.port)]
+        cmd = [
+            *launcher,
+            "--model",
+            self.model_path or served_model_path(self.model),
+            "--served-model-name",
+            self.model,
+            "--dtype",
+            self.dtype,
+            "--max-model-len",
+            str(self.settings.max_model_len),
+            "--enable-lora",
+            "--max-loras",
+            str(self.max_loras),
+            "--max-lora-rank",
+            str(self.max_lora_rank),
+            "--logprobs-mode",
+            "processed_logprobs",
+            "--host",
+            self.host,
+            "--port",
+            str(self.port),
+        ]
         if self.device == "cuda":
             cmd += ["--gpu-memory-utilization", str(self.settings.gpu_memory_utilization)]
         return cmd + list(self.settings.extra_args)
@@ -258,9 +281,11 @@ class ManagedVLLMServer:
 
     def _check_port(self) -> None:
         if self.port and not _port_free(self.host, self.port):
-            raise ConfigError(f"rollout.vllm.port: {self.host}:{self.port} is in use (another server listens there); choose "
-                              f"another port, 0 for a free one, or use that server with rollout.engine=http "
-                              f"rollout.server_url={self.url}")
+            raise ConfigError(
+                f"rollout.vllm.port: {self.host}:{self.port} is in use (another server listens there); choose "
+                f"another port, 0 for a free one, or use that server with rollout.engine=http "
+                f"rollout.server_url={self.url}"
+            )
 
     # ---- start and stop -----------------------------------------------------------------
     def start(self, log: Callable[[str], Any] | None = None) -> str:
@@ -287,14 +312,22 @@ class ManagedVLLMServer:
                  "--log", str(self.log_path), "--grace", str(STOP_GRACE_S), "--", *cmd]
         self._t0 = time.monotonic()
         with self.log_path.open("ab") as errors:
-            self._guard = subprocess.Popen(guard, env=self.environment(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                           stderr=errors, start_new_session=True)
+            self._guard = subprocess.Popen(
+                guard,
+                env=self.environment(),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=errors,
+                start_new_session=True,
+            )
         _LIVE.append(self)
         try:
             first = self._guard.stdout.readline().strip() if self._guard.stdout else b""
             if not first.isdigit():
-                raise ServerError(f"the vLLM server did not start: {death_reason(_tail(self.log_path, self._log_offset))} "
-                                  f"(command: {' '.join(cmd)}; log {self.log_path})")
+                raise ServerError(
+                    f"the vLLM server did not start: {death_reason(_tail(self.log_path, self._log_offset))} "
+                    f"(command: {' '.join(cmd)}; log {self.log_path})"
+                )
             self.server_pid = int(first)
         except BaseException:  # died, Ctrl-C: nothing is left behind
             self.stop(log=say)
@@ -310,8 +343,11 @@ class ManagedVLLMServer:
             self.stop(log=say)
             raise
         self.version = self._get_version()
-        say(f"teamrl: {('vLLM ' + self.version).strip()} ready at {self.url} after {time.monotonic() - t0:.0f} s (pid {self.server_pid}; "
-            f"--max-loras {self.max_loras} --max-lora-rank {self.max_lora_rank} --dtype {self.dtype}; log {self.log_path})")
+        say(
+            f"teamrl: {('vLLM ' + self.version).strip()} ready at {self.url} after {time.monotonic() - t0:.0f} s "
+            f"(pid {self.server_pid}; --max-loras {self.max_loras} --max-lora-rank {self.max_lora_rank} "
+            f"--dtype {self.dtype}; log {self.log_path})"
+        )
         return self.url
 
     def _wait_ready(self, t0: float, say: Callable[[str], Any]) -> None:
@@ -322,8 +358,10 @@ class ManagedVLLMServer:
             if rc is not None:
                 self.returncode = rc
                 lines = _tail(self.log_path, self._log_offset)
-                raise ServerError(f"the vLLM server exited with status {rc} while starting ({time.monotonic() - t0:.0f} s): "
-                                  f"{_one_line(death_reason(lines))} (whole log: {self.log_path})")
+                raise ServerError(
+                    f"the vLLM server exited with status {rc} while starting ({time.monotonic() - t0:.0f} s): "
+                    f"{_one_line(death_reason(lines))} (whole log: {self.log_path})"
+                )
             if self._healthy():
                 return
             now = time.monotonic()
@@ -410,7 +448,9 @@ class ManagedVLLMServer:
 
 
 # ---- several managed servers (rollout.vllm.servers), in this process or on Ray actors (policy.placement: ray) ----
-def start_servers(cfg: Config, run_dir: str | Path, policies: int, log: Callable[[str], Any] | None = None) -> list[Any]:
+def start_servers(
+    cfg: Config, run_dir: str | Path, policies: int, log: Callable[[str], Any] | None = None
+) -> list[Any]:
     """The managed servers ``cfg`` asks for, started and answering: ``rollout.vllm.servers`` of them, in this process
     (each under its guard, all loading at once) or, with ``policy.placement: ray``, each on a Ray actor
     (:func:`start_ray_servers`). Each has ``url``, ``stop(quiet, log)`` and ``exit_reason()``. One server in this
@@ -537,9 +577,11 @@ def check_shared_adapter_dir(adapter_dir: str, driver_ip: str, server_ips: list[
     folder of a file system every node shares; refuse (one line) the default or a relative folder there."""
     others = sorted({ip for ip in server_ips if ip != driver_ip})
     if others and not (adapter_dir and Path(adapter_dir).is_absolute()):
-        raise ConfigError(f"rollout.adapter_dir: {adapter_dir or '(empty: RUN_DIR/served_adapters)'!r} cannot be read by "
-                          f"the vLLM servers on other machines ({', '.join(others)}): give an absolute folder on a file "
-                          "system every node mounts at the same path, e.g. rollout.adapter_dir=/shared/teamrl_adapters")
+        raise ConfigError(
+            f"rollout.adapter_dir: {adapter_dir or '(empty: RUN_DIR/served_adapters)'!r} cannot be read by "
+            f"the vLLM servers on other machines ({', '.join(others)}): give an absolute folder on a file "
+            "system every node mounts at the same path, e.g. rollout.adapter_dir=/shared/teamrl_adapters"
+        )
 
 
 def start_ray_servers(cfg: Config, run_dir: str | Path, policies: int, log: Callable[[str], Any] | None = None
@@ -572,9 +614,11 @@ def start_ray_servers(cfg: Config, run_dir: str | Path, policies: int, log: Call
         ready, _ = ray.wait([pg.ready()], timeout=p.ray_timeout_s)
         if not ready:
             remove_placement_group(pg)
-            raise ServerError(f"rollout.vllm.spread: Ray could not place {n} vLLM servers on {n} different nodes, each "
-                              f"asking for {asked} (rollout.vllm.resources), within policy.ray_timeout_s={p.ray_timeout_s:g} s; "
-                              "`ray status` shows the nodes and what they offer")
+            raise ServerError(
+                f"rollout.vllm.spread: Ray could not place {n} vLLM servers on {n} different nodes, each "
+                f"asking for {asked} (rollout.vllm.resources), within policy.ray_timeout_s={p.ray_timeout_s:g} s; "
+                "`ray status` shows the nodes and what they offer"
+            )
         options = [{**o, "scheduling_strategy": PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i)}
                    for i, o in enumerate(options)]
     actor_cls = ray.remote(VLLMServerActor)
@@ -600,8 +644,10 @@ def start_ray_servers(cfg: Config, run_dir: str | Path, policies: int, log: Call
             try:
                 got = ray.get(f, timeout=v.startup_timeout_s + 120)
             except ray.exceptions.GetTimeoutError:
-                raise ServerError(f"vLLM server actor {h.index} of {n} did not answer within rollout.vllm.startup_timeout_s"
-                                  f"={v.startup_timeout_s:g} s (+120 s)") from None
+                raise ServerError(
+                    f"vLLM server actor {h.index} of {n} did not answer within rollout.vllm.startup_timeout_s"
+                    f"={v.startup_timeout_s:g} s (+120 s)"
+                ) from None
             except ray.exceptions.RayTaskError as e:  # the server's own one-line error, raised on its actor
                 cause = getattr(e, "cause", None)
                 if isinstance(cause, (ServerError, ConfigError)):
@@ -633,9 +679,11 @@ def check_served_model(engine: HTTPEngine, model: str) -> None:
     """A vLLM server must serve the base model under the config's ``model`` name (``--served-model-name``)."""
     bases = [c["id"] for c in engine.model_cards() if c.get("parent") is None]
     if model not in bases:
-        raise ServerError(f"server {engine.base_url} serves base model {bases[0] if len(bases) == 1 else bases!r}, not the "
-                          f"config's model {model!r}: start vLLM with --served-model-name {model} (requests name the base "
-                          "model as the config does), or set model to the served name")
+        raise ServerError(
+            f"server {engine.base_url} serves base model {bases[0] if len(bases) == 1 else bases!r}, not the "
+            f"config's model {model!r}: start vLLM with --served-model-name {model} (requests name the base "
+            "model as the config does), or set model to the served name"
+        )
 
 
 def lora_slots(engine: HTTPEngine) -> int | None:
@@ -658,9 +706,11 @@ def check_lora_slots(engine: HTTPEngine, policies: list[str], probe: Callable[[]
         probe()
         slots = lora_slots(engine)
     if slots is not None and slots < len(policies):
-        raise ServerError(f"server {engine.base_url} was started with --max-loras {slots}, fewer than this run's "
-                          f"{len(policies)} policies ({', '.join(policies)}), so their requests would take turns; start "
-                          f"it with --max-loras {len(policies)}")
+        raise ServerError(
+            f"server {engine.base_url} was started with --max-loras {slots}, fewer than this run's "
+            f"{len(policies)} policies ({', '.join(policies)}), so their requests would take turns; start "
+            f"it with --max-loras {len(policies)}"
+        )
     return slots
 
 
@@ -668,10 +718,14 @@ def explain_lora_error(e: ServerError, rank: int) -> ServerError:
     """A failed adapter load, with the vLLM flag that would fix it named (else ``e`` as it is)."""
     msg = str(e)
     if "load_lora_adapter" in msg and "HTTP 404" in msg:
-        return ServerError(f"{msg}; the server has no adapter loading endpoint: start vLLM with the environment variable "
-                           "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True and --enable-lora")
+        return ServerError(
+            f"{msg}; the server has no adapter loading endpoint: start vLLM with the environment variable "
+            "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True and --enable-lora"
+        )
     if "LoRA is not enabled" in msg or "--enable-lora" in msg:
         return ServerError(f"{msg}; start vLLM with --enable-lora")
     if "max_lora_rank" in msg:
-        return ServerError(f"{msg}; start vLLM with --max-lora-rank {lora_rank_for(rank)} or more (policy.lora.r is {rank})")
+        return ServerError(
+            f"{msg}; start vLLM with --max-lora-rank {lora_rank_for(rank)} or more (policy.lora.r is {rank})"
+        )
     return e

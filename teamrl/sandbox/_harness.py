@@ -36,8 +36,8 @@ function. That gains nothing: a split test's verdict is the caller's, and a test
 shape is only *served* here (``serve``: the judge's process, a separate sandbox run that never
 holds the program, runs it and relays each call of the program's functions; the value goes back
 as plain data), and its source never comes here: the payload says only ``serve``, so no frame,
-object or file of this process holds a whole test's expected values. The harness runs tests as snippets only in the judge's process, where the
-"program" is ``_judge_runtime.py``.
+object or file of this process holds a whole test's expected values. The harness runs tests as
+snippets only in the judge's process, where the "program" is ``_judge_runtime.py``.
 """
 
 
@@ -185,7 +185,10 @@ def _harness():  # everything lives in this frame, not in module globals
                 if canonical:
                     items.sort(key=_ascii)
                 return ["d", items]
-            raise _TypeError(f"a {_type_name(t)}, not plain data (None, bool, int, float, complex, str, bytes, list, tuple, dict, set)")
+            raise _TypeError(
+                f"a {_type_name(t)}, not plain data "
+                "(None, bool, int, float, complex, str, bytes, list, tuple, dict, set)"
+            )
 
         try:
             return as_json(walk(value, 0))
@@ -225,7 +228,9 @@ def _harness():  # everything lives in this frame, not in module globals
     # whose value goes back as plain data: its verdict is taken by the caller, who kept the
     # expected value. wants "each": args is a list of argument lists, the value the list of
     # outputs (a HumanEval+ chunk, compared by the caller with a reference run's).
-    compiled_tests = [compile_or_error(t, f"<test {i}>") if _isinstance(t, str) else (t, None) for i, t in enumerate(test_srcs)]
+    compiled_tests = [
+        compile_or_error(t, f"<test {i}>") if _isinstance(t, str) else (t, None) for i, t in enumerate(test_srcs)
+    ]
     sources = {"<setup>": setup_src, "<solution>": code_src}
     for i, t in enumerate(test_srcs):
         sources[f"<test {i}>"] = t if _isinstance(t, str) else t[3]  # (name, args, kwargs, source, wants)
@@ -487,7 +492,9 @@ def _harness():  # everything lives in this frame, not in module globals
                 elif changed is None:
                     emit("test", index, "pass")
                 else:
-                    emit("test", index, "error", f"test {index + 1}: the program changed the module attribute {changed}")
+                    emit(
+                        "test", index, "error", f"test {index + 1}: the program changed the module attribute {changed}"
+                    )
             index += 1
     try:
         stdout_flush()
@@ -647,7 +654,10 @@ def _isolate(payload):
                       "the host's fs.suid_dumpable must be 0 or 2")
     built_in = NATIVE_MODULES.intersection(sys.builtin_module_names)
     if built_in:
-        raise OSError(f"this interpreter has {', '.join(sorted(built_in))} built in, which the sandbox cannot keep from the program")
+        raise OSError(
+            f"this interpreter has {', '.join(sorted(built_in))} built in, "
+            "which the sandbox cannot keep from the program"
+        )
     if os.getppid() != 1:
         os._exit(72)
     os.chdir("/tmp")
@@ -670,7 +680,14 @@ def _check_mounts(max_disk_bytes):
             fstype = fields[fields.index("-") + 1]
             if "rw" not in options or point in writable_places:
                 continue
-            if fstype == "devtmpfs" and point in ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom", "/dev/tty"):
+            if fstype == "devtmpfs" and point in (
+                "/dev/null",
+                "/dev/zero",
+                "/dev/full",
+                "/dev/random",
+                "/dev/urandom",
+                "/dev/tty",
+            ):
                 continue  # device nodes: writing to them stores nothing
             raise OSError(f"{point} ({fstype}) is writable in the run's file system")
     total = files = 0

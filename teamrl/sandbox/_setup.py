@@ -108,7 +108,16 @@ def _build(payload, data):
     # -- 2. mounts, in a mount namespace of this process's own (in a user namespace, bwrap's is
     # owned by its outer user namespace, where this process holds no capability)
     CLONE_NEWNS = 0x00020000
-    MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 8, 32, 4096, 16384, 1 << 18
+    MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = (
+        1,
+        2,
+        4,
+        8,
+        32,
+        4096,
+        16384,
+        1 << 18,
+    )
     check(libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
     check(libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None), "mount --make-rprivate /")
 
@@ -159,7 +168,10 @@ def _build(payload, data):
     tmp_bytes = disk * 3 // 4
     for place, size in (("/tmp", tmp_bytes), ("/dev/shm", disk - tmp_bytes)):
         options = f"mode=1777,size={size},nr_inodes={max(16, size // INODE_BYTES)}"
-        check(libc.mount(b"tmpfs", place.encode(), b"tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, options.encode()), f"mount the run's tmpfs on {place}")
+        check(
+            libc.mount(b"tmpfs", place.encode(), b"tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, options.encode()),
+            f"mount the run's tmpfs on {place}",
+        )
     os.chdir("/tmp")
 
     # -- 3. limits (lowering hard limits is permanent for the unprivileged program)

@@ -88,7 +88,11 @@ def _visible_tree() -> list[str]:
             args += ["--symlink", os.readlink(top), top]
         elif os.path.isdir(top):
             args += ["--ro-bind", top, top]
-    prefixes = {sys.base_prefix, sys.base_exec_prefix, os.path.dirname(os.path.dirname(os.path.realpath(sys.executable)))}
+    prefixes = {
+        sys.base_prefix,
+        sys.base_exec_prefix,
+        os.path.dirname(os.path.dirname(os.path.realpath(sys.executable))),
+    }
     for prefix in sorted(os.path.realpath(p) for p in prefixes):
         if prefix != "/usr" and not prefix.startswith("/usr/"):
             # Traversable parents (bwrap would copy /root's 0700), then the prefix itself.
@@ -111,7 +115,15 @@ def _bwrap_command(limits: SandboxLimits, network: str, as_root: bool) -> list[s
     harness starts)."""
     tmp_bytes = limits.max_disk_bytes * 3 // 4
     shm_bytes = limits.max_disk_bytes - tmp_bytes
-    args = [bwrap_path(), "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
+    args = [
+        bwrap_path(),
+        "--die-with-parent",
+        "--new-session",
+        "--unshare-pid",
+        "--unshare-ipc",
+        "--unshare-uts",
+        "--unshare-cgroup-try",
+    ]
     if network in ("auto", "netns"):
         args.append("--unshare-net")
     if not as_root:

@@ -49,7 +49,16 @@ from typing import Any, Callable
 # converting ASTs at once can fail with 'SystemError: AST constructor recursion depth mismatch'.
 _AST_LOCK = threading.Lock()
 
-__all__ = ["CallTest", "ReferenceTest", "RefusedValue", "decode_plain", "evalplus_same", "program_names", "reference_check_source", "split_test"]
+__all__ = [
+    "CallTest",
+    "ReferenceTest",
+    "RefusedValue",
+    "decode_plain",
+    "evalplus_same",
+    "program_names",
+    "reference_check_source",
+    "split_test",
+]
 
 # Bigger values than this (as sent) are refused rather than parsed.
 MAX_VALUE_CHARS = 1 << 20
@@ -168,7 +177,11 @@ def _expectation(test: ast.AST, source: str, candidate: str | None):
             options[kw.arg] = value
         if not (call and ok):
             return None
-        return call, lambda got: math.isclose(got, expected, **options), f"close to {expected!r} ({options or 'rel_tol=1e-09'})"
+        return (
+            call,
+            lambda got: math.isclose(got, expected, **options),
+            f"close to {expected!r} ({options or 'rel_tol=1e-09'})",
+        )
     return None
 
 
@@ -198,7 +211,9 @@ def _ignorable(node: ast.stmt) -> bool:
     """Module lines around the assert that cannot change its call: imports, literal assignments."""
     if isinstance(node, (ast.Import, ast.ImportFrom)):
         return True
-    return isinstance(node, ast.Assign) and all(isinstance(t, ast.Name) for t in node.targets) and _literal(node.value)[0]
+    return (
+        isinstance(node, ast.Assign) and all(isinstance(t, ast.Name) for t in node.targets) and _literal(node.value)[0]
+    )
 
 
 # ---------------------------------------------------------------------------------------
@@ -225,11 +240,13 @@ def evalplus_same(got: Any, expected: Any, atol: float) -> bool:
         return True
 
     def floats(x: Any) -> bool:
-        return isinstance(x, float) or (isinstance(x, (list, tuple)) and len(x) > 0 and all(isinstance(i, float) for i in x))
+        return isinstance(x, float) or (
+            isinstance(x, (list, tuple)) and len(x) > 0 and all(isinstance(i, float) for i in x)
+        )
 
     if atol == 0 and floats(expected):
         atol = 1e-6
-    if atol == 0 or type(got) != type(expected):
+    if atol == 0 or type(got) is not type(expected):
         return False
     if isinstance(expected, (list, tuple)):
         return len(got) == len(expected) and all(abs(g - e) <= atol + 1e-7 * abs(e) for g, e in zip(got, expected))
@@ -270,8 +287,12 @@ class ReferenceTest:
         find_zero, poly at each candidate output."""
         if self.find_zero:
             args = tuple([*a, g] for a, g in zip(self.args, got))
-            return CallTest("poly", args, {}, f"poly(*input, got) for {self.label} inputs", lambda _: True, wants="each")
-        return CallTest(self.name, self.args, {}, f"{self.name}(*input) for {self.label} inputs", lambda _: True, wants="each")
+            return CallTest(
+                "poly", args, {}, f"poly(*input, got) for {self.label} inputs", lambda _: True, wants="each"
+            )
+        return CallTest(
+            self.name, self.args, {}, f"{self.name}(*input) for {self.label} inputs", lambda _: True, wants="each"
+        )
 
     def judge(self, got: list, reference_values: list) -> tuple[bool, str | None]:
         """(passed, why not) for the candidate's outputs ``got`` given the reference run's
@@ -283,7 +304,11 @@ class ReferenceTest:
             except Exception as exc:  # noqa: BLE001 - e.g. abs(None): not a pass
                 ok, expected = False, f"{expected} ({type(exc).__name__}: {exc})"
             if not ok:
-                return False, f"{self.label} input #{self.first + k}: {short_repr(args)} -> {short_repr(output)}, expected {expected}"
+                return (
+                    False,
+                    f"{self.label} input #{self.first + k}: {short_repr(args)} -> {short_repr(output)}, "
+                    f"expected {expected}",
+                )
         return True, None
 
 
@@ -304,7 +329,12 @@ def _reference_test(tree: ast.Module) -> ReferenceTest | None:
     call = tree.body[0].value
     if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == REFERENCE_CHECK):
         return None
-    if len(call.args) != 1 or call.keywords or not isinstance(call.args[0], ast.Constant) or not isinstance(call.args[0].value, str):
+    if (
+        len(call.args) != 1
+        or call.keywords
+        or not isinstance(call.args[0], ast.Constant)
+        or not isinstance(call.args[0].value, str)
+    ):
         return None
     try:
         spec = json.loads(call.args[0].value)

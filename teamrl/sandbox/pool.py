@@ -88,7 +88,9 @@ class SandboxPool:
         futures = [self.submit_job(job) for job in jobs]
         return [f.result() for f in futures]
 
-    async def run(self, code: str, tests: Sequence[str] = (), limits: SandboxLimits | None = None, setup: str = "") -> ExecutionResult:
+    async def run(
+        self, code: str, tests: Sequence[str] = (), limits: SandboxLimits | None = None, setup: str = ""
+    ) -> ExecutionResult:
         """``await`` one run from asyncio code without blocking the event loop."""
         return await asyncio.wrap_future(self.submit(code, tests, limits, setup))
 

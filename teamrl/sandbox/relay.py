@@ -12,12 +12,15 @@ import signal
 import subprocess
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from teamrl.sandbox.jail import _DRAIN_SECONDS, _PROGRAM_ENV, _bwrap_command, _bwrap_exit_code, _host_namespaces
 from teamrl.sandbox.judge import MAX_VALUE_CHARS, CallTest, ReferenceTest, RefusedValue, decode_plain, program_names
 from teamrl.sandbox.records import _HARNESS_PID, _parse_records, _Records
 from teamrl.sandbox.users import _LEASES, _kill_user, _kill_user_atomically, _Lease
+
+if TYPE_CHECKING:  # for the annotation only: sandbox.py, where _Run is, imports this module
+    from teamrl.sandbox.sandbox import _Run
 
 _judge_runtime_source: str | None = None
 # A request (the judge's arguments) or a reply (the program's value) bigger than this is
@@ -150,7 +153,9 @@ class _Judge:
         """Kill what is left of the judge's run, reap it, and read the rest of its records."""
         if self.proc is None:
             return
-        self.run._kill_all(self.proc, self.lease, f"{self.nonce}\t{_HARNESS_PID}\tdone\tswept\n".encode() in self.results)
+        self.run._kill_all(
+            self.proc, self.lease, f"{self.nonce}\t{_HARNESS_PID}\tdone\tswept\n".encode() in self.results
+        )
         if self.proc.returncode is None:
             _, status, _ = os.wait4(self.proc.pid, 0)
             self.proc.returncode = _bwrap_exit_code(os.waitstatus_to_exitcode(status))
@@ -337,7 +342,9 @@ class _Judge:
                 body = _next_frame(self.from_judge)
             except OverflowError as exc:
                 self.skip["requests"] += exc.args[0]
-                self._reply(sel, ("u", f"the test's arguments are larger than the relay takes ({_RELAY_FRAME_MAX} bytes)"))
+                self._reply(
+                    sel, ("u", f"the test's arguments are larger than the relay takes ({_RELAY_FRAME_MAX} bytes)")
+                )
                 continue
             except ValueError:
                 self.broken = self.broken or "the judge sent a malformed request"
@@ -433,7 +440,9 @@ class _Judge:
             return f"the judge could not start: {jrec.body[-1]}"
         stderr = self.stderr.decode("utf-8", "replace").strip()
         code = self.proc.returncode if self.proc is not None else None
-        return f"the judge's process ended without a verdict (exit {code})" + (f"; stderr: {stderr[-300:]}" if stderr else "")
+        return f"the judge's process ended without a verdict (exit {code})" + (
+            f"; stderr: {stderr[-300:]}" if stderr else ""
+        )
 
     def merge(self, rec: _Records) -> None:
         """Put the judge's verdicts into the program's records: a test the program's process

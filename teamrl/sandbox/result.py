@@ -33,11 +33,11 @@ class ExecutionResult:
     run ended before the harness reported its set-up. ``filesystem_isolation`` is
     ``"private-tmpfs"`` when the harness checked that the only writable places were the
     run's own size-limited tmpfs /tmp and /dev/shm (in a file system showing only /usr and
-    the interpreter), else ``"none"`` (the run never started). ``sandbox_uid`` is the unprivileged user the program ran as (None when the
-    caller is not root and no user switch was possible). ``tests_unjudgeable`` counts tests that
-    could not be judged outside the program's process (they need more of the program than
-    calls returning plain data): none of them passed, and ``first_failure`` says why when one
-    comes first.
+    the interpreter), else ``"none"`` (the run never started). ``sandbox_uid`` is the unprivileged
+    user the program ran as (None when the caller is not root and no user switch was possible).
+    ``tests_unjudgeable`` counts tests that could not be judged outside the program's process
+    (they need more of the program than calls returning plain data): none of them passed, and
+    ``first_failure`` says why when one comes first.
     """
 
     status: str

@@ -3,7 +3,8 @@
 The child is a fresh interpreter running ``_harness.py`` (see there for the inside view) in a
 bubblewrap container. This side allocates a sandbox user, splits the tests it can judge
 itself (``judge.py``; the others run whole in a second container, the judge's, see
-:class:`~teamrl.sandbox.relay._Judge`), starts the container in its own session, feeds it the payload, collects stdout/stderr (capped) and the harness's records
+:class:`~teamrl.sandbox.relay._Judge`), starts the container in its own session, feeds it the
+payload, collects stdout/stderr (capped) and the harness's records
 (nonce-authenticated, on a private pipe), enforces the wall-clock limit, kills everything the
 run left behind, and turns it all into an :class:`ExecutionResult`.
 
@@ -101,7 +102,10 @@ def _judge_calls(rec: _Records, calls: Sequence[CallTest | ReferenceTest | None]
             continue
         if isinstance(call, ReferenceTest):
             if type(got) is not list or len(got) != len(call.args):
-                rec.tests[index] = ["fail", f"{where} -> AssertionError: returned {_short_repr(got)}, not one output per input"]
+                rec.tests[index] = [
+                    "fail",
+                    f"{where} -> AssertionError: returned {_short_repr(got)}, not one output per input",
+                ]
             else:
                 pending.append((index, call, got, where))
             continue
@@ -109,7 +113,10 @@ def _judge_calls(rec: _Records, calls: Sequence[CallTest | ReferenceTest | None]
         if passed:
             rec.tests[index] = ["pass"]
         else:
-            rec.tests[index] = ["fail", f"{where} -> AssertionError: returned {_short_repr(got)}, expected {_shorten(expected)}"]
+            rec.tests[index] = [
+                "fail",
+                f"{where} -> AssertionError: returned {_short_repr(got)}, expected {_shorten(expected)}",
+            ]
     if pending:
         _judge_references(rec, pending, limits, network)
 
@@ -124,7 +131,9 @@ def _reference_key(test: ReferenceTest) -> bytes:
     return hashlib.sha256(marshal.dumps((test.reference, test.name, test.args))).digest()
 
 
-def _judge_references(rec: _Records, pending: list[tuple[int, ReferenceTest, list, str]], limits: SandboxLimits, network: str) -> None:
+def _judge_references(
+    rec: _Records, pending: list[tuple[int, ReferenceTest, list, str]], limits: SandboxLimits, network: str
+) -> None:
     """Judge reference tests against their reference solution's values, run in a second
     sandbox run (one per reference solution) on plain values: the inputs, or for find_zero
     the candidate's decoded outputs. Outputs on the inputs alone are cached."""
@@ -166,7 +175,9 @@ def _judge_references(rec: _Records, pending: list[tuple[int, ReferenceTest, lis
                     _REFERENCE_CACHE.pop(next(iter(_REFERENCE_CACHE)))
                 _REFERENCE_CACHE[_reference_key(test)] = values[index]
         passed, why = test.judge(got, values[index])
-        rec.tests[index] = ["pass"] if passed else ["fail", f"test {index + 1}: {test.assert_source} -> AssertionError: {why}"]
+        rec.tests[index] = (
+            ["pass"] if passed else ["fail", f"test {index + 1}: {test.assert_source} -> AssertionError: {why}"]
+        )
 
 
 def _shorten(text: str) -> str:
@@ -286,7 +297,9 @@ class _Run:
         # Judged after the run's uid is released: a reference test starts a second run.
         # Reading the values counts against the run's wall-clock limit (a program can make
         # them costly to read: the run must not outlast its limit here, after the fact).
-        _judge_calls(records, calls, self.limits, self.network, start + self.limits.wall_seconds + _DECODE_GRACE_SECONDS)
+        _judge_calls(
+            records, calls, self.limits, self.network, start + self.limits.wall_seconds + _DECODE_GRACE_SECONDS
+        )
         return self._result(records, *self._outcome, time.monotonic() - start)
 
     def records(self, calls: Sequence[CallTest | ReferenceTest | None]) -> _Records:
@@ -527,7 +540,9 @@ class _Run:
             sel.close()
 
     # -- the verdict
-    def _result(self, rec: _Records, returncode: int, rusage, timed_out: bool, flooded: bool, lease, duration: float) -> ExecutionResult:
+    def _result(
+        self, rec: _Records, returncode: int, rusage, timed_out: bool, flooded: bool, lease, duration: float
+    ) -> ExecutionResult:
         n = len(self.tests)
         limits = self.limits
         stderr_text = self.out["stderr"].decode("utf-8", "replace")
@@ -571,7 +586,10 @@ class _Run:
         elif rec.setup_error is not None:
             status, failure = "crash", f"sandbox: could not set up isolation: {rec.setup_error}"
         elif rec.hello is None and stderr_text.startswith("bwrap:"):  # bwrap itself gave up
-            status, failure = "crash", f"sandbox: could not set up isolation: {stderr_text.strip().splitlines()[0][:300]}"
+            status, failure = (
+                "crash",
+                f"sandbox: could not set up isolation: {stderr_text.strip().splitlines()[0][:300]}",
+            )
         elif rec.done:
             kind, failure = first_recorded_failure()
             status = {None: "ok", "fail": "failed", "error": "error", "memory": "memory"}.get(kind, "error")
@@ -580,14 +598,20 @@ class _Run:
             if rec.disk and status in ("failed", "error"):
                 place, files = rec.disk[0], rec.disk[1] if len(rec.disk) > 1 else "?"
                 status = "disk"
-                failure = (f"the run filled its disk ({place} full, {files} files; max_disk_bytes={limits.max_disk_bytes}, "
-                           f"each file or directory a {_INODE_BYTES}-byte share): {failure}")
+                failure = (
+                    f"the run filled its disk ({place} full, {files} files; max_disk_bytes={limits.max_disk_bytes}, "
+                    f"each file or directory a {_INODE_BYTES}-byte share): {failure}"
+                )
         elif returncode == -signal.SIGSYS:  # the seccomp filter's kill: memfd_create or shmget
             status = "memory"
-            failure = unfinished("the process called memfd_create or shmget (memory outside the run's limits) and was killed")
+            failure = unfinished(
+                "the process called memfd_create or shmget (memory outside the run's limits) and was killed"
+            )
         else:
             kind, recorded = first_recorded_failure()
-            memory_hint = kind == "memory" or re.search(r"MemoryError|Cannot allocate memory|out of memory", stderr_text)
+            memory_hint = kind == "memory" or re.search(
+                r"MemoryError|Cannot allocate memory|out of memory", stderr_text
+            )
             if returncode == -signal.SIGKILL:
                 status = "memory" if memory_hint else "killed"
                 how = "was killed by SIGKILL"

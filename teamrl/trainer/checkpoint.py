@@ -34,11 +34,13 @@ UNWRITABLE = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM
 
 
 class RunDirError(InputError):
-    """The run directory cannot be created or written (read-only, not writable, a file, full); the message is one line."""
+    """The run directory cannot be created or written (read-only, not writable, a file, full); the message is one
+    line."""
 
 
 class CheckpointWriteError(RunDirError):
-    """Writing a checkpoint failed (e.g. no space left); its temporary folder is removed, older checkpoints are intact."""
+    """Writing a checkpoint failed (e.g. no space left); its temporary folder is removed, older checkpoints are
+    intact."""
 
 
 class CheckpointUnreadable(InputError):
@@ -96,7 +98,9 @@ def _first_nonfinite(tree: Any, path: str = "") -> str | None:
     return None
 
 
-def save_checkpoint(folder: Path, step: int, policies: PolicyRouter | PolicyStates, state: dict[str, Any], keep: int = 2) -> Path:
+def save_checkpoint(
+    folder: Path, step: int, policies: PolicyRouter | PolicyStates, state: dict[str, Any], keep: int = 2
+) -> Path:
     """Write ``folder/step_N`` (each policy of a router or a learner) and keep only the ``keep`` newest checkpoints.
 
     Raises ValueError, writing nothing, when a policy's weights or optimizer state hold a NaN/inf.
@@ -107,7 +111,9 @@ def save_checkpoint(folder: Path, step: int, policies: PolicyRouter | PolicyStat
         for what, tree in (("weight", weights), ("optimizer state", optim)):
             bad = _first_nonfinite(tree)
             if bad is not None:
-                raise ValueError(f"checkpoint step {step}: policy {name!r} {what} {bad} holds a NaN/inf; refusing to save it")
+                raise ValueError(
+                    f"checkpoint step {step}: policy {name!r} {what} {bad} holds a NaN/inf; refusing to save it"
+                )
     final = folder / f"step_{step:06d}"
     tmp = folder / f".tmp_step_{step:06d}"
     try:
@@ -123,7 +129,9 @@ def save_checkpoint(folder: Path, step: int, policies: PolicyRouter | PolicyStat
     except OSError as e:
         shutil.rmtree(tmp, ignore_errors=True)  # give back the space the half-written checkpoint took
         before = [p.name for p in list_checkpoints(folder)]
-        kept = f"the checkpoints before it are intact ({', '.join(before)})" if before else "no earlier checkpoint exists"
+        kept = (
+            f"the checkpoints before it are intact ({', '.join(before)})" if before else "no earlier checkpoint exists"
+        )
         reason = f"[Errno {e.errno}] {e.strerror}" if e.strerror else str(e)
         raise CheckpointWriteError(f"checkpoint {final} could not be written ({reason}); {kept}: free space or make "
                                    f"{folder} writable, then continue with teamrl train ... --resume") from e
@@ -223,10 +231,16 @@ def check_run_dir(run_dir: Path) -> None:
     while not probe.exists() and probe.parent != probe:  # the nearest folder that exists
         probe = probe.parent
     if not probe.is_dir():
-        raise RunDirError(f"run directory {run_dir}: {probe} is a file, not a folder; choose another run.dir= (or name=)")
+        raise RunDirError(
+            f"run directory {run_dir}: {probe} is a file, not a folder; choose another run.dir= (or name=)"
+        )
     for p in (probe, run_dir / "checkpoints"):
         if p.is_dir() and not os.access(p, os.W_OK | os.X_OK):
-            why = "is on a read-only file system" if os.statvfs(p).f_flag & os.ST_RDONLY else "is not writable by this user"
+            why = (
+                "is on a read-only file system"
+                if os.statvfs(p).f_flag & os.ST_RDONLY
+                else "is not writable by this user"
+            )
             raise RunDirError(f"run directory {run_dir} cannot be written: {p} {why}; choose a writable run.dir= "
                               "(run.dir/name is where checkpoints and metrics go)")
 
@@ -288,12 +302,17 @@ def unlock_run_dir(run_dir: Path, remove_created: bool = False) -> None:
 
 @contextmanager
 def run_dir_writes(run_dir: Path) -> Iterator[None]:
-    """Turn a failed write into the run directory (full, read-only, not writable) into a one-line :class:`RunDirError`."""
+    """Turn a failed write into the run directory (full, read-only, not writable) into a one-line
+    :class:`RunDirError`."""
     try:
         yield
     except OSError as e:
         inside = e.filename is not None and Path(os.path.abspath(e.filename)).is_relative_to(os.path.abspath(run_dir))
-        if isinstance(e, InputError) or e.errno not in UNWRITABLE or not (inside or e.errno in (errno.ENOSPC, errno.EDQUOT)):
+        if (
+            isinstance(e, InputError)
+            or e.errno not in UNWRITABLE
+            or not (inside or e.errno in (errno.ENOSPC, errno.EDQUOT))
+        ):
             raise
         where = e.filename or run_dir
         raise RunDirError(f"run directory {run_dir}: cannot write {where} ([Errno {e.errno}] {e.strerror}); free space "
@@ -304,7 +323,11 @@ def list_checkpoints(folder: Path) -> list[Path]:
     """Complete checkpoints, oldest first."""
     if not folder.is_dir():
         return []
-    found = [(int(m.group(1)), p) for p in folder.iterdir() if (m := _STEP_DIR.match(p.name)) and (p / "trainer_state.pt").is_file()]
+    found = [
+        (int(m.group(1)), p)
+        for p in folder.iterdir()
+        if (m := _STEP_DIR.match(p.name)) and (p / "trainer_state.pt").is_file()
+    ]
     return [p for _, p in sorted(found)]
 
 
@@ -342,8 +365,10 @@ def check_resume_settings(run_dir: Path, cfg: Any) -> None:
             import yaml
 
             as_given = yaml.safe_dump(old, default_flow_style=True, width=10**6).strip().removesuffix("...").strip()
-            raise CheckpointMismatch(f"--resume: {key} is {new!r}, but the checkpoints of {run_dir} were trained with "
-                                     f"{old!r} ({saved_file}); resume with {key}={as_given}, or start a new run (another name=)")
+            raise CheckpointMismatch(
+                f"--resume: {key} is {new!r}, but the checkpoints of {run_dir} were trained with "
+                f"{old!r} ({saved_file}); resume with {key}={as_given}, or start a new run (another name=)"
+            )
 
 
 def _kind(obj: Any) -> str:
@@ -351,17 +376,24 @@ def _kind(obj: Any) -> str:
 
 
 def _check_weights(f: Path, weights: Any, expected: dict[str, torch.Tensor]) -> None:
-    """``weights`` (read from ``f``) are the tensors of the policy whose own are ``expected``: the same names, shapes."""
-    if not isinstance(weights, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in weights.items()):
-        raise CheckpointMismatch(f"checkpoint file {f}: expected a mapping of weight name -> tensor, got {_kind(weights)}")
+    """``weights`` (read from ``f``) are the tensors of the policy whose own are ``expected``: the same names,
+    shapes."""
+    if not isinstance(weights, dict) or not all(
+        isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in weights.items()
+    ):
+        raise CheckpointMismatch(
+            f"checkpoint file {f}: expected a mapping of weight name -> tensor, got {_kind(weights)}"
+        )
     extra = [k for k in weights if k not in expected]
     if extra:
         raise CheckpointMismatch(f"checkpoint file {f}: holds {extra[0]!r}, which this run's policy does not have "
                                  f"({len(extra)} such); it was written for another model or policy.lora")
     missing = [k for k in expected if k not in weights]
     if missing:
-        raise CheckpointMismatch(f"checkpoint file {f}: lacks {missing[0]!r} of shape {list(expected[missing[0]].shape)} "
-                                 f"({len(missing)} missing); it was written for another model or policy.lora")
+        raise CheckpointMismatch(
+            f"checkpoint file {f}: lacks {missing[0]!r} of shape {list(expected[missing[0]].shape)} "
+            f"({len(missing)} missing); it was written for another model or policy.lora"
+        )
     for k, want in expected.items():
         if tuple(weights[k].shape) != tuple(want.shape):
             raise CheckpointMismatch(f"checkpoint file {f}: tensor {k} has shape {list(weights[k].shape)}, this run's "
@@ -375,8 +407,10 @@ def _check_optimizer(f: Path, optim: Any, expected: dict[str, torch.Tensor]) -> 
     state = optim.get("state") if isinstance(optim, dict) else None
     if not isinstance(groups, list) or not isinstance(state, dict) or not all(
             isinstance(g, dict) and isinstance(g.get("params"), list) for g in groups):
-        raise CheckpointMismatch(f"checkpoint file {f}: expected an optimizer state (a mapping of state and param_groups), "
-                                 f"got {_kind(optim)}")
+        raise CheckpointMismatch(
+            f"checkpoint file {f}: expected an optimizer state (a mapping of state and param_groups), "
+            f"got {_kind(optim)}"
+        )
     count = sum(len(g["params"]) for g in groups)
     if count != len(expected):
         raise CheckpointMismatch(f"checkpoint file {f}: holds the state of {count} parameters, this run's policy has "
@@ -399,8 +433,10 @@ def _check_trainer_state(f: Path, state: Any) -> None:
     for key in ("step", "data_position"):
         v = state.get(key)
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-            raise CheckpointMismatch(f"checkpoint file {f}: {key} must be an integer >= 0, got "
-                                     f"{'nothing' if key not in state else repr(v)}; expected step, data_position and rng")
+            raise CheckpointMismatch(
+                f"checkpoint file {f}: {key} must be an integer >= 0, got "
+                f"{'nothing' if key not in state else repr(v)}; expected step, data_position and rng"
+            )
     if not isinstance(state.get("rng"), dict):
         raise CheckpointMismatch(f"checkpoint file {f}: rng must be the mapping of RNG states teamrl writes, got "
                                  f"{'nothing' if 'rng' not in state else _kind(state['rng'])}")
@@ -409,7 +445,8 @@ def _check_trainer_state(f: Path, state: Any) -> None:
 
 
 def load_checkpoint(path: Path, policies: PolicyRouter | PolicyStates) -> dict[str, Any]:
-    """Restore policies (of a router or a learner), optimizers and RNG states from ``path``; return the trainer state.
+    """Restore policies (of a router or a learner), optimizers and RNG states from ``path``; return the trainer
+    state.
 
     Every file is read and checked against this run's policies (names and shapes of the tensors, the trainer state's
     keys) before anything is restored: a mismatch is a :class:`CheckpointMismatch` naming the file and the entry."""
@@ -421,7 +458,9 @@ def load_checkpoint(path: Path, policies: PolicyRouter | PolicyStates) -> dict[s
     for name in states.policy_names():
         f = path / f"policy_{name}.pt"
         if not f.is_file():
-            raise InputFileMissing(f"checkpoint {path} has no weights for policy {name!r} ({f.name}); was the policy mode changed?")
+            raise InputFileMissing(
+                f"checkpoint {path} has no weights for policy {name!r} ({f.name}); was the policy mode changed?"
+            )
         # a GPU run resumes on a CPU too (_read maps to the CPU)
         weights, optim = _read(f), _read(path / f"optimizer_{name}.pt")
         expected = states.state(name)[0]

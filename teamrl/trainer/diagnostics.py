@@ -119,9 +119,13 @@ def signal_summary(metrics: Sequence[Mapping[str, Any]]) -> str | None:
     k = int(sum(m["signal/groups_with_signal"] for m in steps))
     where = f"over {len(steps)} step{'s' * (len(steps) != 1)}"
     if k == 0:
-        return (f"no learning signal: 0 of {n} groups varied {where} (every sample of a group scored alike, so every "
-                "advantage was 0 and the rewards taught nothing: make the task easier, warm start, or sample larger groups)")
+        return (
+            f"no learning signal: 0 of {n} groups varied {where} (every sample of a group scored alike, so every "
+            "advantage was 0 and the rewards taught nothing: make the task easier, warm start, or sample larger groups)"
+        )
     share = k / n
     in_loss = sum(m.get("signal/samples_in_loss", 0.0) for m in steps) / len(steps)
-    return (f"{'little ' if share < 0.05 else ''}learning signal: {k} of {n} groups varied ({100 * share:.0f}%) {where}; "
-            f"{100 * in_loss:.0f}% of trained samples reached the loss")
+    return (
+        f"{'little ' if share < 0.05 else ''}learning signal: {k} of {n} groups varied ({100 * share:.0f}%) {where}; "
+        f"{100 * in_loss:.0f}% of trained samples reached the loss"
+    )

@@ -56,11 +56,14 @@ class EvalRow:
     tokens_per_s: float
     seconds_per_problem: float
     pass_at_1: float | None = None  # for tasks that can say whether an answer is fully correct
-    valid: float | None = None  # share of judged replies in their role's format (reply_valid; None: nothing could be judged)
+    # share of judged replies in their role's format (reply_valid; None: nothing could be judged)
+    valid: float | None = None
     replies_per_problem: float = 0.0
     scores: list[float] = field(default_factory=list)  # normalised return per problem, in problem order
-    stats: dict[str, float] = field(default_factory=dict)  # a workflow run's diagnostics (accuracy, verdicts, votes, ...)
-    episodes: list[dict[str, Any]] = field(default_factory=list)  # per problem, in problem order: :func:`episode_record`
+    # a workflow run's diagnostics (accuracy, verdicts, votes, ...)
+    stats: dict[str, float] = field(default_factory=dict)
+    # per problem, in problem order: :func:`episode_record`
+    episodes: list[dict[str, Any]] = field(default_factory=list)
     note: str = ""  # a line the table opens with: :func:`training_problems_note`
     scored_by: str = ""  # what its scores measure (:func:`score_measure`); rows that differ are not comparable
 
@@ -105,7 +108,9 @@ def compare(rows: Sequence[EvalRow], trained: str = "team", untrained: str = "un
 
 def format_comparison(c: Comparison) -> str:
     """One line: the paired difference, its standard error and whether it exceeds the noise."""
-    verdict = "exceeds 2 standard errors" if c.beyond_noise else "within 2 standard errors (not distinguishable from noise)"
+    verdict = (
+        "exceeds 2 standard errors" if c.beyond_noise else "within 2 standard errors (not distinguishable from noise)"
+    )
     unlike = "" if c.same_measure else " [scored by different measures: not comparable]"
     return (f"{c.trained} - {c.untrained}: {c.difference:+.3f} +/- {c.stderr:.3f} normalised return "
             f"(paired over the same {c.problems} problems): {verdict}{unlike}")
@@ -143,7 +148,9 @@ def held_out_config(cfg: Config) -> tuple[Config, str]:
         return dataclasses.replace(cfg, task={**cfg.task, "split": "test"}), "held-out problems (task.split=test)"
     if "seed" in fields:
         seed = int(cfg.task.get("seed", fields["seed"].default)) + 1
-        return dataclasses.replace(cfg, task={**cfg.task, "seed": seed}), f"held-out problems (freshly generated: task.seed={seed})"
+        return dataclasses.replace(
+            cfg, task={**cfg.task, "seed": seed}
+        ), f"held-out problems (freshly generated: task.seed={seed})"
     return cfg, "the training problems (the task holds none out)"
 
 
@@ -184,7 +191,9 @@ def _method_checked(run: RunWorkflow, method: str, task: Any) -> Baseline:
         raise ConfigError(f"--method: {method!r} is not known; choose from {list(EVAL_METHODS)}")
     baseline = run.methods.get(method)
     if baseline is None:
-        raise ConfigError(f"--method {method}: workflow {run.name!r} has no {method} baseline; it takes {list(run.methods)}")
+        raise ConfigError(
+            f"--method {method}: workflow {run.name!r} has no {method} baseline; it takes {list(run.methods)}"
+        )
     if baseline.workflow is not None:
         try:
             check_task(baseline.name, baseline.workflow, task)
@@ -216,7 +225,9 @@ def evaluate(cfg: Config, methods: list[str], checkpoint: Path | None = None, li
     run = run_workflow(cfg, task)
     chosen = {m: _method_checked(run, m, task) for m in methods}
     if any(b.weights != "base" for b in chosen.values()) and checkpoint is None:
-        raise ConfigError("--method team needs --checkpoint RUN_DIR (a trained run); the untrained team is the untrained method")
+        raise ConfigError(
+            "--method team needs --checkpoint RUN_DIR (a trained run); the untrained team is the untrained method"
+        )
     seed_everything(cfg.seed)
     roles = list(run.roles)
     router = PolicyRouter(cfg.policy.mode, roles, cfg.model, cfg.policy.lora, lr=cfg.train.lr, seed=cfg.seed,
@@ -248,8 +259,13 @@ def evaluate(cfg: Config, methods: list[str], checkpoint: Path | None = None, li
         settings = run.settings if baseline.workflow is None else None
         scheduler = GenerationScheduler(engine, seed=derive_seed(cfg.seed, 7))
         # One agent writing every part of a team task gets the whole team's token budget.
-        p_method = dataclasses.replace(params, max_new_tokens=params.max_new_tokens * len(roles)) if baseline.widen else params
-        ctxs = [EpisodeContext(scheduler, _route(baseline, router, roles), router.tokenizer, p_method, p.id, 0) for p in problems]
+        p_method = (
+            dataclasses.replace(params, max_new_tokens=params.max_new_tokens * len(roles)) if baseline.widen else params
+        )
+        ctxs = [
+            EpisodeContext(scheduler, _route(baseline, router, roles), router.tokenizer, p_method, p.id, 0)
+            for p in problems
+        ]
         for ctx in ctxs:
             ctx.workflow = baseline.name
         t0 = time.perf_counter()
@@ -267,11 +283,29 @@ def evaluate(cfg: Config, methods: list[str], checkpoint: Path | None = None, li
         outcomes = [r.outcome for r in results if r.outcome is not None]
         stats = workflow_stats(spec, outcomes) if len(outcomes) == n else {}
         passed = stats.get("accuracy")
-        episodes = [episode_record(method, baseline.name, p, ctx, r, max_reward, task, spec.formats) for p, ctx, r in zip(problems, ctxs, results)]
+        episodes = [
+            episode_record(method, baseline.name, p, ctx, r, max_reward, task, spec.formats)
+            for p, ctx, r in zip(problems, ctxs, results)
+        ]
         verdicts = [c["valid"] for e in episodes for c in e["calls"] if c["valid"] is not None]
         valid = sum(verdicts) / len(verdicts) if verdicts else None
-        rows.append(EvalRow(method, mean, stderr, n, tokens / wall, wall / n, passed, valid, len(replies) / n, scores, stats,
-                            episodes, scored_by=score_measure(baseline.name, spec, task)))
+        rows.append(
+            EvalRow(
+                method,
+                mean,
+                stderr,
+                n,
+                tokens / wall,
+                wall / n,
+                passed,
+                valid,
+                len(replies) / n,
+                scores,
+                stats,
+                episodes,
+                scored_by=score_measure(baseline.name, spec, task),
+            )
+        )
     note = training_problems_note(cfg, checkpoint)
     for r in rows:
         r.note = note
@@ -289,8 +323,11 @@ def format_table(rows: list[EvalRow]) -> str:
     note = next((r.note for r in rows if r.note), "")
     notes = [note] if note else []
     if unlike:
-        notes.append("note: the rows are scored by different measures (the scored by column), so their normalised returns and "
-                     "paired differences do not compare" + ("; pass@1 / success (correctness) does, where rows have it" if with_pass else ""))
+        notes.append(
+            "note: the rows are scored by different measures (the scored by column), so their normalised returns and "
+            "paired differences do not compare"
+            + ("; pass@1 / success (correctness) does, where rows have it" if with_pass else "")
+        )
     head = ("| method | normalised return (mean +/- stderr) |" + (" scored by |" if unlike else "")
             + (" pass@1 / success |" if with_pass else "") + (" valid replies |" if with_valid else ""))
     lines = (notes + [""] if notes else []) + [head + " problems | generated tokens/s | s / problem |",
@@ -304,7 +341,9 @@ def format_table(rows: list[EvalRow]) -> str:
     keys = list(dict.fromkeys(k for r in rows for k in r.stats))
     if keys:
         lines += ["", "| statistic | " + " | ".join(r.method for r in rows) + " |", "|---" * (len(rows) + 1) + "|"]
-        lines += [f"| {k} | " + " | ".join(f"{r.stats[k]:.3f}" if k in r.stats else "-" for r in rows) + " |" for k in keys]
+        lines += [
+            f"| {k} | " + " | ".join(f"{r.stats[k]:.3f}" if k in r.stats else "-" for r in rows) + " |" for k in keys
+        ]
     comparison = compare(rows)
     if comparison is not None:
         lines += ["", format_comparison(comparison)]
@@ -347,12 +386,17 @@ def episode_record(method: str, workflow: str, problem: Any, ctx: EpisodeContext
             })
     outcome = result.outcome
     return {
-        "method": method, "workflow": workflow, "problem_id": _plain(problem.id),
-        "score": result.team_return / max_reward, "team_return": result.team_return, "final_reward": result.final_reward,
+        "method": method,
+        "workflow": workflow,
+        "problem_id": _plain(problem.id),
+        "score": result.team_return / max_reward,
+        "team_return": result.team_return,
+        "final_reward": result.final_reward,
         "correct": None if outcome is None else outcome.correct,
         "outcome": None if outcome is None else _plain(dataclasses.asdict(outcome)),
         "returned": None if outcome is not None or result.returned is None else _plain(result.returned),
-        "calls": calls, "rewards": rewards,
+        "calls": calls,
+        "rewards": rewards,
     }
 
 
@@ -448,8 +492,12 @@ def write_results(rows: Sequence[EvalRow], out_dir: Path, cfg: Config, command: 
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "checkpoint": None if checkpoint is None else str(checkpoint),
         "checkpoint_step": step,
-        "limit": limit, "temperature": temperature,
-        "problems": {**problem_source(cfg, training_task), "ids": [e["problem_id"] for e in rows[0].episodes] if rows else []},
+        "limit": limit,
+        "temperature": temperature,
+        "problems": {
+            **problem_source(cfg, training_task),
+            "ids": [e["problem_id"] for e in rows[0].episodes] if rows else [],
+        },
         "methods": methods,
         "comparisons": [{**dataclasses.asdict(c), "beyond_noise": c.beyond_noise} for c in paired_comparisons(rows)],
         # set only when the rows' measures differ (a user workflow's own return beside the task's reward)

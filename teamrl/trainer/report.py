@@ -23,17 +23,32 @@ from teamrl.core.metrics import accuracy_summary, training_records
 
 # (file stem, title, metric-name prefixes to draw on that plot)
 PLOTS = (
-    ("reward", "reward and normalised return", ("reward_mean", "normalised_return", "normalised_return_last_turn", "greedy_reward_mean")),
+    (
+        "reward",
+        "reward and normalised return",
+        ("reward_mean", "normalised_return", "normalised_return_last_turn", "greedy_reward_mean"),
+    ),
     ("reward_per_agent", "reward per agent", ("reward/",)),
     ("response_length", "completion length (tokens)", ("completion_len",)),
     ("loss", "loss per policy", ("loss/",)),
     ("grad_norm", "gradient norm per policy (before clipping)", ("grad_norm/",)),
     ("kl", "KL to the reference per policy", ("kl/",)),
-    ("timing", "seconds per phase of a step: collect (the rollout), learn (advantages and updates), publish (the weight "
-               "sync), evaluate", ("timing/",)),
-    ("signal", "learning signal: share of groups with a non-zero advantage (per role), of samples in the loss",
-     ("signal/groups_varied", "signal/samples_in_loss")),
-    ("accuracy", "episode accuracy (train) and held-out greedy accuracy", ("accuracy", "first_attempt_accuracy", "eval/accuracy", "eval/peak_accuracy")),
+    (
+        "timing",
+        "seconds per phase of a step: collect (the rollout), learn (advantages and updates), publish (the weight "
+        "sync), evaluate",
+        ("timing/",),
+    ),
+    (
+        "signal",
+        "learning signal: share of groups with a non-zero advantage (per role), of samples in the loss",
+        ("signal/groups_varied", "signal/samples_in_loss"),
+    ),
+    (
+        "accuracy",
+        "episode accuracy (train) and held-out greedy accuracy",
+        ("accuracy", "first_attempt_accuracy", "eval/accuracy", "eval/peak_accuracy"),
+    ),
     ("role_grad_norm", "gradient norm per role type", ("role_grad_norm/",)),
     ("role_capture", "role capture: share of the summed gradient norm", ("role_capture/",)),
     ("role_loss", "loss share per role type", ("role_loss/",)),
@@ -78,7 +93,9 @@ def plot_groups(everything: list[dict], workflow: str | None) -> list[tuple[str,
     for stem, title, prefixes in PLOTS:
         series = _series(everything, prefixes)
         covered |= set(series)
-        groups.append((stem, title if stem not in WORKFLOW_PLOTS or workflow == stem else _family_title(prefixes), series))
+        groups.append(
+            (stem, title if stem not in WORKFLOW_PLOTS or workflow == stem else _family_title(prefixes), series)
+        )
     families: dict[str, list[str]] = {}
     for k in sorted({k for m in everything for k, v in m.items()
                      if "/" in k and isinstance(v, (int, float)) and not isinstance(v, bool)} - covered):
@@ -94,7 +111,14 @@ def plot_groups(everything: list[dict], workflow: str | None) -> list[tuple[str,
 
 
 def _series(metrics: list[dict], prefixes: tuple[str, ...]) -> "Series":
-    names = sorted({k for m in metrics for k in m if any(k == p or (p.endswith("/") and k.startswith(p)) or k.startswith(p + "/") for p in prefixes)})
+    names = sorted(
+        {
+            k
+            for m in metrics
+            for k in m
+            if any(k == p or (p.endswith("/") and k.startswith(p)) or k.startswith(p + "/") for p in prefixes)
+        }
+    )
     out = {}
     for n in names:
         pts = [(m["step"], m[n]) for m in metrics if isinstance(m.get(n), (int, float))]
@@ -106,7 +130,9 @@ def _series(metrics: list[dict], prefixes: tuple[str, ...]) -> "Series":
 Series = dict[str, tuple[list[int], list[float]]]
 
 
-def save_line_plot(series: Series, title: str, path: Path, ylabel: str | None = None, size: tuple[float, float] = (6, 3.2)) -> None:
+def save_line_plot(
+    series: Series, title: str, path: Path, ylabel: str | None = None, size: tuple[float, float] = (6, 3.2)
+) -> None:
     """One PNG: a line per series against step (points marked on short series)."""
     import matplotlib
 
@@ -164,8 +190,14 @@ def write_report(run_dir: str | Path) -> Path:
         if results is not None:
             from teamrl.trainer.evaluate import format_table, rows_from_results
 
-            page[-2:-2] = [f"## Latest eval ({results_file.parent.name})", "", format_table(rows_from_results(results)), ""]
-        html_page = render_html(run_dir, everything, results_file, results)  # first: it reads the eval's and episodes' files
+            page[-2:-2] = [
+                f"## Latest eval ({results_file.parent.name})",
+                "",
+                format_table(rows_from_results(results)),
+                "",
+            ]
+        # first: it reads the eval's and episodes' files
+        html_page = render_html(run_dir, everything, results_file, results)
     except (KeyError, TypeError, AttributeError) as e:  # a field missing or of another type than eval writes
         raise ValueError(f"{results_file}: not a results file of teamrl eval ({type(e).__name__}: {e})") from None
     for stem, title, series in plot_groups(everything, run_workflow(run_dir)):
@@ -222,28 +254,33 @@ MAX_STEPS = 12           # training steps whose episodes the page holds: evenly 
 MAX_STEP_SAMPLES = 64    # samples of one training step on the page
 
 CSS = """
-body{font:14px/1.45 system-ui,-apple-system,'Segoe UI',sans-serif;margin:0 auto;max-width:1500px;padding:0 16px 40px;color:#222}
+body{font:14px/1.45 system-ui,-apple-system,'Segoe UI',sans-serif;margin:0 auto;max-width:1500px;
+padding:0 16px 40px;color:#222}
 h1{font-size:22px;margin:18px 0 4px}h2{font-size:18px;margin:28px 0 8px;border-bottom:1px solid #ddd;padding-bottom:4px}
 h3{font-size:15px;margin:16px 0 6px}nav a{margin-right:14px}
-table{border-collapse:collapse;margin:6px 0}th,td{border:1px solid #ddd;padding:4px 8px;text-align:left;vertical-align:top}
+table{border-collapse:collapse;margin:6px 0}
+th,td{border:1px solid #ddd;padding:4px 8px;text-align:left;vertical-align:top}
 thead th{background:#f4f6f8}td.n{text-align:right;font-variant-numeric:tabular-nums}
 .charts{display:flex;flex-wrap:wrap;gap:14px}figure{margin:0;border:1px solid #e3e3e3;padding:6px;background:#fafafa}
 figcaption{font-weight:600;margin-bottom:2px}.chart text{font-size:10px;fill:#555}
 .legend{font-size:11px;max-width:520px}.legend span{display:inline-block;margin-right:10px}
 .legend i{display:inline-block;width:10px;height:10px;margin-right:4px;vertical-align:middle}
-pre.text{white-space:pre-wrap;word-break:break-word;background:#f7f7f7;border:1px solid #e5e5e5;padding:6px;margin:4px 0;
-max-height:420px;overflow:auto;font:12px/1.4 ui-monospace,Menlo,Consolas,monospace}
+pre.text{white-space:pre-wrap;word-break:break-word;background:#f7f7f7;border:1px solid #e5e5e5;padding:6px;
+margin:4px 0;max-height:420px;overflow:auto;font:12px/1.4 ui-monospace,Menlo,Consolas,monospace}
 .scroll{overflow-x:auto}table.transcript{table-layout:fixed}table.transcript td{min-width:340px;width:560px}
-.who{font-size:12px;color:#444}.role{font-weight:700;color:#0b5cad}.reward{font-size:12px;background:#eef7ee;border-left:3px solid #2ca02c;padding:2px 6px;margin:3px 0}
+.who{font-size:12px;color:#444}.role{font-weight:700;color:#0b5cad}
+.reward{font-size:12px;background:#eef7ee;border-left:3px solid #2ca02c;padding:2px 6px;margin:3px 0}
 .reward.neg{background:#fbeeee;border-left-color:#d62728}.bad{color:#b00}.ok{color:#070}.meta{color:#555;font-size:12px}
-td.wide{min-width:360px;max-width:900px}.msg b{font-size:11px;text-transform:uppercase;color:#666}select{font-size:14px;max-width:100%}
+td.wide{min-width:360px;max-width:900px}.msg b{font-size:11px;text-transform:uppercase;color:#666}
+select{font-size:14px;max-width:100%}
 """
 
 SCRIPT = """(function(){
 function options(sel){var v=[];for(var i=0;i<sel.options.length;i++)v.push(sel.options[i].value);return v;}
 function pick(kind,key){var sel=document.getElementById(kind+'-select');if(!sel)return;
 if(key!=null&&options(sel).indexOf(key)>=0)sel.value=key;
-var all=document.querySelectorAll('section.'+kind);for(var i=0;i<all.length;i++)all[i].hidden=all[i].getAttribute('data-key')!==sel.value;}
+var all=document.querySelectorAll('section.'+kind);
+for(var i=0;i<all.length;i++)all[i].hidden=all[i].getAttribute('data-key')!==sel.value;}
 ['problem','step'].forEach(function(kind){var sel=document.getElementById(kind+'-select');if(!sel)return;
 sel.addEventListener('change',function(){pick(kind);try{history.replaceState(null,'','#'+kind+'='+encodeURIComponent(sel.value));}catch(e){}});});
 var m=/^#(problem|step)=(.*)$/.exec(location.hash);
@@ -290,7 +327,10 @@ def _tick(v: float, spacing: float) -> str:
 
 def svg_chart(series: Series, title: str, width: int = 460, height: int = 220) -> str:
     """An inline SVG line chart of ``series`` against step, and its legend (HTML); '' when nothing is finite."""
-    pts = {n: [(x, y) for x, y in zip(xs, ys) if isinstance(y, (int, float)) and math.isfinite(y)] for n, (xs, ys) in series.items()}
+    pts = {
+        n: [(x, y) for x, y in zip(xs, ys) if isinstance(y, (int, float)) and math.isfinite(y)]
+        for n, (xs, ys) in series.items()
+    }
     pts = {n: p for n, p in pts.items() if p}
     if not pts:
         return ""
@@ -325,10 +365,16 @@ def svg_chart(series: Series, title: str, width: int = 460, height: int = 220) -
     for i, (name, p) in enumerate(pts.items()):
         c = COLOURS[i % len(COLOURS)]
         coords = " ".join(f"{X(x):.1f},{Y(y):.1f}" for x, y in p)
-        out.append(f'<polyline fill="none" stroke="{c}" stroke-width="1.6" points="{coords}"><title>{_e(name)}</title></polyline>')
+        out.append(
+            f'<polyline fill="none" stroke="{c}" stroke-width="1.6" points="{coords}">'
+            f'<title>{_e(name)}</title></polyline>'
+        )
         if len(p) < 40:
-            out += [f'<circle cx="{X(x):.1f}" cy="{Y(y):.1f}" r="2.2" fill="{c}"><title>{_e(name)} step {x:g}: {y:.4g}</title></circle>'
-                    for x, y in p]
+            out += [
+                f'<circle cx="{X(x):.1f}" cy="{Y(y):.1f}" r="2.2" fill="{c}">'
+                f'<title>{_e(name)} step {x:g}: {y:.4g}</title></circle>'
+                for x, y in p
+            ]
         legend.append(f'<span><i style="background:{c}"></i>{_e(name)}</span>')
     out.append("</svg>")
     return "".join(out) + f'<div class="legend">{"".join(legend)}</div>'
@@ -347,15 +393,23 @@ def _curves(everything: list[dict], workflow: str | None = None) -> str:
         covered |= set(series)
         figures.append(_figure(series, title))
     groups: dict[str, list[str]] = {}
-    for k in sorted({k for m in everything for k, v in m.items()
-                     if k != "step" and "/" not in k and isinstance(v, (int, float)) and not isinstance(v, bool)} - covered):
+    for k in sorted(
+        {
+            k
+            for m in everything
+            for k, v in m.items()
+            if k != "step" and "/" not in k and isinstance(v, (int, float)) and not isinstance(v, bool)
+        }
+        - covered
+    ):
         groups.setdefault(k, []).append(k)
     others = [_figure({k: ([m["step"] for m in everything if isinstance(m.get(k), (int, float))],
                            [m[k] for m in everything if isinstance(m.get(k), (int, float))]) for k in keys},
                       group + ("/*" if any("/" in k for k in keys) else "")) for group, keys in groups.items()]
     page = f'<div class="charts">{"".join(figures)}</div>'
     if any(others):
-        page += f'<details><summary>every other per-step metric</summary><div class="charts">{"".join(others)}</div></details>'
+        page += ('<details><summary>every other per-step metric</summary>'
+                 f'<div class="charts">{"".join(others)}</div></details>')
     return page
 
 
@@ -378,34 +432,62 @@ def _eval_table(results: dict) -> str:
     methods = results["methods"]
     with_pass = any(m.get("pass_at_1") is not None for m in methods.values())
     with_valid = any(m.get("valid") is not None for m in methods.values())
-    unlike = len({m.get("scored_by", "") for m in methods.values()}) > 1  # a user workflow's return beside the task's reward
-    head = (["method", "normalised return", "+/- stderr"] + (["scored by"] if unlike else []) + (["pass@1 / success"] if with_pass else [])
-            + (["valid replies"] if with_valid else []) + ["problems", "replies / problem", "generated tokens/s", "s / problem"])
+    # a user workflow's return beside the task's reward
+    unlike = len({m.get("scored_by", "") for m in methods.values()}) > 1
+    head = (
+        ["method", "normalised return", "+/- stderr"]
+        + (["scored by"] if unlike else [])
+        + (["pass@1 / success"] if with_pass else [])
+        + (["valid replies"] if with_valid else [])
+        + ["problems", "replies / problem", "generated tokens/s", "s / problem"]
+    )
     rows = []
     for name, m in methods.items():
-        cells = [m.get("mean"), m.get("stderr")] + ([m.get("scored_by")] if unlike else []) + ([m.get("pass_at_1")] if with_pass else []) + (
-            [m.get("valid")] if with_valid else []) + [m.get("problems"), m.get("replies_per_problem")]
+        cells = (
+            [m.get("mean"), m.get("stderr")]
+            + ([m.get("scored_by")] if unlike else [])
+            + ([m.get("pass_at_1")] if with_pass else [])
+            + ([m.get("valid")] if with_valid else [])
+            + [m.get("problems"), m.get("replies_per_problem")]
+        )
         speed = [f'{m.get("tokens_per_s", 0):.0f}', f'{m.get("seconds_per_problem", 0):.2f}']
         rows.append(f'<tr><th>{_e(name)}</th>' + "".join(f'<td class="n">{_num(c)}</td>' for c in cells)
                     + "".join(f'<td class="n">{s}</td>' for s in speed) + "</tr>")
-    note = next((m["note"] for m in methods.values() if m.get("note")), "")  # e.g. the problems were the training problems
+    # e.g. the problems were the training problems
+    note = next((m["note"] for m in methods.values() if m.get("note")), "")
     if unlike:
-        note = (note + " " if note else "") + ("The rows are scored by different measures (scored by): their normalised "
-                                               "returns and paired differences do not compare.")
+        note = (note + " " if note else "") + (
+            "The rows are scored by different measures (scored by): their normalised "
+            "returns and paired differences do not compare."
+        )
     out = ((f'<p class="bad">{_e(note)}</p>' if note else "")
            + f'<table id="eval-table"><thead><tr>{"".join(f"<th>{_e(h)}</th>" for h in head)}</tr></thead>'
            f'<tbody>{"".join(rows)}</tbody></table>')
     keys = list(dict.fromkeys(k for m in methods.values() for k in (m.get("stats") or {})))
     if keys:
-        out += ('<table id="eval-stats"><thead><tr><th>statistic</th>' + "".join(f"<th>{_e(n)}</th>" for n in methods)
-                + "</tr></thead><tbody>" + "".join(
-                    f"<tr><th>{_e(k)}</th>" + "".join(f'<td class="n">{_num((m.get("stats") or {}).get(k))}</td>'
-                                                      for m in methods.values()) + "</tr>" for k in keys) + "</tbody></table>")
+        out += (
+            '<table id="eval-stats"><thead><tr><th>statistic</th>'
+            + "".join(f"<th>{_e(n)}</th>" for n in methods)
+            + "</tr></thead><tbody>"
+            + "".join(
+                f"<tr><th>{_e(k)}</th>"
+                + "".join(f'<td class="n">{_num((m.get("stats") or {}).get(k))}</td>' for m in methods.values())
+                + "</tr>"
+                for k in keys
+            )
+            + "</tbody></table>"
+        )
     items = []
     for c in results.get("comparisons", []):
-        verdict = "exceeds 2 standard errors" if c["beyond_noise"] else "within 2 standard errors (not distinguishable from noise)"
-        items.append(f'<li>{_e(c["trained"])} - {_e(c["untrained"])}: {c["difference"]:+.3f} +/- {c["stderr"]:.3f} normalised '
-                     f'return (paired over the same {c["problems"]} problems): {verdict}</li>')
+        verdict = (
+            "exceeds 2 standard errors"
+            if c["beyond_noise"]
+            else "within 2 standard errors (not distinguishable from noise)"
+        )
+        items.append(
+            f'<li>{_e(c["trained"])} - {_e(c["untrained"])}: {c["difference"]:+.3f} +/- {c["stderr"]:.3f} normalised '
+            f'return (paired over the same {c["problems"]} problems): {verdict}</li>'
+        )
     if items:
         out += f'<ul id="eval-comparisons">{"".join(items)}</ul>'
     return out
@@ -438,10 +520,16 @@ def _call_cell(call: dict, rewards: Iterable[dict]) -> str:
     if call.get("own_reward") is not None:
         facts.append(f'own reward {_num(call["own_reward"])}')
     if call.get("valid") is not None:
-        facts.append('<span class="ok">valid reply</span>' if call["valid"] else '<span class="bad">not a valid reply</span>')
-    return (f'<div class="call"><div class="who"><span class="role">{_e(call.get("role"))}</span> · ' + " · ".join(facts)
-            + f'</div><details><summary>prompt ({n} message{"s" if n != 1 else ""})</summary>{_messages(call.get("messages"))}'
-            f'</details>{_text(call.get("completion"))}{"".join(_reward_line(r) for r in rewards)}</div>')
+        facts.append(
+            '<span class="ok">valid reply</span>' if call["valid"] else '<span class="bad">not a valid reply</span>'
+        )
+    return (
+        f'<div class="call"><div class="who"><span class="role">{_e(call.get("role"))}</span> · '
+        + " · ".join(facts)
+        + f'</div><details><summary>prompt ({n} message{"s" if n != 1 else ""})</summary>'
+        f'{_messages(call.get("messages"))}'
+        f'</details>{_text(call.get("completion"))}{"".join(_reward_line(r) for r in rewards)}</div>'
+    )
 
 
 def _outcome_cell(e: dict, rewards: Iterable[dict]) -> str:
@@ -455,7 +543,11 @@ def _outcome_cell(e: dict, rewards: Iterable[dict]) -> str:
         out += f'<div class="meta">answer: {_e(o.get("answer"))}</div>'
         stats = o.get("stats") or {}
         if stats:
-            out += "<table>" + "".join(f"<tr><th>{_e(k)}</th><td>{_e(json.dumps(v))}</td></tr>" for k, v in stats.items()) + "</table>"
+            out += (
+                "<table>"
+                + "".join(f"<tr><th>{_e(k)}</th><td>{_e(json.dumps(v))}</td></tr>" for k, v in stats.items())
+                + "</table>"
+            )
         out += f'<details><summary>final text</summary>{_text(o.get("final_text"))}</details>'
     elif e.get("returned") is not None:
         out += f'<div class="meta">returned: {_e(json.dumps(e["returned"]))}</div>'
@@ -498,24 +590,42 @@ def _transcripts(results_file: Path, results: dict) -> str:
                            and r.get("after_call") is not None]
                 cells.append(f"<td>{_call_cell(call, rewards)}</td>")
             body.append(f"<tr><th>call {k}</th>{''.join(cells)}</tr>")
-        body.append("<tr><th>outcome</th>" + "".join(
-            "<td></td>" if e is None else f'<td>{_outcome_cell(e, [r for r in e.get("rewards", []) if r.get("after_call") is None])}</td>'
-            for e in eps) + "</tr>")
-        sections.append(f'<section class="problem" data-key="{i}"{"" if i == 0 else " hidden"}><h3>problem {_e(pid)}</h3>'
-                        f'<div class="scroll"><table class="transcript"><thead><tr><th></th>{head}</tr></thead>'
-                        f'<tbody>{"".join(body)}</tbody></table></div></section>')
+        body.append(
+            "<tr><th>outcome</th>"
+            + "".join(
+                "<td></td>"
+                if e is None
+                else f'<td>{_outcome_cell(e, [r for r in e.get("rewards", []) if r.get("after_call") is None])}</td>'
+                for e in eps
+            )
+            + "</tr>"
+        )
+        sections.append(
+            f'<section class="problem" data-key="{i}"{"" if i == 0 else " hidden"}><h3>problem {_e(pid)}</h3>'
+            f'<div class="scroll"><table class="transcript"><thead><tr><th></th>{head}</tr></thead>'
+            f'<tbody>{"".join(body)}</tbody></table></div></section>'
+        )
     note = f'<p class="meta">Missing: {_e(", ".join(missing))}</p>' if missing else ""
-    return (f'<p><label>problem <select id="problem-select">{"".join(options)}</select></label> '
-            f'<span class="meta">{len(problems)} problems; each method\'s episode of the chosen one side by side</span></p>'
-            + note + "".join(sections))
+    return (
+        f'<p><label>problem <select id="problem-select">{"".join(options)}</select></label> '
+        f'<span class="meta">{len(problems)} problems; each method\'s episode of the chosen one side by side</span></p>'
+        + note
+        + "".join(sections)
+    )
 
 
 def _training_episodes(run_dir: Path) -> str:
     """The training episodes of ``RUN_DIR/episodes/step_*.jsonl``: a step picker, then each problem's samples."""
-    files = sorted((p for p in (run_dir / "episodes").glob("step_*.jsonl") if p.stem[5:].isdigit()), key=lambda p: int(p.stem[5:]))
+    files = sorted(
+        (p for p in (run_dir / "episodes").glob("step_*.jsonl") if p.stem[5:].isdigit()), key=lambda p: int(p.stem[5:])
+    )
     if not files:
         return '<p>No training episodes (<code>run.log_episodes</code> was off).</p>'
-    shown = files if len(files) <= MAX_STEPS else [files[round(i * (len(files) - 1) / (MAX_STEPS - 1))] for i in range(MAX_STEPS)]
+    shown = (
+        files
+        if len(files) <= MAX_STEPS
+        else [files[round(i * (len(files) - 1) / (MAX_STEPS - 1))] for i in range(MAX_STEPS)]
+    )
     shown = list(dict.fromkeys(shown))
     options, sections = [], []
     for j, path in enumerate(shown):
@@ -525,21 +635,45 @@ def _training_episodes(run_dir: Path) -> str:
         by_problem: dict[str, list[dict]] = {}
         for r in records:
             by_problem.setdefault(json.dumps(r.get("problem_id")), []).append(r)
-        parts = [f'<p class="meta">{path.name}: {n} samples' + (f", the first {len(records)} shown" if n > len(records) else "") + "</p>"]
+        parts = [
+            f'<p class="meta">{path.name}: {n} samples'
+            + (f", the first {len(records)} shown" if n > len(records) else "")
+            + "</p>"
+        ]
         for key, rs in by_problem.items():
             prompts = list(dict.fromkeys(r.get("prompt", "") for r in rs))
             rows = []
             for r in rs:
-                cells = [r.get("episode"), r.get("role"), r.get("turn"), r.get("branch"), r.get("policy"), r.get("reward"),
-                         r.get("advantage"), r.get("trainable"), r.get("completion_tokens")]
-                rows.append("<tr>" + "".join(f'<td class="n">{_num(c)}</td>' for c in cells)
-                            + f'<td class="n">#{prompts.index(r.get("prompt", "")) + 1}</td><td class="wide">{_text(r.get("completion"))}</td></tr>')
-            parts.append(f'<h3>problem {_e(json.loads(key))}</h3><details><summary>{len(prompts)} distinct prompt(s)</summary>'
-                         + "".join(f"<div class=\"msg\"><b>#{i + 1}</b>{_text(p)}</div>" for i, p in enumerate(prompts)) + "</details>"
-                         "<table><thead><tr><th>episode</th><th>role</th><th>turn</th><th>branch</th><th>policy</th><th>reward</th>"
-                         "<th>advantage</th><th>trained</th><th>tokens</th><th>prompt</th><th>completion</th></tr></thead><tbody>"
-                         + "".join(rows) + "</tbody></table>")
-        sections.append(f'<section class="step" data-key="{step}"{"" if j == len(shown) - 1 else " hidden"}>{"".join(parts)}</section>')
+                cells = [
+                    r.get("episode"),
+                    r.get("role"),
+                    r.get("turn"),
+                    r.get("branch"),
+                    r.get("policy"),
+                    r.get("reward"),
+                    r.get("advantage"),
+                    r.get("trainable"),
+                    r.get("completion_tokens"),
+                ]
+                rows.append(
+                    "<tr>"
+                    + "".join(f'<td class="n">{_num(c)}</td>' for c in cells)
+                    + f'<td class="n">#{prompts.index(r.get("prompt", "")) + 1}</td>'
+                    f'<td class="wide">{_text(r.get("completion"))}</td></tr>'
+                )
+            parts.append(
+                f'<h3>problem {_e(json.loads(key))}</h3><details><summary>{len(prompts)} distinct prompt(s)</summary>'
+                + "".join(f"<div class=\"msg\"><b>#{i + 1}</b>{_text(p)}</div>" for i, p in enumerate(prompts))
+                + "</details>"
+                "<table><thead><tr><th>episode</th><th>role</th><th>turn</th><th>branch</th><th>policy</th><th>reward</th>"
+                "<th>advantage</th><th>trained</th><th>tokens</th><th>prompt</th><th>completion</th></tr></thead><tbody>"
+                + "".join(rows)
+                + "</tbody></table>"
+            )
+        sections.append(
+            f'<section class="step" data-key="{step}"{"" if j == len(shown) - 1 else " hidden"}>'
+            f'{"".join(parts)}</section>'
+        )
     note = f" ({len(shown)} of {len(files)} steps, evenly spaced)" if len(shown) < len(files) else ""
     options[-1] = options[-1].replace("<option ", "<option selected ", 1)
     return (f'<p><label>training step <select id="step-select">{"".join(options)}</select></label>'
@@ -549,7 +683,8 @@ def _training_episodes(run_dir: Path) -> str:
 def summary(metrics: list[dict]) -> tuple[str, int, float, float, float]:
     """(the main reward key, k, its mean over the first k steps, over the last k, seconds per step)."""
     main = "normalised_return" if "normalised_return" in metrics[0] else "reward_mean"
-    values = [m[main] for m in metrics if isinstance(m.get(main), (int, float))]  # a step whose turn-0 groups were all dropped has none
+    # a step whose turn-0 groups were all dropped has none
+    values = [m[main] for m in metrics if isinstance(m.get(main), (int, float))]
     k = min(3, len(values))
     first = sum(values[:k]) / k if k else float("nan")
     last = sum(values[-k:]) / k if k else float("nan")
@@ -567,22 +702,31 @@ def render_html(run_dir: Path, everything: list[dict], results_file: Path | None
 
     metrics = training_records(everything)
     main, k, first, last, secs = summary(metrics)
-    top = (f'<table id="run-summary"><thead><tr><th>steps</th><th>{_e(main)}, first {k}</th><th>{_e(main)}, last {k}</th>'
-           f'<th>seconds per step</th></tr></thead><tbody><tr><td class="n">{len(metrics)}</td><td class="n">{_num(first)}</td>'
-           f'<td class="n">{_num(last)}</td><td class="n">{secs:.1f}</td></tr></tbody></table>')
+    top = (
+        f'<table id="run-summary"><thead><tr><th>steps</th><th>{_e(main)}, first {k}</th><th>{_e(main)}, last {k}</th>'
+        f'<th>seconds per step</th></tr></thead><tbody><tr><td class="n">{len(metrics)}</td>'
+        f'<td class="n">{_num(first)}</td>'
+        f'<td class="n">{_num(last)}</td><td class="n">{secs:.1f}</td></tr></tbody></table>'
+    )
     acc = accuracy_summary(everything)
     if acc:
-        top += (f'<table><thead><tr><th>held-out accuracy: first</th><th>peak (step)</th><th>final</th><th>cliffs at steps</th>'
-                f'</tr></thead><tbody><tr><td class="n">{_num(acc["untrained"])}</td><td class="n">{_num(acc["peak"])} '
-                f'({acc["peak_step"]})</td><td class="n">{_num(acc["final"])}</td><td>{_e(", ".join(map(str, acc["cliffs"])) or "none")}'
-                f'</td></tr></tbody></table>')
+        top += (
+            '<table><thead><tr><th>held-out accuracy: first</th><th>peak (step)</th><th>final</th>'
+            '<th>cliffs at steps</th>'
+            f'</tr></thead><tbody><tr><td class="n">{_num(acc["untrained"])}</td><td class="n">{_num(acc["peak"])} '
+            f'({acc["peak_step"]})</td><td class="n">{_num(acc["final"])}</td>'
+            f'<td>{_e(", ".join(map(str, acc["cliffs"])) or "none")}'
+            f'</td></tr></tbody></table>'
+        )
     if results is None or results_file is None:
         eval_table = ('<p>No eval yet: <code>teamrl eval --checkpoint RUN_DIR task.split=test</code> writes one under '
                       '<code>RUN_DIR/eval/</code>, and the next <code>teamrl report</code> shows it here.</p>')
         transcripts = "<p>No eval yet.</p>"
     else:
         problems = results.get("problems") or {}
-        held = {True: "held out", False: "the training problems", None: "held out or not: unknown"}[problems.get("held_out")]
+        held = {True: "held out", False: "the training problems", None: "held out or not: unknown"}[
+            problems.get("held_out")
+        ]
         meta = [f'{_e(results_file.parent.name)}', f'command <code>{_e(results.get("command"))}</code>',
                 f'checkpoint {_e(results.get("checkpoint_step") or "none (base model)")}',
                 f'problems: {_e(problems.get("description") or held)}', f'temperature {_e(results.get("temperature"))}']
@@ -592,13 +736,16 @@ def render_html(run_dir: Path, everything: list[dict], results_file: Path | None
     # no network and no script but ours: an escaping slip still could not run a model's text as code
     csp = f"default-src 'none'; style-src 'unsafe-inline'; img-src data:; script-src 'sha256-{script_hash}'"
     name = _e(run_dir.resolve().name)
-    return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-            f'<meta http-equiv="Content-Security-Policy" content="{csp}">'
-            f'<meta name="viewport" content="width=device-width, initial-scale=1"><title>teamrl report: {name}</title>'
-            f'<style>{CSS}</style></head><body><h1>teamrl report: {name}</h1>'
-            '<nav><a href="#summary">summary</a><a href="#eval">eval</a><a href="#curves">curves</a>'
-            '<a href="#transcripts">eval transcripts</a><a href="#episodes">training episodes</a></nav>'
-            f'<h2 id="summary">Summary</h2>{top}<h2 id="eval">Latest eval</h2>{eval_table}'
-            f'<h2 id="curves">Curves</h2>{_curves(everything, run_workflow(run_dir))}<h2 id="transcripts">Eval transcripts</h2>{transcripts}'
-            f'<h2 id="episodes">Training episodes</h2>{_training_episodes(run_dir)}'
-            f'<script>{SCRIPT}</script></body></html>\n')
+    return (
+        f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f'<meta http-equiv="Content-Security-Policy" content="{csp}">'
+        f'<meta name="viewport" content="width=device-width, initial-scale=1"><title>teamrl report: {name}</title>'
+        f'<style>{CSS}</style></head><body><h1>teamrl report: {name}</h1>'
+        '<nav><a href="#summary">summary</a><a href="#eval">eval</a><a href="#curves">curves</a>'
+        '<a href="#transcripts">eval transcripts</a><a href="#episodes">training episodes</a></nav>'
+        f'<h2 id="summary">Summary</h2>{top}<h2 id="eval">Latest eval</h2>{eval_table}'
+        f'<h2 id="curves">Curves</h2>{_curves(everything, run_workflow(run_dir))}'
+        f'<h2 id="transcripts">Eval transcripts</h2>{transcripts}'
+        f'<h2 id="episodes">Training episodes</h2>{_training_episodes(run_dir)}'
+        f'<script>{SCRIPT}</script></body></html>\n'
+    )

@@ -66,7 +66,9 @@ def _demonstration(row: Any, where: str) -> Demonstration:
     ok_messages = isinstance(messages, str) or (isinstance(messages, list) and messages and all(
         isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in messages))
     if not ok_messages:
-        raise InputError(f"{where}: messages {messages!r:.80} must be a string or a list of {{role, content}} chat messages")
+        raise InputError(
+            f"{where}: messages {messages!r:.80} must be a string or a list of {{role, content}} chat messages"
+        )
     return Demonstration(role, messages, completion)
 
 
@@ -151,7 +153,9 @@ def warm_start(cfg: Config, demonstrations: Sequence[Demonstration], epochs: int
         raise ConfigError(f"sft: --epochs {epochs} and --batch-size {batch_size} must be >= 1")
     run_dir = Path(cfg.run.dir) / cfg.name
     if list_checkpoints(run_dir / "checkpoints"):
-        raise ConfigError(f"sft: run directory {run_dir} already has checkpoints; warm-start a new run (choose another name=)")
+        raise ConfigError(
+            f"sft: run directory {run_dir} already has checkpoints; warm-start a new run (choose another name=)"
+        )
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     seed_everything(cfg.seed)
@@ -181,8 +185,15 @@ def warm_start(cfg: Config, demonstrations: Sequence[Demonstration], epochs: int
                 loss = sft_step(router.policies[name], [p for p, _ in part], [c for _, c in part], tok.pad_token_id,
                                 cfg.train.max_grad_norm, cfg.train.micro_batch_size)
                 step += 1
-                records.append({"epoch": epoch, "step": step, "policy": name, "loss": float("nan") if loss is None else loss,
-                                "demonstrations": len(part)})
+                records.append(
+                    {
+                        "epoch": epoch,
+                        "step": step,
+                        "policy": name,
+                        "loss": float("nan") if loss is None else loss,
+                        "demonstrations": len(part),
+                    }
+                )
         if progress:
             last = {r["policy"]: r["loss"] for r in records if r["epoch"] == epoch}
             print(f"[teamrl sft] epoch {epoch}/{epochs}: " + ", ".join(f"{k} loss {v:.3f}" for k, v in last.items()),

@@ -43,8 +43,12 @@ class StudyConfig:
     base: str = option("", doc="the training config every cell starts from (a YAML path); empty: the defaults")
     overrides: list[str] = option(factory=list, doc="key.sub=value overrides applied to every cell")
     workflows: list[str] = option(factory=lambda: ["eval_opt", "voting", "orch_workers"], doc="multi-agent workflows")
-    policies: list[str] = option(factory=lambda: ["sp", "ip"], doc="sp (shared policy) and/or ip (one adapter per role type)")
-    tasks: list[dict[str, Any]] = option(factory=lambda: [{"name": "math.solve"}], doc="task mappings (math.solve, code.solve)")
+    policies: list[str] = option(
+        factory=lambda: ["sp", "ip"], doc="sp (shared policy) and/or ip (one adapter per role type)"
+    )
+    tasks: list[dict[str, Any]] = option(
+        factory=lambda: [{"name": "math.solve"}], doc="task mappings (math.solve, code.solve)"
+    )
     models: list[str] = option(factory=lambda: ["smollm2-135m"], doc="model names")
     seeds: list[int] = option(factory=lambda: [0], doc="seeds")
     single_agent: bool = option(True, doc="also train the single-agent RL baseline (workflow single)")
@@ -82,10 +86,14 @@ def load_study(path: str | Path) -> StudyConfig:
     if study.base and not Path(study.base).is_file() and (p.parent / study.base).is_file():
         study.base = str(p.parent / study.base)  # relative to the study file rather than the current directory
     if study.base and not Path(study.base).is_file():
-        raise ConfigError(f"base: {study.base!r} does not exist (a path relative to the current directory or to {p.parent})")
+        raise ConfigError(
+            f"base: {study.base!r} does not exist (a path relative to the current directory or to {p.parent})"
+        )
     for w in study.workflows:
         if w not in ("eval_opt", "voting", "orch_workers"):
-            raise ConfigError(f"workflows: {w!r} is not a multi-agent workflow; choose from eval_opt, voting, orch_workers")
+            raise ConfigError(
+                f"workflows: {w!r} is not a multi-agent workflow; choose from eval_opt, voting, orch_workers"
+            )
     for pol in study.policies:
         if pol not in POLICY_MODES:
             raise ConfigError(f"policies: {pol!r} is not known; choose from {sorted(POLICY_MODES)}")
@@ -169,15 +177,24 @@ def _mean(xs: list[float]) -> float:
 
 def write_study_table(study: StudyConfig, root: Path, summaries: dict[Cell, dict[str, Any]]) -> Path:
     """``study.md`` (Table 1 style) and the dynamics plots; returns the page's path."""
-    rows = [f"# Study {study.name}", "",
-            "Held-out greedy accuracy (%), mean over seeds. Untrained = the workflow before training (step 0); "
-            "Δ = multi-agent RL minus single-agent RL, in points. Cliffs: evaluations more than "
-            "train.cliff_points under the running peak.", "",
-            "| task | model | workflow | policy | seeds | untrained | peak | final | Δ peak vs SA-RL | Δ final vs SA-RL | cliffs | role capture | s/step |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    rows = [
+        f"# Study {study.name}",
+        "",
+        "Held-out greedy accuracy (%), mean over seeds. Untrained = the workflow before training (step 0); "
+        "Δ = multi-agent RL minus single-agent RL, in points. Cliffs: evaluations more than "
+        "train.cliff_points under the running peak.",
+        "",
+        "| task | model | workflow | policy | seeds | untrained | peak | final | Δ peak vs SA-RL | Δ final vs SA-RL "
+        "| cliffs | role capture | s/step |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     keys = list(dict.fromkeys((c.task_json, c.model, c.workflow, c.policy) for c in summaries))
     for task_key, model, workflow, policy in keys:
-        mine = [s for c, s in summaries.items() if (c.task_json, c.model, c.workflow, c.policy) == (task_key, model, workflow, policy)]
+        mine = [
+            s
+            for c, s in summaries.items()
+            if (c.task_json, c.model, c.workflow, c.policy) == (task_key, model, workflow, policy)
+        ]
         base = [s for c, s in summaries.items() if (c.task_json, c.model, c.workflow) == (task_key, model, "single")]
         peak, final = 100 * _mean([s["peak"] for s in mine]), 100 * _mean([s["final"] for s in mine])
         if workflow == "single" or not base:
@@ -192,9 +209,11 @@ def write_study_table(study: StudyConfig, root: Path, summaries: dict[Cell, dict
         cap = ", ".join(f"{r} {_mean(v):.2f}" for r, v in capture.items()) or "—"
         cliffs = sum(len(s["cliffs"]) for s in mine)
         secs = _mean([s["seconds"] / max(1, s["steps"]) for s in mine])
-        rows.append(f"| {json.loads(task_key)['name']} | {Path(model).name} | {workflow} | {policy.upper()} | {len(mine)} | "
-                    f"{100 * _mean([s['untrained'] for s in mine]):.1f} | {peak:.1f} | {final:.1f} | {d_peak} | {d_final} | "
-                    f"{cliffs} | {cap} | {secs:.1f} |")
+        rows.append(
+            f"| {json.loads(task_key)['name']} | {Path(model).name} | {workflow} | {policy.upper()} | {len(mine)} | "
+            f"{100 * _mean([s['untrained'] for s in mine]):.1f} | {peak:.1f} | {final:.1f} | {d_peak} | {d_final} | "
+            f"{cliffs} | {cap} | {secs:.1f} |"
+        )
     rows += ["", "Per-cell reports (per-role gradient norms, capture, entropy, workflow diagnostics): "
              "`teamrl report` on each cell directory, linked below.", ""]
     rows += [f"- [{c.name}]({c.name}/report/report.md)" for c in summaries]

@@ -48,8 +48,14 @@ class TeamOptions:
                                         "hook: one more test run per episode), as teamrl eval's pass@1 does")
 
 
-def joint_outcome(task: TeamTask, problem: Problem, outputs: dict[str, str], final_reward: float, pass_at_1: bool = True,
-                  memo: Callable[[Callable[[], bool]], bool] = lambda compute: compute()) -> EpisodeOutcome | float:
+def joint_outcome(
+    task: TeamTask,
+    problem: Problem,
+    outputs: dict[str, str],
+    final_reward: float,
+    pass_at_1: bool = True,
+    memo: Callable[[Callable[[], bool]], bool] = lambda compute: compute(),
+) -> EpisodeOutcome | float:
     """What a team episode returns: an :class:`EpisodeOutcome` whose ``correct`` is the task's
     ``passed(problem, outputs)`` where it has that hook (coding tasks) and ``pass_at_1`` asks for it,
     else ``final_reward`` alone (no notion of a fully correct joint answer). ``memo`` computes the
@@ -67,8 +73,9 @@ async def team(ctx, task: TeamTask, problem: Problem, settings: TeamOptions) -> 
     outputs: dict[str, str] = {}
     feedback = ""
     for turn in range(settings.turns):
-        texts = await asyncio.gather(*[ctx.generate(role, task.prompt(problem, role, turn, history, feedback), turn=turn)
-                                       for role in task.roles])
+        texts = await asyncio.gather(
+            *[ctx.generate(role, task.prompt(problem, role, turn, history, feedback), turn=turn) for role in task.roles]
+        )
         outputs = dict(zip(task.roles, texts))
         history = history + [outputs]
         key = ("team", tuple(tuple(o.values()) for o in history))  # a replayed turn is scored once per episode
@@ -92,7 +99,9 @@ def _score_team(task: TeamTask, problem: Problem, outputs: dict[str, str]) -> tu
 
 @dataclass
 class EnvOptions:
-    max_turns: int = option(0, ge=0, doc="turns per episode; 0: the environment's max_turns (AT-GRPO sets at_grpo.max_turns)")
+    max_turns: int = option(
+        0, ge=0, doc="turns per episode; 0: the environment's max_turns (AT-GRPO sets at_grpo.max_turns)"
+    )
 
 
 async def env(ctx, environment: Environment, problem: Problem, settings: EnvOptions,
@@ -109,7 +118,9 @@ async def env(ctx, environment: Environment, problem: Problem, settings: EnvOpti
             break
         before = state
         for role in acting or environment.roles:
-            text = await ctx.generate(role, environment.observe(before if environment.parallel else state, role), turn=turn)
+            text = await ctx.generate(
+                role, environment.observe(before if environment.parallel else state, role), turn=turn
+            )
             texts += (text,)
             # apply never changes the state it is given, so a step replayed by a branch copy is looked up, not rerun
             state, local, team_new = ctx.memo(("env", texts), lambda: _step(environment, state, role, text))

@@ -105,8 +105,16 @@ class BaseContext:
         (sample,) = await self.generate_group(role, messages, n=1, turn=turn, branch=branch, params=params)
         return sample.text
 
-    async def generate_group(self, role: str, messages: Messages | str, n: int, turn: int | None = None, branch: int = 0,
-                             params: SamplingParams | None = None, tags: dict | None = None) -> list[Sample]:
+    async def generate_group(
+        self,
+        role: str,
+        messages: Messages | str,
+        n: int,
+        turn: int | None = None,
+        branch: int = 0,
+        params: SamplingParams | None = None,
+        tags: dict | None = None,
+    ) -> list[Sample]:
         """Sample ``n`` completions of one prompt for ``role`` (one prefill); return their Samples.
 
         The j-th sample gets ``branch = branch + j``; ``tags`` are added to the episode's tags.
@@ -132,8 +140,10 @@ class BaseContext:
             raise InputError(f"workflow {self.workflow or '?'!r}: ctx.reward for {who} got {value!r} "
                              f"({type(value).__name__}); expected a number (int or float)")
         if role is not None and role not in self._role_calls:
-            raise InputError(f"workflow {self.workflow or '?'!r}: ctx.reward(role={role!r}) before any call of that role; "
-                             f"roles called so far: {sorted(self._role_calls)}")
+            raise InputError(
+                f"workflow {self.workflow or '?'!r}: ctx.reward(role={role!r}) before any call of that role; "
+                f"roles called so far: {sorted(self._role_calls)}"
+            )
         self.events.append(RewardEvent(float(value), role))
 
     def memo(self, key: Any, compute: Callable[[], Any]) -> Any:
@@ -147,9 +157,11 @@ class BaseContext:
         """A nested sub-episode: its calls are this episode's, tagged with ``parent_episode`` and ``call``
         (the sub-episode's slot: how many this episode opened before); a dict adds its own tags."""
         if self.refuse_sub_episodes:  # refused when opened, not at registration: a workflow may never open one
-            raise InputError(f"workflow {self.workflow or '?'!r} opened a sub-episode (ctx.sub_episode({role_or_tags!r}), "
-                             f"problem {self.problem_id!r}), which algorithm {self.refuse_sub_episodes} cannot align: use "
-                             "algorithm=m_grpo (the workflow registered with sub_roles=...), or do not call ctx.sub_episode")
+            raise InputError(
+                f"workflow {self.workflow or '?'!r} opened a sub-episode (ctx.sub_episode({role_or_tags!r}), "
+                f"problem {self.problem_id!r}), which algorithm {self.refuse_sub_episodes} cannot align: use "
+                "algorithm=m_grpo (the workflow registered with sub_roles=...), or do not call ctx.sub_episode"
+            )
         extra = role_or_tags if isinstance(role_or_tags, dict) else {"sub_role": role_or_tags}
         slot = self._sub_episodes
         self._sub_episodes += 1
@@ -173,13 +185,28 @@ class SubEpisode:
         (sample,) = await self.generate_group(role, messages, n=1, turn=turn, branch=branch, params=params)
         return sample.text
 
-    async def generate_group(self, role: str, messages: Messages | str, n: int, turn: int | None = None, branch: int = 0,
-                             params: SamplingParams | None = None, tags: dict | None = None) -> list[Sample]:
+    async def generate_group(
+        self,
+        role: str,
+        messages: Messages | str,
+        n: int,
+        turn: int | None = None,
+        branch: int = 0,
+        params: SamplingParams | None = None,
+        tags: dict | None = None,
+    ) -> list[Sample]:
         """As :meth:`BaseContext.generate_group`; ``turn`` defaults to the call position in the sub-episode."""
         position = self._role_calls.get(role, 0)
         self._role_calls[role] = position + 1
-        return await self.parent.generate_group(role, messages, n, turn=position if turn is None else turn, branch=branch,
-                                                params=params, tags={**self.tags, **(tags or {})})
+        return await self.parent.generate_group(
+            role,
+            messages,
+            n,
+            turn=position if turn is None else turn,
+            branch=branch,
+            params=params,
+            tags={**self.tags, **(tags or {})},
+        )
 
     def reward(self, value: Any, role: str | None = None) -> None:
         """As :meth:`BaseContext.reward` (the rewards are the episode's)."""
@@ -215,9 +242,11 @@ class EpisodeContext(BaseContext):
         try:
             policy = self.route(role)
         except KeyError as e:  # a role the workflow did not declare (nor a numbered instance of one)
-            raise InputError(f"workflow {self.workflow or '?'!r}, problem {self.problem_id!r}: ctx.generate({role!r}, ...): "
-                             f"{e.args[0] if e.args else e}; declare it in register_workflow(name, roles=(...)) or "
-                             "call a declared role") from None
+            raise InputError(
+                f"workflow {self.workflow or '?'!r}, problem {self.problem_id!r}: ctx.generate({role!r}, ...): "
+                f"{e.args[0] if e.args else e}; declare it in register_workflow(name, roles=(...)) or "
+                "call a declared role"
+            ) from None
         prompt_ids = encode_chat(self.tokenizer, messages)
         prompt_text = render_chat(self.tokenizer, messages)
         completions = await self.scheduler.generate(policy, GenerationRequest(prompt_ids, params, n=n))
@@ -242,7 +271,8 @@ def team_rewards(events: list[Call | RewardEvent]) -> float:
 
 
 def own_rewards(events: list[Call | RewardEvent]) -> dict[int, float]:
-    """Call index -> the rewards its role reported after it and before that role's next call (calls with none: absent)."""
+    """Call index -> the rewards its role reported after it and before that role's next call (calls with none:
+    absent)."""
     latest: dict[str, int] = {}
     out: dict[int, list[float]] = {}
     for e in events:

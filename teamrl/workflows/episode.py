@@ -131,8 +131,10 @@ def final_reward(returned: Any, workflow: str) -> float:
     if isinstance(returned, EpisodeOutcome):
         return returned.reward
     if isinstance(returned, (str, bytes)) or not hasattr(type(returned), "__float__"):
-        raise InputError(f"workflow {workflow or '?'!r}: returned {returned!r} ({type(returned).__name__}); expected an "
-                         "EpisodeOutcome, a number (the final team reward) or None (rewards reported with ctx.reward)")
+        raise InputError(
+            f"workflow {workflow or '?'!r}: returned {returned!r} ({type(returned).__name__}); expected an "
+            "EpisodeOutcome, a number (the final team reward) or None (rewards reported with ctx.reward)"
+        )
     return float(returned)
 
 
@@ -176,9 +178,11 @@ class ReplayContext(BaseContext):
         if call.index < len(self.script):
             samples = self.script[call.index]
             if samples and (samples[0].role != call.role or len(samples) != call.n):
-                raise InputError(f"workflow {self.workflow or '?'!r} is not deterministic given its texts: on replay its call "
-                                 f"{call.index} asked role {call.role!r} for {call.n} completion(s), the recorded call was "
-                                 f"{samples[0].role!r} with {len(samples)}; draw randomness from ctx.rng only")
+                raise InputError(
+                    f"workflow {self.workflow or '?'!r} is not deterministic given its texts: on replay its call "
+                    f"{call.index} asked role {call.role!r} for {call.n} completion(s), the recorded call was "
+                    f"{samples[0].role!r} with {len(samples)}; draw randomness from ctx.rng only"
+                )
             if call.index == len(self.script) - 1:
                 self.segment_start = len(self.events)
             return samples

@@ -70,7 +70,9 @@ def redact_critique(text: str) -> str:
     return text[:CRITIQUE_CHARS] or "(no critique)"
 
 
-def generator_prompt(task: SolveTask, problem: Problem, previous: str | None, critique: str | None) -> list[dict[str, str]]:
+def generator_prompt(
+    task: SolveTask, problem: Problem, previous: str | None, critique: str | None
+) -> list[dict[str, str]]:
     parts = [task.question(problem)]
     if previous is not None:
         parts += [f"Your previous answer:\n{previous}", f"A reviewer judged it not correct. Critique:\n{critique}",
@@ -86,7 +88,9 @@ def evaluator_prompt(task: SolveTask, problem: Problem, candidate: str) -> list[
         "of at most two sentences. Do not state the answer.")}]
 
 
-async def eval_opt(ctx: EpisodeContext, task: SolveTask, problem: Problem, settings: WorkflowSettings) -> EpisodeOutcome:
+async def eval_opt(
+    ctx: EpisodeContext, task: SolveTask, problem: Problem, settings: WorkflowSettings
+) -> EpisodeOutcome:
     """Run one Eval-Opt episode; see the module docstring."""
     iterations = settings.iterations_for(task.name)
     attempts: list[str] = []

@@ -60,21 +60,29 @@ def worker_prompt(subtask: str) -> list[dict[str, str]]:
     return [{"role": "user", "content": f"Solve this task and state the result briefly.\n\nTask: {subtask}"}]
 
 
-def synthesizer_prompt(task: SolveTask, problem: Problem, subtasks: list[str], outputs: list[str]) -> list[dict[str, str]]:
-    done = "\n\n".join(f"Subtask {i + 1}: {s}\nHelper's result:\n{o[:WORKER_CHARS]}" for i, (s, o) in enumerate(zip(subtasks, outputs)))
+def synthesizer_prompt(
+    task: SolveTask, problem: Problem, subtasks: list[str], outputs: list[str]
+) -> list[dict[str, str]]:
+    done = "\n\n".join(
+        f"Subtask {i + 1}: {s}\nHelper's result:\n{o[:WORKER_CHARS]}" for i, (s, o) in enumerate(zip(subtasks, outputs))
+    )
     parts = [task.question(problem)]
     parts.append(f"Your helpers' work:\n\n{done}" if done else "Your helpers produced nothing usable.")
     parts.append(task.answer_instruction)
     return [{"role": "user", "content": "\n\n".join(parts)}]
 
 
-async def orch_workers(ctx: EpisodeContext, task: SolveTask, problem: Problem, settings: WorkflowSettings) -> EpisodeOutcome:
+async def orch_workers(
+    ctx: EpisodeContext, task: SolveTask, problem: Problem, settings: WorkflowSettings
+) -> EpisodeOutcome:
     """Run one Orch-Workers episode; see the module docstring."""
     plan = await ctx.generate("orchestrator", orchestrator_prompt(task, problem, settings.max_subtasks), turn=0)
     subtasks = parse_plan(plan)
     if len(subtasks) > settings.max_subtasks:
         return EpisodeOutcome(plan, None, False, stats={"subtasks": len(subtasks), "over_limit": True})
-    outputs = list(await asyncio.gather(*[ctx.generate(f"worker{i}", worker_prompt(s), turn=1) for i, s in enumerate(subtasks)]))
+    outputs = list(
+        await asyncio.gather(*[ctx.generate(f"worker{i}", worker_prompt(s), turn=1) for i, s in enumerate(subtasks)])
+    )
     final = await ctx.generate("synthesizer", synthesizer_prompt(task, problem, subtasks, outputs), turn=2)
     answer = task.extract(final)
     (correct,) = task.correct_many(problem, [answer])

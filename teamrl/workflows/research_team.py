@@ -98,15 +98,21 @@ async def research(ctx: EpisodeContext, env: ResearchEnv, problem: Problem, sett
     return as_episode_outcome(await research_team(ctx, env, problem))
 
 
-async def research_solo(ctx: EpisodeContext, env: ResearchEnv, problem: Problem, settings: object = None) -> EpisodeOutcome:
+async def research_solo(
+    ctx: EpisodeContext, env: ResearchEnv, problem: Problem, settings: object = None
+) -> EpisodeOutcome:
     """Workflow ``research_single``: :func:`research_single` in the episode protocol."""
     return as_episode_outcome(await research_single(ctx, env, problem))
 
 
 def as_episode_outcome(res: ResearchOutcome) -> EpisodeOutcome:
     """A research rollout's outcome as an :class:`EpisodeOutcome` (``stats``: ``valid`` and the ``calls``)."""
-    return EpisodeOutcome("", res.answer, res.correct, stats={"valid": res.valid, "calls": res.calls}, team_reward=res.reward)
+    return EpisodeOutcome(
+        "", res.answer, res.correct, stats={"valid": res.valid, "calls": res.calls}, team_reward=res.reward
+    )
 
 
-def _outcome(env: ResearchEnv, problem: Problem, answer: str | None, valid: bool, calls: list[SubCall]) -> ResearchOutcome:
+def _outcome(
+    env: ResearchEnv, problem: Problem, answer: str | None, valid: bool, calls: list[SubCall]
+) -> ResearchOutcome:
     return ResearchOutcome(answer, valid, env.main_reward(problem, answer, valid), env.correct(problem, answer), calls)

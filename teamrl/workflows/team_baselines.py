@@ -52,10 +52,20 @@ async def sequential(ctx: EpisodeContext, task: TeamTask, problem: Problem) -> d
 
 async def discussion(ctx: EpisodeContext, task: TeamTask, problem: Problem) -> dict[str, str]:
     drafts = await parallel(ctx, task, problem)
-    revised = await asyncio.gather(*[
-        ctx.generate(r, _with_note(task.prompt(problem, r), f"Your draft:\n{drafts[r]}\n\n{_others(drafts, r)}\n\n"
-                                   "Revise your part so that the two fit together. Reply with your revised part only."), turn=1)
-        for r in task.roles])
+    revised = await asyncio.gather(
+        *[
+            ctx.generate(
+                r,
+                _with_note(
+                    task.prompt(problem, r),
+                    f"Your draft:\n{drafts[r]}\n\n{_others(drafts, r)}\n\n"
+                    "Revise your part so that the two fit together. Reply with your revised part only.",
+                ),
+                turn=1,
+            )
+            for r in task.roles
+        ]
+    )
     return dict(zip(task.roles, revised))
 
 
@@ -68,7 +78,10 @@ def scored(prompt_team: Callable[[EpisodeContext, TeamTask, Problem], Awaitable[
            ) -> Callable[..., Awaitable[EpisodeOutcome | float]]:
     """``prompt_team`` as a workflow ``run(ctx, task, problem, settings)``: the task's checked reward of the
     joint output is its final team reward (an outcome with the test verdict where the task has ``passed``)."""
-    async def run(ctx: EpisodeContext, task: TeamTask, problem: Problem, settings: Any = None) -> EpisodeOutcome | float:
+
+    async def run(
+        ctx: EpisodeContext, task: TeamTask, problem: Problem, settings: Any = None
+    ) -> EpisodeOutcome | float:
         outputs = await prompt_team(ctx, task, problem)
         reward = checked_reward(task.name, f"reward(problem {problem.id!r})", task.reward(problem, outputs))
         return joint_outcome(task, problem, outputs, reward)
