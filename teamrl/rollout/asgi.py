@@ -26,7 +26,8 @@ from array import array
 from dataclasses import dataclass
 from typing import Any, Callable
 
-MAX_JSON_DEPTH = 64  # deepest nesting of arrays/objects a request body may have (400 deeper): no parser recursion limit is reached
+# deepest nesting of arrays/objects a request body may have (400 deeper): no parser recursion limit is reached
+MAX_JSON_DEPTH = 64
 
 
 def require_asgi() -> None:
@@ -37,7 +38,9 @@ def require_asgi() -> None:
     if missing:
         from teamrl.core.config import InputError
 
-        raise InputError(f"teamrl serve and the training gateway need {' and '.join(missing)}: pip install -e \".[gateway]\"")
+        raise InputError(
+            f"teamrl serve and the training gateway need {' and '.join(missing)}: pip install -e \".[gateway]\""
+        )
 
 
 class RequestError(Exception):
@@ -121,8 +124,13 @@ class Guard:
         headers = dict(scope.get("headers") or [])
         if self.token and headers.get(b"authorization") != f"Bearer {self.token}".encode() \
                 and not (self.authorize and self.authorize(scope, headers)):
-            return await send_json(send, 401, RequestError(401, "missing or wrong bearer token (send Authorization: Bearer "
-                                                                "<token>)", "authorization").body())
+            return await send_json(
+                send,
+                401,
+                RequestError(
+                    401, "missing or wrong bearer token (send Authorization: Bearer <token>)", "authorization"
+                ).body(),
+            )
         too_large = RequestError(413, f"the request body is over the limit of {self.limit} bytes" +
                                  (f" ({self.what})" if self.what else ""), "body").body()
         length = headers.get(b"content-length")
@@ -189,15 +197,28 @@ def json_errors(app: Any, endpoints: Callable[[], list[str]] | None = None) -> N
         if first.get("type") == "json_invalid":  # FastAPI's parse error: its loc is the character position
             reason = (first.get("ctx") or {}).get("error", "malformed")
             position = (list(first.get("loc", ())) + ["?"])[1]
-            return answer(RequestError(400, f"body: the request body is not valid JSON ({reason} at character {position})",
-                                       "body"))
+            return answer(
+                RequestError(
+                    400, f"body: the request body is not valid JSON ({reason} at character {position})", "body"
+                )
+            )
         where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
         return answer(RequestError(400, f"{where}: {first.get('msg')}", where))
 
     @app.exception_handler(Exception)
-    async def _bug(request: Any, e: Exception) -> JSONResponse:  # a server bug: say so instead of dropping the connection
-        return JSONResponse({"error": {"message": f"{type(e).__name__}: {e}", "type": "InternalServerError", "param": None,
-                                       "code": 500}}, status_code=500)
+    # a server bug: say so instead of dropping the connection
+    async def _bug(request: Any, e: Exception) -> JSONResponse:
+        return JSONResponse(
+            {
+                "error": {
+                    "message": f"{type(e).__name__}: {e}",
+                    "type": "InternalServerError",
+                    "param": None,
+                    "code": 500,
+                }
+            },
+            status_code=500,
+        )
 
 
 @dataclass(frozen=True)
@@ -218,7 +239,8 @@ class ConnectionLimits:
 
     def accept_batch(self) -> int:
         """The listen backlog, which is also how many connections asyncio accepts in one go before any of them reaches
-        the protocol (so before the cap can close one): the descriptors in use peak near ``cap() + 2 * accept_batch()``."""
+        the protocol (so before the cap can close one): the descriptors in use peak near
+        ``cap() + 2 * accept_batch()``."""
         return max(8, min(128, self.cap() // 8))
 
 
@@ -263,9 +285,13 @@ def limited_protocol(limits: ConnectionLimits) -> type:
             """Close the oldest connection that is not being served; this one when every other is."""
             oldest = next((c for c in waiting if c is not self), None)
             if oldest is not None:
-                oldest._close(503, "Service Unavailable", f"the server holds at most {cap} open connections ({cap_name}, "
-                              "at most half the open-file limit); this one had sent no complete request "
-                              "and was the oldest")
+                oldest._close(
+                    503,
+                    "Service Unavailable",
+                    f"the server holds at most {cap} open connections ({cap_name}, "
+                    "at most half the open-file limit); this one had sent no complete request "
+                    "and was the oldest",
+                )
             else:
                 self._close(503, "Service Unavailable", f"the server holds at most {cap} open connections "
                                                         f"({cap_name}), all of them serving requests")
@@ -282,8 +308,9 @@ def limited_protocol(limits: ConnectionLimits) -> type:
             elif phase == "closed":
                 open_.discard(self)
             if phase == "head":
-                self.timer = self.loop.call_later(limits.header_timeout_s, self._expired, "header", limits.header_timeout_s,
-                                                  header_name)
+                self.timer = self.loop.call_later(
+                    limits.header_timeout_s, self._expired, "header", limits.header_timeout_s, header_name
+                )
             elif phase == "body":
                 self.timer = self.loop.call_later(limits.body_timeout_s, self._expired, "body", limits.body_timeout_s,
                                                   body_name)
@@ -347,8 +374,10 @@ def listening_socket(host: str, port: int, host_flag: str = "host", port_flag: s
         family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
     except (socket.gaierror, UnicodeError) as e:
         reason = e.strerror if isinstance(e, socket.gaierror) else str(e)
-        raise InputError(f"{host_flag} {host!r} cannot be resolved ({reason}); give an address or name of this machine, "
-                         "e.g. 127.0.0.1 (this machine only) or 0.0.0.0 (every interface)") from None
+        raise InputError(
+            f"{host_flag} {host!r} cannot be resolved ({reason}); give an address or name of this machine, "
+            "e.g. 127.0.0.1 (this machine only) or 0.0.0.0 (every interface)"
+        ) from None
     sock = socket.socket(family, kind, proto)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -357,15 +386,23 @@ def listening_socket(host: str, port: int, host_flag: str = "host", port_flag: s
     except OSError as e:
         sock.close()
         if e.errno == errno.EADDRINUSE:
-            raise InputError(f"{port_flag} {port}: {host}:{port} is in use by another process; choose a free port, "
-                             "or 0 for any free one") from None
+            raise InputError(
+                f"{port_flag} {port}: {host}:{port} is in use by another process; choose a free port, "
+                "or 0 for any free one"
+            ) from None
         if e.errno == errno.EADDRNOTAVAIL:
-            raise InputError(f"{host_flag} {host!r} is not an address of this machine; give one of its own, e.g. "
-                             "127.0.0.1 (this machine only) or 0.0.0.0 (every interface)") from None
+            raise InputError(
+                f"{host_flag} {host!r} is not an address of this machine; give one of its own, e.g. "
+                "127.0.0.1 (this machine only) or 0.0.0.0 (every interface)"
+            ) from None
         if e.errno == errno.EACCES:
-            raise InputError(f"{port_flag} {port}: a port below 1024 needs privileges; choose one from 1024 to 65535, "
-                             "or 0 for any free one") from None
-        raise InputError(f"cannot listen on {host}:{port} ({host_flag}, {port_flag}): [Errno {e.errno}] {e.strerror}") from None
+            raise InputError(
+                f"{port_flag} {port}: a port below 1024 needs privileges; choose one from 1024 to 65535, "
+                "or 0 for any free one"
+            ) from None
+        raise InputError(
+            f"cannot listen on {host}:{port} ({host_flag}, {port_flag}): [Errno {e.errno}] {e.strerror}"
+        ) from None
     return sock
 
 

@@ -95,14 +95,23 @@ def make_engine(cfg: Config, router: PolicyRouter, eos_ids: list[int], run_dir: 
     # token ids an answer may hold: the model's embedding rows (a padded vocabulary has more than the tokenizer)
     model = getattr(next(iter(router.policies.values()), None), "model", None)  # None: policies on workers
     vocab = model.get_input_embeddings().num_embeddings if hasattr(model, "get_input_embeddings") else 0
-    engines = [HTTPEngine(url, router.tokenizer, adapter_dir=adapter_dir, dialect=dialect,
-                          request_deadline_s=r.request_deadline_s, vocab_size=max(vocab, len(router.tokenizer)),
-                          save_adapter=lambda name, folder: router.policies[name].save_adapter(folder),
-                          adapter_tag=tag if len(urls) == 1 else f"{tag}_e{i + 1}",
-                          verify_logprobs=verify if r.server_sync_check else None,
-                          verify_tolerance=r.server_check_tolerance,
-                          probe_prompts=[router.tokenizer(p, add_special_tokens=False)["input_ids"] for p in SYNC_PROBES],
-                          log=tqdm.write) for i, url in enumerate(urls)]
+    engines = [
+        HTTPEngine(
+            url,
+            router.tokenizer,
+            adapter_dir=adapter_dir,
+            dialect=dialect,
+            request_deadline_s=r.request_deadline_s,
+            vocab_size=max(vocab, len(router.tokenizer)),
+            save_adapter=lambda name, folder: router.policies[name].save_adapter(folder),
+            adapter_tag=tag if len(urls) == 1 else f"{tag}_e{i + 1}",
+            verify_logprobs=verify if r.server_sync_check else None,
+            verify_tolerance=r.server_check_tolerance,
+            probe_prompts=[router.tokenizer(p, add_special_tokens=False)["input_ids"] for p in SYNC_PROBES],
+            log=tqdm.write,
+        )
+        for i, url in enumerate(urls)
+    ]
     engine: Engine = engines[0] if len(engines) == 1 else EnginePool(
         engines, names=urls, on_failure=r.on_endpoint_failure, log=lambda line: tqdm.write(line, file=sys.stderr),
         exited=exited)
@@ -122,15 +131,20 @@ def make_engine(cfg: Config, router: PolicyRouter, eos_ids: list[int], run_dir: 
                 f = e.startup_check(cfg.model, list(router.policies), params, r.group_size,
                                     encode_chat(router.tokenizer, STARTUP_PROBE), verify,
                                     tolerance=r.server_check_tolerance, seed=derive_seed(cfg.seed, 0, 3))
-                print(f"teamrl: start-up check of {e.base_url} ({e.dialect}): {f['distinct']:.0f} of {f['group']:.0f} "
-                      f"samples distinct (fewest over {len(router.policies)} policies); log-probs vs the trainer's under "
-                      f"temperature {params.temperature}, top_k {params.top_k}, top_p {params.top_p}"
-                      f"{' (truncated and renormalised as the server samples)' if truncated else ''}: "
-                      f"max gap {f['logprob_gap']:.2e}, mean {f['logprob_mean_gap']:.2e} over {f['tokens']:.0f} tokens; "
-                      f"tolerance {f['tolerance']:g}", flush=True)
+                print(
+                    f"teamrl: start-up check of {e.base_url} ({e.dialect}): {f['distinct']:.0f} of {f['group']:.0f} "
+                    f"samples distinct (fewest over {len(router.policies)} policies); log-probs vs the trainer's under "
+                    f"temperature {params.temperature}, top_k {params.top_k}, top_p {params.top_p}"
+                    f"{' (truncated and renormalised as the server samples)' if truncated else ''}: "
+                    f"max gap {f['logprob_gap']:.2e}, mean {f['logprob_mean_gap']:.2e} over {f['tokens']:.0f} tokens; "
+                    f"tolerance {f['tolerance']:g}",
+                    flush=True,
+                )
         for e in engines:
             if e.dialect == "vllm":  # one line naming --max-loras when the policies cannot all be served at once
-                probe = [GenerationRequest(encode_chat(router.tokenizer, STARTUP_PROBE), SamplingParams(max_new_tokens=1))]
+                probe = [
+                    GenerationRequest(encode_chat(router.tokenizer, STARTUP_PROBE), SamplingParams(max_new_tokens=1))
+                ]
                 check_lora_slots(e, list(router.policies), probe=lambda e=e: e.generate(cfg.model, probe))
     except ServerError as e:  # an adapter the server would not load: name the vLLM flag that would
         try:

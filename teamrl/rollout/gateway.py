@@ -4,8 +4,8 @@ Agent code written against the ``openai`` package trains unchanged: each episode
 base URL, ``http://HOST:PORT/episodes/<id>/v1``, and every ``chat.completions.create(model=<role>,
 ...)`` on it is served through that episode's context (an :class:`EpisodeHost`; the workflows'
 ``EpisodeContext`` is one): the request joins the generation scheduler's batch (everything in
-flight shares it) and becomes a :class:`~teamrl.core.sample.Sample` of the role's policy, with the exact prompt ids (the chat
-template applied here, once), the sampled completion ids and their sampling log-probs. The
+flight shares it) and becomes a :class:`~teamrl.core.sample.Sample` of the role's policy, with the exact prompt ids
+(the chat template applied here, once), the sampled completion ids and their sampling log-probs. The
 response carries the token ids as vLLM does (``prompt_token_ids``; ``choices[i].token_ids``), so
 nothing is ever re-tokenised.
 
@@ -78,20 +78,38 @@ class GatewayOptions:
     host: str = option("127.0.0.1", doc="address the gateway binds to (127.0.0.1: this machine only)")
     port: int = option(0, ge=0, le=65535, doc="port (0: a free one, printed at start)")
     token: str = option("", doc="when set, every request needs `Authorization: Bearer <token>`")
-    reward_timeout_s: float = option(600.0, gt=0, doc="an episode without a reward this long after it opens is dropped and counted")
-    batch_window_s: float = option(0.1, ge=0, doc="a call waits for the other live episodes' calls until for this long none "
-                                                  "has come and no answer gone out (at most 10 times this)")
+    reward_timeout_s: float = option(
+        600.0, gt=0, doc="an episode without a reward this long after it opens is dropped and counted"
+    )
+    batch_window_s: float = option(
+        0.1,
+        ge=0,
+        doc="a call waits for the other live episodes' calls until for this long none "
+        "has come and no answer gone out (at most 10 times this)",
+    )
     max_request_bytes: int = option(1 << 20, ge=1024, doc="largest request body (413 above)")
     max_messages: int = option(256, ge=1, doc="most messages in one chat request")
     max_prompt_tokens: int = option(8192, ge=1, doc="longest prompt in tokens (400 above)")
     max_n: int = option(16, ge=1, doc="most completions per request")
     max_episodes: int = option(256, ge=1, doc="episode functions running at once (threads for sync code)")
-    max_json_depth: int = option(MAX_JSON_DEPTH, ge=2, doc="deepest nesting of arrays/objects in a request body (400 deeper)")
-    header_timeout_s: float = option(10.0, gt=0, doc="a request's header must arrive within this long of its connection "
-                                                     "opening (or its first byte on a kept-alive one); 408 after")
-    body_timeout_s: float = option(30.0, gt=0, doc="a request's body must arrive within this long of its header; 408 after")
-    max_connections: int = option(1024, ge=8, doc="open connections held at once (at most half the open-file limit); one "
-                                                  "over it closes the oldest that has sent no complete request (503)")
+    max_json_depth: int = option(
+        MAX_JSON_DEPTH, ge=2, doc="deepest nesting of arrays/objects in a request body (400 deeper)"
+    )
+    header_timeout_s: float = option(
+        10.0,
+        gt=0,
+        doc="a request's header must arrive within this long of its connection "
+        "opening (or its first byte on a kept-alive one); 408 after",
+    )
+    body_timeout_s: float = option(
+        30.0, gt=0, doc="a request's body must arrive within this long of its header; 408 after"
+    )
+    max_connections: int = option(
+        1024,
+        ge=8,
+        doc="open connections held at once (at most half the open-file limit); one "
+        "over it closes the oldest that has sent no complete request (503)",
+    )
 
 
 class ClientGone(Exception):
@@ -153,8 +171,12 @@ class Gateway:
         if self._server is not None:
             return self.url
         o = self.options
-        limits = ConnectionLimits(o.header_timeout_s, o.body_timeout_s, o.max_connections,
-                                  names=tuple(f"workflow.options.{k}" for k in ("header_timeout_s", "body_timeout_s", "max_connections")))
+        limits = ConnectionLimits(
+            o.header_timeout_s,
+            o.body_timeout_s,
+            o.max_connections,
+            names=tuple(f"workflow.options.{k}" for k in ("header_timeout_s", "body_timeout_s", "max_connections")),
+        )
         self._server = AsgiServer(build_app(self), o.host, o.port, limits=limits)
         self._thread = threading.Thread(target=self._server.serve_forever, name="teamrl-gateway", daemon=True)
         self._thread.start()
@@ -264,7 +286,9 @@ class Gateway:
         client that left while waiting gets nothing, and an episode claimed for a client found gone is
         released to the next claimer (:class:`ClientGone` is raised)."""
         if not (math.isfinite(wait) and 0 <= wait <= MAX_CLAIM_WAIT_S):
-            raise RequestError(400, f"wait={wait!r}: expected a number of seconds from 0 to {MAX_CLAIM_WAIT_S:g}", "wait")
+            raise RequestError(
+                400, f"wait={wait!r}: expected a number of seconds from 0 to {MAX_CLAIM_WAIT_S:g}", "wait"
+            )
         self._server_loop = asyncio.get_running_loop()
         deadline = time.monotonic() + wait
         while True:
@@ -292,15 +316,23 @@ class Gateway:
         with self._lock:
             ep = self._episodes.get(episode_id)
         if ep is None or ep.closed:
-            raise RequestError(410, f"episode {episode_id!r} is not open (it ended, was dropped after the reward timeout, "
-                                    "or never existed)", "episode")
+            raise RequestError(
+                410,
+                f"episode {episode_id!r} is not open (it ended, was dropped after the reward timeout, "
+                "or never existed)",
+                "episode",
+            )
         if not token:
             raise RequestError(401, f"episode {episode_id!r}: send its token (given when the episode was claimed) as "
                                     "Authorization: Bearer <token> (the OpenAI client's api_key) or X-Episode-Token",
                                "authorization")
         if not hmac.compare_digest(token.encode(), ep.token.encode()):
-            raise RequestError(403, f"episode {episode_id!r}: the token is not this episode's; each episode accepts only "
-                                    "the token its claim returned", "authorization")
+            raise RequestError(
+                403,
+                f"episode {episode_id!r}: the token is not this episode's; each episode accepts only "
+                "the token its claim returned",
+                "authorization",
+            )
         return ep
 
     def presented_token(self, headers: dict[bytes, bytes]) -> str | None:
@@ -371,11 +403,17 @@ class Gateway:
         else:
             bad = [t for t in prompt if not 0 <= t < len(tok)]
             if bad:
-                raise RequestError(400, f"prompt: token id {bad[0]} is outside the tokenizer's vocabulary [0, {len(tok)})", "prompt")
+                raise RequestError(
+                    400, f"prompt: token id {bad[0]} is outside the tokenizer's vocabulary [0, {len(tok)})", "prompt"
+                )
             prompt_ids, prompt_text = list(prompt), tok.decode(prompt)
         if len(prompt_ids) > self.options.max_prompt_tokens:
-            raise RequestError(400, f"the prompt is {len(prompt_ids)} tokens; this gateway accepts at most "
-                                    f"{self.options.max_prompt_tokens} (workflow.options.max_prompt_tokens)", "messages")
+            raise RequestError(
+                400,
+                f"the prompt is {len(prompt_ids)} tokens; this gateway accepts at most "
+                f"{self.options.max_prompt_tokens} (workflow.options.max_prompt_tokens)",
+                "messages",
+            )
         if not prompt_ids:
             raise RequestError(400, "the prompt is empty; send at least one token", "prompt")
         with self._lock:
@@ -389,10 +427,24 @@ class Gateway:
             with self._lock:
                 self._update(ep, queued=-1)
                 self._last_change[ep.loop] = time.monotonic()
-        return [Sample(role=role, policy=policy, problem_id=ep.ctx.problem_id, prompt_ids=list(prompt_ids),
-                       completion_ids=c.token_ids, sampling_logprobs=c.logprobs, text=c.text, finish_reason=c.finish_reason,
-                       episode=ep.ctx.episode, branch=j, temperature=params.temperature, prompt_text=prompt_text,
-                       tags={**ep.ctx.tags, "gateway_episode": ep.id}) for j, c in enumerate(completions)]
+        return [
+            Sample(
+                role=role,
+                policy=policy,
+                problem_id=ep.ctx.problem_id,
+                prompt_ids=list(prompt_ids),
+                completion_ids=c.token_ids,
+                sampling_logprobs=c.logprobs,
+                text=c.text,
+                finish_reason=c.finish_reason,
+                episode=ep.ctx.episode,
+                branch=j,
+                temperature=params.temperature,
+                prompt_text=prompt_text,
+                tags={**ep.ctx.tags, "gateway_episode": ep.id},
+            )
+            for j, c in enumerate(completions)
+        ]
 
     def _commit(self, ep: GatewayEpisode, samples: list[Sample]) -> bool:
         """Record ``samples`` (the answer is about to be written); False when the episode has closed."""
@@ -413,7 +465,9 @@ class Gateway:
         ``disconnected``: an ``async () -> bool`` polled while waiting. A client gone before the
         answer is ready gets nothing recorded (counted in ``stats.calls_withdrawn``)."""
         if not 1 <= n <= self.options.max_n:
-            raise RequestError(400, f"n={n}: this gateway samples 1 to {self.options.max_n} completions per request", "n")
+            raise RequestError(
+                400, f"n={n}: this gateway samples 1 to {self.options.max_n} completions per request", "n"
+            )
         base = ep.ctx.params
         limit = base.max_new_tokens if max_tokens is None else min(max_tokens, base.max_new_tokens)
         params = SamplingParams(max_new_tokens=limit, temperature=base.temperature, top_p=base.top_p, top_k=base.top_k,
@@ -445,7 +499,9 @@ class Gateway:
     def post_reward(self, ep: GatewayEpisode, body: dict[str, Any]) -> None:
         """An external episode's reward: resolves the episode in the scheduler's loop."""
         if not ep.external:
-            raise RequestError(400, f"episode {ep.id!r} runs an episode function: its reward is what the function returns", "episode")
+            raise RequestError(
+                400, f"episode {ep.id!r} runs an episode function: its reward is what the function returns", "episode"
+            )
         value = parse_reward(body, ep.roles)
         with self._lock:
             if ep.rewarded:
@@ -462,18 +518,30 @@ def parse_reward(value: Any, roles: tuple[str, ...]) -> tuple[float, dict[str, f
     if isinstance(value, dict):
         unknown = sorted(set(value) - {"reward", "roles", "correct"})
         if unknown or "reward" not in value:
-            raise RequestError(400, f"reward: expected {{'reward': number, 'roles': {{role: number}}, 'correct': bool}}; got keys "
-                                    f"{sorted(value)}", "reward")
+            raise RequestError(
+                400,
+                f"reward: expected {{'reward': number, 'roles': {{role: number}}, 'correct': bool}}; got keys "
+                f"{sorted(value)}",
+                "reward",
+            )
         per_role = value.get("roles")
         if per_role is None:  # absent or null; [] and false are no mapping (they were taken as "no roles")
             per_role = {}
         if not isinstance(per_role, dict) or any(role_type(r) not in roles and r not in roles for r in per_role):
-            raise RequestError(400, f"reward.roles: expected a mapping of this team's roles {list(roles)} to numbers; got "
-                                    f"{short_repr(per_role)}", "reward.roles")
+            raise RequestError(
+                400,
+                f"reward.roles: expected a mapping of this team's roles {list(roles)} to numbers; got "
+                f"{short_repr(per_role)}",
+                "reward.roles",
+            )
         correct = value.get("correct")
         if correct is not None and not isinstance(correct, bool):
             raise RequestError(400, f"reward.correct: expected true or false; got {correct!r}", "reward")
-        return _number(value["reward"], "reward"), {r: _number(v, f"reward.roles.{r}") for r, v in per_role.items()}, correct
+        return (
+            _number(value["reward"], "reward"),
+            {r: _number(v, f"reward.roles.{r}") for r, v in per_role.items()},
+            correct,
+        )
     return _number(value, "reward"), {}, None
 
 
@@ -507,15 +575,30 @@ def chat_response(role: str, samples: list[Sample], tokenizer: Any, logprobs: bo
     """The ``chat.completion`` body, with vLLM's token-id fields."""
     choices = []
     for j, s in enumerate(samples):
-        choice: dict[str, Any] = {"index": j, "message": {"role": "assistant", "content": s.text},
-                                  "finish_reason": FINISH.get(s.finish_reason, s.finish_reason), "token_ids": list(s.completion_ids),
-                                  "logprobs": None}
+        choice: dict[str, Any] = {
+            "index": j,
+            "message": {"role": "assistant", "content": s.text},
+            "finish_reason": FINISH.get(s.finish_reason, s.finish_reason),
+            "token_ids": list(s.completion_ids),
+            "logprobs": None,
+        }
         if logprobs:
-            choice["logprobs"] = {"content": [{"token": tokenizer.convert_ids_to_tokens(t), "logprob": lp, "bytes": None,
-                                               "top_logprobs": []} for t, lp in zip(s.completion_ids, s.sampling_logprobs)]}
+            choice["logprobs"] = {
+                "content": [
+                    {"token": tokenizer.convert_ids_to_tokens(t), "logprob": lp, "bytes": None, "top_logprobs": []}
+                    for t, lp in zip(s.completion_ids, s.sampling_logprobs)
+                ]
+            }
         choices.append(choice)
-    return {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "object": "chat.completion", "created": int(time.time()), "model": role,
-            "choices": choices, "prompt_token_ids": list(samples[0].prompt_ids), "usage": _usage(samples)}
+    return {
+        "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": role,
+        "choices": choices,
+        "prompt_token_ids": list(samples[0].prompt_ids),
+        "usage": _usage(samples),
+    }
 
 
 def completion_response(role: str, samples: list[Sample], tokenizer: Any, logprobs: bool) -> dict[str, Any]:
@@ -524,12 +607,22 @@ def completion_response(role: str, samples: list[Sample], tokenizer: Any, logpro
     for j, s in enumerate(samples):
         lp = None
         if logprobs:
-            lp = {"tokens": tokenizer.convert_ids_to_tokens(list(s.completion_ids)), "token_logprobs": list(s.sampling_logprobs),
-                  "top_logprobs": None, "text_offset": None}
+            lp = {
+                "tokens": tokenizer.convert_ids_to_tokens(list(s.completion_ids)),
+                "token_logprobs": list(s.sampling_logprobs),
+                "top_logprobs": None,
+                "text_offset": None,
+            }
         choices.append({"index": j, "text": s.text, "finish_reason": FINISH.get(s.finish_reason, s.finish_reason),
                         "token_ids": list(s.completion_ids), "prompt_token_ids": list(s.prompt_ids), "logprobs": lp})
-    return {"id": f"cmpl-{uuid.uuid4().hex[:24]}", "object": "text_completion", "created": int(time.time()), "model": role,
-            "choices": choices, "usage": _usage(samples)}
+    return {
+        "id": f"cmpl-{uuid.uuid4().hex[:24]}",
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": role,
+        "choices": choices,
+        "usage": _usage(samples),
+    }
 
 
 def _usage(samples: list[Sample]) -> dict[str, int]:
@@ -586,13 +679,27 @@ def build_app(gateway: Gateway) -> Any:
         """The route's episode, for a request with its token (a dependency: checked before the body is validated)."""
         return gateway.episode(episode_id, gateway.presented_token(dict(request.scope["headers"])))
 
-    async def _served(ep: GatewayEpisode, request: Request, model: str, prompt: Any, chat: bool, tools: list | None,
-                      max_tokens: int | None, stop: list[str], n: int, stream: bool | None) -> tuple[str, list[Sample]] | Response:
+    async def _served(
+        ep: GatewayEpisode,
+        request: Request,
+        model: str,
+        prompt: Any,
+        chat: bool,
+        tools: list | None,
+        max_tokens: int | None,
+        stop: list[str],
+        n: int,
+        stream: bool | None,
+    ) -> tuple[str, list[Sample]] | Response:
         if stream:
-            raise RequestError(400, "stream: streaming is not supported by the training gateway; send stream=false", "stream")
+            raise RequestError(
+                400, "stream: streaming is not supported by the training gateway; send stream=false", "stream"
+            )
         role = gateway.check_role(ep, model)
         try:
-            samples = await gateway.serve_call(ep, role, prompt, chat, tools, max_tokens, stop, n, request.is_disconnected)
+            samples = await gateway.serve_call(
+                ep, role, prompt, chat, tools, max_tokens, stop, n, request.is_disconnected
+            )
         except ClientGone:
             return Response(status_code=499)  # nobody reads it: the client has gone
         return role, samples
@@ -641,8 +748,11 @@ def build_app(gateway: Gateway) -> Any:
     async def reward(request: Request, ep: GatewayEpisode = Depends(_episode)) -> dict[str, Any]:
         try:
             body = await request.json()
-        except (ValueError, RecursionError) as e:  # RecursionError: cannot pass the Guard's depth bound; kept as a backstop
-            raise RequestError(400, f"reward: the request body is not valid JSON ({type(e).__name__}: {e})", "reward") from e
+        # RecursionError: cannot pass the Guard's depth bound; kept as a backstop
+        except (ValueError, RecursionError) as e:
+            raise RequestError(
+                400, f"reward: the request body is not valid JSON ({type(e).__name__}: {e})", "reward"
+            ) from e
         gateway.post_reward(ep, body)
         return {"episode_id": ep.id, "status": "recorded"}
 
@@ -650,8 +760,15 @@ def build_app(gateway: Gateway) -> Any:
     async def health() -> dict[str, str]:
         return {"status": "ok"}
 
-    return Guard(app, opts.max_request_bytes, opts.token, what="workflow.options.max_request_bytes",
-                 max_depth=opts.max_json_depth, depth_what="workflow.options.max_json_depth", authorize=gateway.authorizes)
+    return Guard(
+        app,
+        opts.max_request_bytes,
+        opts.token,
+        what="workflow.options.max_request_bytes",
+        max_depth=opts.max_json_depth,
+        depth_what="workflow.options.max_json_depth",
+        authorize=gateway.authorizes,
+    )
 
 
 _GATEWAYS: dict[Hashable, Gateway] = {}

@@ -250,20 +250,30 @@ class HTTPEngine(Engine):
             raw = e.read()
             try:
                 err = json.loads(raw)
-                msg = (err.get("error") or {}).get("message") if isinstance(err.get("error"), dict) else err.get("message")
+                msg = (
+                    (err.get("error") or {}).get("message")
+                    if isinstance(err.get("error"), dict)
+                    else err.get("message")
+                )
                 msg = msg or json.dumps(err)
             except (json.JSONDecodeError, AttributeError):
                 msg = raw.decode(errors="replace")
             raise ServerError(f"{method} {url}: HTTP {e.code}: {msg}") from None
         except (urllib.error.URLError, OSError, http.client.HTTPException) as e:
-            # HTTPException: a server killed while answering (IncompleteRead, a bad status line); OSError: reset, timed out
+            # HTTPException: a server killed while answering (IncompleteRead, a bad status line);
+            # OSError: reset, timed out
             if deadline.expired:
-                reason = (f"no complete answer within {deadline.seconds:g} s (rollout.request_deadline_s; each read came "
-                          f"within the {self.timeout if timeout is None else timeout:g} s read timeout)")
+                reason = (
+                    f"no complete answer within {deadline.seconds:g} s (rollout.request_deadline_s; each read came "
+                    f"within the {self.timeout if timeout is None else timeout:g} s read timeout)"
+                )
                 raise ServerUnreachable(f"{method} {url}: {reason}", reason=f"{method} {path}: {reason}") from None
             reason = str(getattr(e, "reason", e)) or type(e).__name__
-            raise ServerUnreachable(f"{method} {url}: could not reach the server ({reason}); is `teamrl serve` (or vLLM/SGLang) "
-                                    f"running at {self.base_url}?", reason=f"{method} {path}: {reason}") from None
+            raise ServerUnreachable(
+                f"{method} {url}: could not reach the server ({reason}); is `teamrl serve` (or vLLM/SGLang) "
+                f"running at {self.base_url}?",
+                reason=f"{method} {path}: {reason}",
+            ) from None
         finally:
             deadline.cancel()
         try:
@@ -273,7 +283,8 @@ class HTTPEngine(Engine):
 
     def health(self, timeout: float = 3.0) -> None:
         """``GET /health`` within ``timeout`` seconds (vLLM, SGLang and teamrl serve answer it at once, even while
-        generating); raises :class:`ServerUnreachable` when the server does not answer, :class:`ServerError` on an error."""
+        generating); raises :class:`ServerUnreachable` when the server does not answer, :class:`ServerError` on an
+        error."""
         self.request("GET", "/health", timeout=timeout)
 
     def model_cards(self) -> list[dict[str, Any]]:
@@ -296,8 +307,10 @@ class HTTPEngine(Engine):
             cards = self.model_cards()
             owner = str(cards[0].get("owned_by", "")).lower() if cards else ""
             if owner not in DIALECT_SPECS:
-                raise ServerError(f"server {self.base_url} says its models are owned_by {owner!r}; cannot tell vllm, sglang or "
-                                  "teamrl apart: set rollout.server_dialect")
+                raise ServerError(
+                    f"server {self.base_url} says its models are owned_by {owner!r}; cannot tell vllm, sglang or "
+                    "teamrl apart: set rollout.server_dialect"
+                )
             self._dialect = owner
         return self._dialect
 
@@ -331,7 +344,9 @@ class HTTPEngine(Engine):
         return name
 
     # ---- Engine -----------------------------------------------------------------------
-    def generate_many(self, calls: Sequence[tuple[str, Sequence[GenerationRequest], int | None]]) -> list[list[list[Completion]]]:
+    def generate_many(
+        self, calls: Sequence[tuple[str, Sequence[GenerationRequest], int | None]]
+    ) -> list[list[list[Completion]]]:
         """Each policy's ``generate`` at once, on its own thread: the server decodes the policies' requests
         together (vLLM batches adapters), as the in-process engine decodes them in one batch. Each
         call carries its own seeds, so the answers are those of one call after another."""
@@ -340,7 +355,9 @@ class HTTPEngine(Engine):
         with ThreadPoolExecutor(max_workers=len(calls)) as pool:
             return list(pool.map(lambda c: self.generate(*c), calls))
 
-    def generate(self, policy: str, requests: Sequence[GenerationRequest], seed: int | None = None) -> list[list[Completion]]:
+    def generate(
+        self, policy: str, requests: Sequence[GenerationRequest], seed: int | None = None
+    ) -> list[list[Completion]]:
         """Completions for ``requests`` from the server's model ``policy``."""
         if not requests:
             return []
@@ -351,7 +368,8 @@ class HTTPEngine(Engine):
                 raise ValueError("GenerationRequest.prompt_ids is empty")
             self._check_limits(r)
         spec = self.spec
-        # A group: the requests that one server request serves (same settings, and for per-request seeding the same prompt).
+        # A group: the requests that one server request serves (same settings, and for per-request seeding the same
+        # prompt).
         groups: dict[tuple, list[int]] = {}
         for i, r in enumerate(requests):
             if not spec.one_group_per_request:
@@ -370,7 +388,8 @@ class HTTPEngine(Engine):
                 prompts, n = [requests[i].prompt_ids for i in idx], requests[idx[0]].n
             call_seed = None
             if seed is not None and spec.send_seed:
-                # vLLM seeds sample j with seed + j: seeds of different groups must not meet, so derive each group's far apart.
+                # vLLM seeds sample j with seed + j: seeds of different groups must not meet, so derive each group's
+                # far apart.
                 call_seed = seed + g if not spec.one_group_per_request else derive_seed(seed, g) % 2**53
             calls.append((idx, prompts, n, params, call_seed))
         with ThreadPoolExecutor(max_workers=max(1, min(self.max_concurrent, len(calls)))) as pool:
@@ -391,17 +410,21 @@ class HTTPEngine(Engine):
         """Refuse what the server would reject or silently change, naming its limit."""
         cap = self.spec.max_stop_strings
         if cap is not None and len(r.params.stop) > cap:
-            raise ValueError(f"rollout.stop: {len(r.params.stop)} stop strings, but a {self.dialect} server takes at most {cap} "
-                             "per request")
+            raise ValueError(
+                f"rollout.stop: {len(r.params.stop)} stop strings, but a {self.dialect} server takes at most {cap} "
+                "per request"
+            )
         if self._max_model_len is None and self._base_model is None:
             cards = self.model_cards()
             self._max_model_len = next((m.get("max_model_len") for m in cards if m.get("parent") is None), None)
             self._base_model = next((m["id"] for m in cards if m.get("parent") is None), None)
         limit = self._max_model_len
         if limit is not None and len(r.prompt_ids) + r.params.max_new_tokens > limit:
-            raise ValueError(f"a prompt of {len(r.prompt_ids)} tokens plus max_new_tokens {r.params.max_new_tokens} exceeds the "
-                             f"server's max_model_len {limit} (it would cut the completion short); shorten the prompt or "
-                             "rollout.max_new_tokens")
+            raise ValueError(
+                f"a prompt of {len(r.prompt_ids)} tokens plus max_new_tokens {r.params.max_new_tokens} exceeds the "
+                f"server's max_model_len {limit} (it would cut the completion short); shorten the prompt or "
+                "rollout.max_new_tokens"
+            )
 
     def _complete(self, policy: str, prompts: list[list[int]], n: int, params: SamplingParams,
                   seed: int | None) -> list[Completion]:
@@ -411,10 +434,19 @@ class HTTPEngine(Engine):
         if spec.one_group_per_request and params.temperature == 0 and n > 1:
             greedy_copies, n = n, 1  # vLLM refuses greedy n > 1; greedy samples are all the same
         body: dict[str, Any] = {
-            "model": self._model_field(policy), "prompt": [list(p) for p in prompts] if len(prompts) > 1 else list(prompts[0]),
-            "n": n, "max_tokens": params.max_new_tokens, "temperature": params.temperature, "top_p": params.top_p,
-            "top_k": params.top_k if params.top_k > 0 else -1, "stop": list(params.stop), "ignore_eos": params.ignore_eos,
-            "logprobs": 0, "return_tokens_as_token_ids": True, "include_stop_str_in_output": True}
+            "model": self._model_field(policy),
+            "prompt": [list(p) for p in prompts] if len(prompts) > 1 else list(prompts[0]),
+            "n": n,
+            "max_tokens": params.max_new_tokens,
+            "temperature": params.temperature,
+            "top_p": params.top_p,
+            "top_k": params.top_k if params.top_k > 0 else -1,
+            "stop": list(params.stop),
+            "ignore_eos": params.ignore_eos,
+            "logprobs": 0,
+            "return_tokens_as_token_ids": True,
+            "include_stop_str_in_output": True,
+        }
         if spec.explicit_fields:
             body.update(NEUTRAL_FIELDS)
         if params.min_new_tokens:  # after the neutral fields, whose min_tokens 0 would overwrite it
@@ -436,7 +468,9 @@ class HTTPEngine(Engine):
         """Save ``policy``'s adapter to a new version folder and have the server load it under the policy's
         served name (:meth:`adapter_name`); then, with ``verify_logprobs``, check it (:meth:`verify_sync`)."""
         if self.save_adapter is None or self.adapter_dir is None:
-            raise ValueError("HTTPEngine.sync_weights needs save_adapter and adapter_dir (a folder the server can read)")
+            raise ValueError(
+                "HTTPEngine.sync_weights needs save_adapter and adapter_dir (a folder the server can read)"
+            )
         name = self.adapter_name(policy)
         version = self.versions.get(policy, 0) + 1
         folder = self.adapter_dir / name / f"v{version:06d}"
@@ -471,13 +505,18 @@ class HTTPEngine(Engine):
         t0 = time.perf_counter()
         version = self.versions.get(policy, 0)
         greedy = SamplingParams(max_new_tokens=SYNC_PROBE_TOKENS, temperature=0.0, ignore_eos=True)
-        answers = [c for (c,) in self.generate(policy, [GenerationRequest(list(p), greedy) for p in self.probe_prompts], seed=0)]
+        answers = [
+            c
+            for (c,) in self.generate(policy, [GenerationRequest(list(p), greedy) for p in self.probe_prompts], seed=0)
+        ]
         served_s = time.perf_counter() - t0
         before = self._probes.get(policy)
         # one call (one forward: reading the weights is most of its cost on a CPU) for every probe row, this check's
         # and the last one's
         rows = answers + (before or [])
-        reference = self.verify_logprobs(policy, [list(p) for p in self.probe_prompts] * (2 if before else 1), rows, 0.0)
+        reference = self.verify_logprobs(
+            policy, [list(p) for p in self.probe_prompts] * (2 if before else 1), rows, 0.0
+        )
         gaps = [abs(a - b) for c, r in zip(answers, reference) for a, b in zip(c.logprobs, r)]
         moved = [abs(a - b) for c, r in zip(before or [], reference[len(answers):]) for a, b in zip(c.logprobs, r)]
         gap = _worst(gaps)
@@ -485,13 +524,17 @@ class HTTPEngine(Engine):
         if not gap <= self.verify_tolerance:  # NaN fails too
             stale = ""
             if before is not None and all(a.token_ids == b.token_ids for a, b in zip(answers, before)):
-                same = max((abs(a - b) for x, y in zip(answers, before) for a, b in zip(x.logprobs, y.logprobs)), default=0.0)
+                same = max(
+                    (abs(a - b) for x, y in zip(answers, before) for a, b in zip(x.logprobs, y.logprobs)), default=0.0
+                )
                 if same <= self.verify_tolerance:
                     stale = f"; it still answers as version {version - 1} did (to {same:.1e})"
-            raise ServerError(f"sync check: policy {policy!r} version {version} (adapter {name!r} at {self.base_url}): the "
-                              f"server's log-probs differ from the trainer's by up to {gap:.3g} on {len(gaps)} probe tokens "
-                              f"(tolerance {self.verify_tolerance:g}){stale}; the server is not sampling from the adapter "
-                              "just loaded")
+            raise ServerError(
+                f"sync check: policy {policy!r} version {version} (adapter {name!r} at {self.base_url}): the "
+                f"server's log-probs differ from the trainer's by up to {gap:.3g} on {len(gaps)} probe tokens "
+                f"(tolerance {self.verify_tolerance:g}){stale}; the server is not sampling from the adapter "
+                "just loaded"
+            )
         self._probes[policy] = answers
         figures = {"max_logprob_gap": gap, "mean_logprob_gap": sum(gaps) / max(len(gaps), 1),
                    "moved": max(moved) if moved else math.nan, "tokens": float(len(gaps)), "version": float(version),
@@ -501,9 +544,11 @@ class HTTPEngine(Engine):
             shift = "first load" if not moved else f"the update moved them by up to {figures['moved']:.1e}"
             if moved and figures["moved"] <= self.verify_tolerance:
                 shift += " (under the tolerance: a stale adapter could not be told apart)"
-            self.log(f"sync check: {policy} v{version} ({name}): served log-probs = trainer's to {gap:.1e} (max over "
-                     f"{len(gaps)} probe tokens, tolerance {self.verify_tolerance:g}); {shift}; {figures['check_s']:.2f} s "
-                     f"({served_s:.2f} s of it on the server)")
+            self.log(
+                f"sync check: {policy} v{version} ({name}): served log-probs = trainer's to {gap:.1e} (max over "
+                f"{len(gaps)} probe tokens, tolerance {self.verify_tolerance:g}); {shift}; {figures['check_s']:.2f} s "
+                f"({served_s:.2f} s of it on the server)"
+            )
         return figures
 
     def release_stale(self) -> list[str]:
@@ -530,7 +575,9 @@ class HTTPEngine(Engine):
         gone or answers with an error is left as it is: there is nothing more to release."""
         for policy, name in list(self.served.items()):
             try:
-                self.request("POST", f"{self.spec.lora_prefix}/unload_lora_adapter", {"lora_name": name}, timeout=timeout)
+                self.request(
+                    "POST", f"{self.spec.lora_prefix}/unload_lora_adapter", {"lora_name": name}, timeout=timeout
+                )
             except (ServerError, OSError):
                 pass
             self.served.pop(policy, None)
@@ -539,7 +586,8 @@ class HTTPEngine(Engine):
     @property
     def processed_logprobs(self) -> bool:
         """Whether the server's log-probs are those of the distribution it sampled from after top-k/top-p (vLLM with
-        ``--logprobs-mode processed_logprobs``, and SGLang as teamrl's imitation of it assumes), not before (teamrl serve)."""
+        ``--logprobs-mode processed_logprobs``, and SGLang as teamrl's imitation of it assumes), not before (teamrl
+        serve)."""
         return self.dialect != "teamrl"
 
     def startup_check(self, base_model: str, policies: Sequence[str], params: SamplingParams, group_size: int,
@@ -579,21 +627,30 @@ class HTTPEngine(Engine):
         all_gaps: list[float] = []
         fewest = G
         for policy in list(policies) or [base_model]:
-            group = [c for (c,) in self.generate(policy, [GenerationRequest(list(prompt_ids), probe, n=1) for _ in range(G)], seed=seed)]
+            group = [
+                c
+                for (c,) in self.generate(
+                    policy, [GenerationRequest(list(prompt_ids), probe, n=1) for _ in range(G)], seed=seed
+                )
+            ]
             distinct = len({tuple(c.token_ids) for c in group})
             if params.temperature > 0 and distinct == 1:
-                raise ServerError(f"start-up check: the {G} samples of one group from {self.base_url} ({self.dialect} dialect, "
-                                  f"policy {policy!r}) are identical; the server's seeding would make every advantage 0")
+                raise ServerError(
+                    f"start-up check: the {G} samples of one group from {self.base_url} ({self.dialect} dialect, "
+                    f"policy {policy!r}) are identical; the server's seeding would make every advantage 0"
+                )
             reference = logprobs_of(policy, list(prompt_ids), group, params.temperature, **filters)
             gaps = [abs(a - b) for c, r in zip(group, reference) for a, b in zip(c.logprobs, r)]
             worst = _worst(gaps)
             if not worst <= tolerance:  # NaN fails too
                 hint = ("start vLLM with --logprobs-mode processed_logprobs" if self.processed_logprobs else
                         "the server must report log-probs before top-k/top-p, as teamrl serve does")
-                raise ServerError(f"start-up check: the server's log-probs ({self.dialect} dialect, policy {policy!r}, {settings}) "
-                                  f"differ from the trainer's by up to {worst:.3g} per token (mean {sum(gaps) / len(gaps):.3g} over "
-                                  f"{len(gaps)} tokens; tolerance {tolerance:g}, rollout.server_check_tolerance); {hint}, "
-                                  "and use the same model and dtype")
+                raise ServerError(
+                    f"start-up check: the server's log-probs ({self.dialect} dialect, policy {policy!r}, {settings}) "
+                    f"differ from the trainer's by up to {worst:.3g} per token (mean {sum(gaps) / len(gaps):.3g} over "
+                    f"{len(gaps)} tokens; tolerance {tolerance:g}, rollout.server_check_tolerance); {hint}, "
+                    "and use the same model and dtype"
+                )
             all_gaps += gaps
             fewest = min(fewest, distinct)
         return {"distinct": float(fewest), "group": float(G), "tokens": float(len(all_gaps)),
@@ -621,7 +678,9 @@ def _completions(resp: Any, expected: int, vocab_size: int | None) -> list[Compl
     if not isinstance(choices, list) or not all(isinstance(c, dict) for c in choices):
         raise ValueError(f"choices: expected a list of objects, got {_short(choices)}")
     indices = [c.get("index") for c in choices]
-    if not all(isinstance(i, int) and not isinstance(i, bool) for i in indices) or sorted(indices) != list(range(expected)):
+    if not all(isinstance(i, int) and not isinstance(i, bool) for i in indices) or sorted(indices) != list(
+        range(expected)
+    ):
         raise ValueError(f"choices: expected {expected} indexed 0 to {expected - 1}, got indices {_short(indices)}")
     out = []
     for c in sorted(choices, key=lambda c: c["index"]):
@@ -644,9 +703,13 @@ def _completion(choice: dict[str, Any]) -> Completion:
     try:
         logprobs = [float(x) if x is not None else float("nan") for x in (lp.get("token_logprobs") or [])]
     except (TypeError, ValueError):
-        raise ServerError(f"logprobs.token_logprobs: expected numbers, got {_short(lp.get('token_logprobs'))}") from None
+        raise ServerError(
+            f"logprobs.token_logprobs: expected numbers, got {_short(lp.get('token_logprobs'))}"
+        ) from None
     ids = choice.get("token_ids")
-    if ids is not None and not (isinstance(ids, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in ids)):
+    if ids is not None and not (
+        isinstance(ids, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in ids)
+    ):
         raise ServerError(f"token_ids: expected a list of integers, got {_short(ids)}")
     if ids is None:
         tokens = lp.get("tokens")
@@ -656,12 +719,15 @@ def _completion(choice: dict[str, Any]) -> Completion:
         try:
             ids = [int(t.split("token_id:", 1)[1]) for t in tokens]
         except (IndexError, ValueError, AttributeError, TypeError):
-            raise ServerError(f"logprobs.tokens are not 'token_id:N' strings (got {tokens[:3]}) and there are no token_ids; the "
-                              "server ignored return_tokens_as_token_ids and return_token_ids") from None
+            raise ServerError(
+                f"logprobs.tokens are not 'token_id:N' strings (got {tokens[:3]}) and there are no token_ids; the "
+                "server ignored return_tokens_as_token_ids and return_token_ids"
+            ) from None
     if len(logprobs) != len(ids):
         raise ServerError(f"a completion has {len(ids)} tokens but {len(logprobs)} log-probs")
     reason = choice.get("finish_reason")
-    # vLLM: stop_reason (None: EOS; int: a stop token id; str: a stop string); SGLang: matched_stop (the EOS id or the string).
+    # vLLM: stop_reason (None: EOS; int: a stop token id; str: a stop string); SGLang: matched_stop (the EOS id or
+    # the string).
     stop_reason = choice["stop_reason"] if "stop_reason" in choice else choice.get("matched_stop")
     text = choice.get("text", "")
     if not isinstance(text, str):

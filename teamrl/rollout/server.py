@@ -47,7 +47,13 @@ from teamrl.rollout.asgi import (AsgiServer, ConnectionLimits, Guard, RequestErr
                                  require_asgi, short_repr)
 from teamrl.rollout.engine import GenerationRequest, SamplingParams
 from teamrl.rollout.hf_engine import HFEngine
-from teamrl.rollout.strict_server import GENERATION_DEFAULT_FIELDS, RowSettings, StrictBehaviour, decode_row, generation_defaults
+from teamrl.rollout.strict_server import (
+    GENERATION_DEFAULT_FIELDS,
+    RowSettings,
+    StrictBehaviour,
+    decode_row,
+    generation_defaults,
+)
 
 # Fields of POST /v1/completions that teamrl serve understands (vLLM's names); anything else is a 400.
 COMPLETION_FIELDS = ("model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "n", "stop", "seed",
@@ -57,7 +63,8 @@ MAX_BODY_BYTES = 64 * 2**20
 MAX_N = 1024             # completions per prompt (teamrl serve --max-n)
 MAX_SEQUENCES = 8192     # prompts x n of one request (teamrl serve --max-sequences): one request runs as one batch
 MAX_CONNECTIONS = 1024   # open connections (teamrl serve --max-connections; at most half the open-file limit)
-HEADER_TIMEOUT_S = 10.0  # a request's header must arrive within this long (408 after): slow clients hold no socket for good
+# a request's header must arrive within this long (408 after): slow clients hold no socket for good
+HEADER_TIMEOUT_S = 10.0
 BODY_TIMEOUT_S = 120.0   # its body (up to MAX_BODY_BYTES) within this long of the header
 SEED_RANGE = (-2**63, 2**63 - 1)  # vLLM's (int64); torch seeds a generator from any of them
 # SamplingParams settings whose request field has another name (errors name the field the client sent)
@@ -116,11 +123,17 @@ class ModelServer:
             raise RequestError(400, f"lora_name: {name!r} is the base model's name; choose another name", "lora_name")
         if name in self.adapters and not load_inplace:
             # vLLM's words (0.32.0, a real server): unload it first, or load_inplace
-            raise RequestError(400, f"The lora adapter {name!r} has already been loaded. If you want to load the adapter in "
-                               "place, set 'load_inplace' to True.", "lora_name")
+            raise RequestError(
+                400,
+                f"The lora adapter {name!r} has already been loaded. If you want to load the adapter in "
+                "place, set 'load_inplace' to True.",
+                "lora_name",
+            )
         folder = Path(path)
         if not (folder / "adapter_config.json").is_file():
-            raise RequestError(400, f"lora_path: {path!r} is not a PEFT adapter folder (no adapter_config.json in it)", "lora_path")
+            raise RequestError(
+                400, f"lora_path: {path!r} is not a PEFT adapter folder (no adapter_config.json in it)", "lora_path"
+            )
         from peft import PeftModel
 
         try:
@@ -128,8 +141,11 @@ class ModelServer:
                 peft_model = PeftModel.from_pretrained(copy.deepcopy(self.base), str(folder), adapter_name=name)
             merged = peft_model.merge_and_unload().eval().requires_grad_(False)
         except Exception as e:  # a folder for another base model, a corrupt file, ...
-            raise RequestError(400, f"lora_path: {path!r} did not load onto base model {self.base_name!r}: {type(e).__name__}: {e}",
-                               "lora_path") from e
+            raise RequestError(
+                400,
+                f"lora_path: {path!r} did not load onto base model {self.base_name!r}: {type(e).__name__}: {e}",
+                "lora_path",
+            ) from e
         version = self.adapters[name].version + 1 if name in self.adapters else 1
         self.adapters[name] = _Adapter(str(folder), version, merged)
         return version
@@ -137,7 +153,9 @@ class ModelServer:
     def unload_adapter(self, name: str) -> None:
         """Forget the adapter ``name``."""
         if name not in self.adapters:
-            raise RequestError(404, f"The lora adapter {name!r} is not loaded; loaded adapters: {sorted(self.adapters)}", "lora_name")
+            raise RequestError(
+                404, f"The lora adapter {name!r} is not loaded; loaded adapters: {sorted(self.adapters)}", "lora_name"
+            )
         del self.adapters[name]
 
     def list_models(self) -> dict[str, Any]:
@@ -162,18 +180,27 @@ class ModelServer:
         """``n`` within ``max_n`` and, times the prompts, within ``max_sequences`` (one request is one batch)."""
         n = _int(body, "n", 1, lo=1, hi=self.max_n, limit="teamrl serve --max-n")
         if prompts * n > self.max_sequences:
-            raise RequestError(400, f"n: {prompts} prompts x n={n} = {prompts * n} sequences; one request takes at most "
-                                    f"{self.max_sequences} sequences (teamrl serve --max-sequences)", "n")
+            raise RequestError(
+                400,
+                f"n: {prompts} prompts x n={n} = {prompts * n} sequences; one request takes at most "
+                f"{self.max_sequences} sequences (teamrl serve --max-sequences)",
+                "n",
+            )
         return n
 
     def _fits_context(self, prompts: list[list[int]], max_tokens: int) -> None:
-        """vLLM's rule: every prompt plus ``max_tokens`` within the model's context, or a 400 naming the field at fault."""
+        """vLLM's rule: every prompt plus ``max_tokens`` within the model's context, or a 400 naming the field at
+        fault."""
         longest = max(len(p) for p in prompts)
         if longest + max_tokens > self.max_model_len:
             field = "prompt" if longest >= self.max_model_len else "max_tokens"
-            raise RequestError(400, f"{field}: the prompt ({longest} tokens) plus max_tokens ({max_tokens}) is "
-                                    f"{longest + max_tokens} tokens; this model's context of {self.max_model_len} tokens "
-                                    "(max_model_len) must hold both", field)
+            raise RequestError(
+                400,
+                f"{field}: the prompt ({longest} tokens) plus max_tokens ({max_tokens}) is "
+                f"{longest + max_tokens} tokens; this model's context of {self.max_model_len} tokens "
+                "(max_model_len) must hold both",
+                field,
+            )
 
     @property
     def max_model_len(self) -> int:
@@ -189,20 +216,28 @@ class ModelServer:
             return self._complete_strict(body)
         unknown = [k for k in body if k not in COMPLETION_FIELDS]
         if unknown:
-            raise RequestError(400, f"{unknown[0]}: unsupported field; teamrl serve accepts {list(COMPLETION_FIELDS)}", unknown[0])
+            raise RequestError(
+                400, f"{unknown[0]}: unsupported field; teamrl serve accepts {list(COMPLETION_FIELDS)}", unknown[0]
+            )
         model = body.get("model")
         if not isinstance(model, str):
             raise RequestError(400, "model: required, a string (the base model's name or a loaded adapter's)", "model")
         if model != self.base_name and model not in self.adapters:
-            raise RequestError(404, f"The model {model!r} does not exist; served: {[self.base_name, *self.adapters]}", "model")
+            raise RequestError(
+                404, f"The model {model!r} does not exist; served: {[self.base_name, *self.adapters]}", "model"
+            )
         prompts = self._prompts(body.get("prompt"))
         for flag, allowed in (("stream", False), ("echo", False), ("skip_special_tokens", True)):
             if flag in body and body[flag] is not None and body[flag] != allowed:
                 raise RequestError(400, f"{flag}: only {json.dumps(allowed)} is supported", flag)
         logprobs = body.get("logprobs")
         if logprobs not in (None, 0, 1) or isinstance(logprobs, bool):
-            raise RequestError(400, f"logprobs: {logprobs!r} is not supported; use 0 or 1 (the sampled token's log-prob) or null "
-                               "(top alternatives are not returned)", "logprobs")
+            raise RequestError(
+                400,
+                f"logprobs: {logprobs!r} is not supported; use 0 or 1 (the sampled token's log-prob) or null "
+                "(top alternatives are not returned)",
+                "logprobs",
+            )
         n = self._n(body, len(prompts))
         seed = _seed(body)
         stop = body.get("stop")
@@ -213,17 +248,23 @@ class ModelServer:
         elif isinstance(stop, list) and all(isinstance(s, str) and s for s in stop):
             stop = tuple(stop)
         else:
-            raise RequestError(400, f"stop: expected a string, a list of non-empty strings or null, got {stop!r}", "stop")
+            raise RequestError(
+                400, f"stop: expected a string, a list of non-empty strings or null, got {stop!r}", "stop"
+            )
         vocab = self.vocab_size
         top_k = _int(body, "top_k", 0, lo=-1, hi=vocab)  # more than the vocabulary is no bound at all
         max_tokens = _int(body, "max_tokens", 16, lo=1, hi=2**63 - 1)  # the context bounds it, below
         self._fits_context(prompts, max_tokens)
         try:
-            params = SamplingParams(max_new_tokens=max_tokens, temperature=_num(body, "temperature", 1.0, "a finite number >= 0"),
-                                    top_p=_num(body, "top_p", 1.0, "a finite number in (0, 1]"),
-                                    top_k=max(top_k, 0),  # vLLM's -1 = disabled = teamrl's 0
-                                    stop=stop, ignore_eos=_bool(body, "ignore_eos", False),
-                                    min_new_tokens=_int(body, "min_tokens", 0, lo=0, hi=2**63 - 1))
+            params = SamplingParams(
+                max_new_tokens=max_tokens,
+                temperature=_num(body, "temperature", 1.0, "a finite number >= 0"),
+                top_p=_num(body, "top_p", 1.0, "a finite number in (0, 1]"),
+                top_k=max(top_k, 0),  # vLLM's -1 = disabled = teamrl's 0
+                stop=stop,
+                ignore_eos=_bool(body, "ignore_eos", False),
+                min_new_tokens=_int(body, "min_tokens", 0, lo=0, hi=2**63 - 1),
+            )
         except ValueError as e:  # SamplingParams names the setting; map it back to the request field
             message, setting = str(e), str(e).split("=")[0]
             for ours, field in REQUEST_FIELD_OF_SETTING.items():
@@ -242,7 +283,9 @@ class ModelServer:
                 text = c.text
                 stop_reason = None
                 if c.finish_reason == "stop":
-                    stop_reason = next((s for s in stop if text.endswith(s)), None) or next((s for s in stop if s in text), None)
+                    stop_reason = next((s for s in stop if text.endswith(s)), None) or next(
+                        (s for s in stop if s in text), None
+                    )
                     if not keep_stop and stop_reason is not None and text.endswith(stop_reason):
                         text = text[:-len(stop_reason)]
                 choice: dict[str, Any] = {
@@ -267,10 +310,18 @@ class ModelServer:
                 choices.append(choice)
         completion_tokens = sum(len(c.token_ids) for out in outs for c in out)
         prompt_tokens = sum(len(p) for p in prompts)
-        return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()), "model": model,
-                "choices": choices,
-                "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                          "total_tokens": prompt_tokens + completion_tokens}}
+        return {
+            "id": f"cmpl-{uuid.uuid4().hex}",
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": model,
+            "choices": choices,
+            "usage": {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": completion_tokens,
+                "total_tokens": prompt_tokens + completion_tokens,
+            },
+        }
 
     def _complete_strict(self, body: dict[str, Any]) -> dict[str, Any]:
         """``POST /v1/completions`` as vLLM 0.33.0 or SGLang 0.5.23 serve it (unknown fields ignored)."""
@@ -282,7 +333,9 @@ class ModelServer:
         weights = self._strict_weights(model, body.get("lora_path"))
         prompts = self._prompts(body.get("prompt"))
         if len(prompts) > st.max_prompts:
-            raise RequestError(400, f"prompt: at most {st.max_prompts} prompts per request, got {len(prompts)}", "prompt")
+            raise RequestError(
+                400, f"prompt: at most {st.max_prompts} prompts per request, got {len(prompts)}", "prompt"
+            )
         n = self._n(body, len(prompts))
         seed = _seed(body)
         for key in ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty"):
@@ -303,14 +356,25 @@ class ModelServer:
         for p in prompts:
             room = self.max_model_len - len(p)
             if room < 1:
-                raise RequestError(400, f"prompt: {len(p)} tokens leave no room under max_model_len {self.max_model_len}", "prompt")
-            settings.append(RowSettings(
-                max_tokens=min(requested, room),  # vLLM shortens max_tokens silently at the context limit
-                temperature=temperature, top_p=float(value["top_p"] if value["top_p"] is not None else 1.0),
-                top_k=int(value["top_k"] if value["top_k"] is not None else -1), min_p=float(value["min_p"] or 0.0),
-                repetition_penalty=float(value["repetition_penalty"] if value["repetition_penalty"] is not None else 1.0),
-                presence_penalty=float(value["presence_penalty"] or 0.0), frequency_penalty=float(value["frequency_penalty"] or 0.0),
-                stop=stop, ignore_eos=_bool(body, "ignore_eos", False)))
+                raise RequestError(
+                    400, f"prompt: {len(p)} tokens leave no room under max_model_len {self.max_model_len}", "prompt"
+                )
+            settings.append(
+                RowSettings(
+                    max_tokens=min(requested, room),  # vLLM shortens max_tokens silently at the context limit
+                    temperature=temperature,
+                    top_p=float(value["top_p"] if value["top_p"] is not None else 1.0),
+                    top_k=int(value["top_k"] if value["top_k"] is not None else -1),
+                    min_p=float(value["min_p"] or 0.0),
+                    repetition_penalty=float(
+                        value["repetition_penalty"] if value["repetition_penalty"] is not None else 1.0
+                    ),
+                    presence_penalty=float(value["presence_penalty"] or 0.0),
+                    frequency_penalty=float(value["frequency_penalty"] or 0.0),
+                    stop=stop,
+                    ignore_eos=_bool(body, "ignore_eos", False),
+                )
+            )
         eos_ids = sorted({self.tokenizer.eos_token_id, *st.extra_eos_ids} - {None})
         want_logprobs = body.get("logprobs") is not None
         as_ids = st.flavor == "vllm" and _bool(body, "return_tokens_as_token_ids", False)
@@ -331,9 +395,18 @@ class ModelServer:
         for c in choices:
             del c["_ids"]
         prompt_tokens = sum(len(p) for p in prompts)
-        return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()), "model": model,
-                "choices": choices, "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                                              "total_tokens": prompt_tokens + completion_tokens}}
+        return {
+            "id": f"cmpl-{uuid.uuid4().hex}",
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": model,
+            "choices": choices,
+            "usage": {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": completion_tokens,
+                "total_tokens": prompt_tokens + completion_tokens,
+            },
+        }
 
     def _strict_weights(self, model: str, lora_path: Any) -> str | None:
         """The adapter a strict request samples from (None: the base), by the imitated server's rule."""
@@ -356,7 +429,9 @@ class ModelServer:
                        as_ids: bool, keep_stop: bool) -> dict[str, Any]:
         """One choice of a strict answer, in the imitated server's fields."""
         assert self.strict is not None
-        text = self.tokenizer.decode(row.token_ids, skip_special_tokens=body.get("skip_special_tokens", True) is not False)
+        text = self.tokenizer.decode(
+            row.token_ids, skip_special_tokens=body.get("skip_special_tokens", True) is not False
+        )
         if isinstance(row.stop_reason, str) and row.stop_reason in text:
             at = text.index(row.stop_reason)
             text = text[:at + len(row.stop_reason)] if keep_stop else text[:at]
@@ -365,7 +440,9 @@ class ModelServer:
             choice["stop_reason"] = row.stop_reason
         else:
             eos_hit = row.finish == "stop" and not isinstance(row.stop_reason, str)
-            choice["matched_stop"] = (row.token_ids[-1] if eos_hit else row.stop_reason) if row.finish == "stop" else None
+            choice["matched_stop"] = (
+                (row.token_ids[-1] if eos_hit else row.stop_reason) if row.finish == "stop" else None
+            )
         if want_logprobs:
             pieces = [self.tokenizer.decode([t]) for t in row.token_ids]
             choice["logprobs"] = {"tokens": [f"token_id:{t}" for t in row.token_ids] if as_ids else pieces,
@@ -392,7 +469,9 @@ class ModelServer:
             elif isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p):
                 bad = [t for t in p if not 0 <= t < vocab]
                 if bad:
-                    raise RequestError(400, f"prompt: token id {bad[0]} is outside the vocabulary [0, {vocab})", "prompt")
+                    raise RequestError(
+                        400, f"prompt: token id {bad[0]} is outside the vocabulary [0, {vocab})", "prompt"
+                    )
                 out.append(list(p))
             else:
                 ok = False
@@ -404,7 +483,8 @@ class ModelServer:
 
 
 def _int(body: dict, key: str, default: int, lo: int, hi: int, limit: str = "") -> int:
-    """``body[key]``, an integer from ``lo`` to ``hi``, or a 400 naming the field and the range (and ``limit``: its setting)."""
+    """``body[key]``, an integer from ``lo`` to ``hi``, or a 400 naming the field and the range (and ``limit``: its
+    setting)."""
     v = body.get(key, default)
     if v is None:
         v = default
@@ -423,9 +503,14 @@ def _num(body: dict, key: str, default: float, accepted: str) -> float:
 def _seed(body: dict) -> int | None:
     """``body["seed"]``: null or an integer in vLLM's range (int64), or a 400."""
     seed = body.get("seed")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not SEED_RANGE[0] <= seed <= SEED_RANGE[1]):
-        raise RequestError(400, f"seed: expected null or an integer from {SEED_RANGE[0]} to {SEED_RANGE[1]}, got {short_repr(seed)}",
-                           "seed")
+    if seed is not None and (
+        isinstance(seed, bool) or not isinstance(seed, int) or not SEED_RANGE[0] <= seed <= SEED_RANGE[1]
+    ):
+        raise RequestError(
+            400,
+            f"seed: expected null or an integer from {SEED_RANGE[0]} to {SEED_RANGE[1]}, got {short_repr(seed)}",
+            "seed",
+        )
     return seed
 
 
@@ -481,7 +566,9 @@ def build_app(ms: "ModelServer") -> Any:
             raise RequestError(400, "expected a JSON object {\"lora_name\": ..., \"lora_path\": ...}")
         unknown = [k for k in body if k not in ("lora_name", "lora_path", "load_inplace")]
         if unknown and not flavor:
-            raise RequestError(400, f"{unknown[0]}: unsupported field; accepted: lora_name, lora_path, load_inplace", unknown[0])
+            raise RequestError(
+                400, f"{unknown[0]}: unsupported field; accepted: lora_name, lora_path, load_inplace", unknown[0]
+            )
         with ms._lock:
             version = ms.load_adapter(body.get("lora_name"), body.get("lora_path"), _bool(body, "load_inplace", False))
         message = f"Success: LoRA adapter '{body['lora_name']}' added successfully."
@@ -538,8 +625,12 @@ def serve(model_server: ModelServer, host: str = "127.0.0.1", port: int = 8000, 
     serving = threading.Thread(target=httpd.serve_forever, name="teamrl-serve", daemon=True)
     signal.signal(signal.SIGTERM, lambda signum, frame: httpd.stop())
     signal.signal(signal.SIGINT, lambda signum, frame: httpd.stop())
-    print(f"teamrl serve: {model_server.base_name} on {model_server.device} ({str(model_server.dtype).removeprefix('torch.')}), "
-          f"listening on {httpd.url}", flush=True)
+    print(
+        f"teamrl serve: {model_server.base_name} on {model_server.device} "
+        f"({str(model_server.dtype).removeprefix('torch.')}), "
+        f"listening on {httpd.url}",
+        flush=True,
+    )
     if ready_file:
         tmp = Path(ready_file).with_suffix(".tmp")
         tmp.write_text(httpd.url)

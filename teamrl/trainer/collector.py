@@ -79,11 +79,15 @@ class StoppableEngine(Engine):
         if self.stop.is_set():
             raise CollectorStopped("the collector was closed")
 
-    def generate(self, policy: str, requests: Sequence[GenerationRequest], seed: int | None = None) -> list[list[Completion]]:
+    def generate(
+        self, policy: str, requests: Sequence[GenerationRequest], seed: int | None = None
+    ) -> list[list[Completion]]:
         self._check()
         return self.engine.generate(policy, requests, seed)
 
-    def generate_many(self, calls: Sequence[tuple[str, Sequence[GenerationRequest], int | None]]) -> list[list[list[Completion]]]:
+    def generate_many(
+        self, calls: Sequence[tuple[str, Sequence[GenerationRequest], int | None]]
+    ) -> list[list[list[Completion]]]:
         self._check()
         return self.engine.generate_many(calls)
 
@@ -150,9 +154,11 @@ class Collector:
         published its weights, which the next rollout may be waiting for, so asking again would wait for ever."""
         with self._cond:
             if step <= self._taken and step not in self._ready:
-                raise RuntimeError(f"the rollout of step {step} was already taken (its training stopped with an error); "
-                                   "the loop cannot train a step twice: shut the trainer down and continue from the last "
-                                   "checkpoint with --resume")
+                raise RuntimeError(
+                    f"the rollout of step {step} was already taken (its training stopped with an error); "
+                    "the loop cannot train a step twice: shut the trainer down and continue from the last "
+                    "checkpoint with --resume"
+                )
         if self._thread is None:
             self._taken = step
             return self._collect_one(step, self.engine)
@@ -161,8 +167,10 @@ class Collector:
                 if self._error is not None:
                     raise self._error
                 if not self._thread.is_alive():
-                    raise RuntimeError(f"the rollout producer stopped without a rollout for step {step} (it produces steps "
-                                       f"{self.start_step + 1}..{self.last_step})")
+                    raise RuntimeError(
+                        f"the rollout producer stopped without a rollout for step {step} (it produces steps "
+                        f"{self.start_step + 1}..{self.last_step})"
+                    )
                 self._cond.wait(POLL_S)
             self._taken = max(self._taken, step)
             return self._ready.pop(step)

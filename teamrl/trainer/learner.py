@@ -135,7 +135,8 @@ class RayPolicyWorker(PolicyWorker):
 
 
 def worker_groups(cfg: Config, policies: Sequence[str]) -> dict[str, list[str]]:
-    """Worker name -> the policies it holds: ``policy.workers``, else one worker per policy (checked against ``policies``)."""
+    """Worker name -> the policies it holds: ``policy.workers``, else one worker per policy (checked against
+    ``policies``)."""
     groups = {w: list(names) for w, names in cfg.policy.workers.items()} or {p: [p] for p in policies}
     placed = [n for names in groups.values() for n in names]
     unknown = [n for n in placed if n not in policies]
@@ -184,11 +185,17 @@ def start_actors(cfg: Config, groups: dict[str, tuple[list[str], dict[str, str]]
         res = dict(p.resources.get(worker, DEFAULT_WORKER_RESOURCES))
         threads = cfg.threads or max(1, int(res.get("num_cpus", 1)))
         # Workers import this very teamrl (not another install) and keep to their CPU share.
-        env = {"PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")]),
-               "OMP_NUM_THREADS": str(threads), "OMP_WAIT_POLICY": "PASSIVE", "TOKENIZERS_PARALLELISM": "false"}
+        env = {
+            "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")]),
+            "OMP_NUM_THREADS": str(threads),
+            "OMP_WAIT_POLICY": "PASSIVE",
+            "TOKENIZERS_PARALLELISM": "false",
+        }
         asked = {"num_cpus": res.pop("num_cpus", 1), **res}
-        actors[worker] = (actor_cls.options(runtime_env={"env_vars": env}, max_restarts=0, **asked).remote(cfg, roles, role_map),
-                          asked)
+        actors[worker] = (
+            actor_cls.options(runtime_env={"env_vars": env}, max_restarts=0, **asked).remote(cfg, roles, role_map),
+            asked,
+        )
     return actors
 
 
@@ -280,7 +287,9 @@ class RayLearner:
 
         self.timeout = cfg.policy.ray_timeout_s
         groups = worker_groups(cfg, list(router.policies))
-        started = start_actors(cfg, {w: roles_of(router, roles, dict(cfg.policy.roles), names) for w, names in groups.items()})
+        started = start_actors(
+            cfg, {w: roles_of(router, roles, dict(cfg.policy.roles), names) for w, names in groups.items()}
+        )
         self.actors = {w: actor for w, (actor, _) in started.items()}
         self.worker_of = {name: w for w, names in groups.items() for name in names}
         self._names = list(router.policies)
@@ -292,9 +301,11 @@ class RayLearner:
                 except WorkerFailed as e:
                     if not isinstance(e.__cause__, ray.exceptions.GetTimeoutError):
                         raise
-                    raise WorkerFailed(f"policy worker {w!r} did not start within policy.ray_timeout_s={self.timeout:g} s; "
-                                       f"it asks Ray for {started[w][1]} (policy.resources.{w}): does the cluster offer "
-                                       "that (ray status)?") from e
+                    raise WorkerFailed(
+                        f"policy worker {w!r} did not start within policy.ray_timeout_s={self.timeout:g} s; "
+                        f"it asks Ray for {started[w][1]} (policy.resources.{w}): does the cluster offer "
+                        "that (ray status)?"
+                    ) from e
             futures = {name: self._actor(name).load_adapter_state.remote(name, router.policies[name].named_state())
                        for name in self._names}
             self._versions = {name: self._get(self.worker_of[name], f) for name, f in futures.items()}
@@ -312,10 +323,14 @@ class RayLearner:
         try:
             return ray.get(future, timeout=self.timeout)
         except ray.exceptions.GetTimeoutError as e:
-            raise WorkerFailed(f"policy worker {worker!r}: no answer within policy.ray_timeout_s={self.timeout:g} s") from e
+            raise WorkerFailed(
+                f"policy worker {worker!r}: no answer within policy.ray_timeout_s={self.timeout:g} s"
+            ) from e
         except ray.exceptions.RayActorError as e:
-            raise WorkerFailed(f"policy worker {worker!r} died ({type(e).__name__}); the run cannot continue: restart it "
-                               "with --resume to continue from the last checkpoint") from e
+            raise WorkerFailed(
+                f"policy worker {worker!r} died ({type(e).__name__}); the run cannot continue: restart it "
+                "with --resume to continue from the last checkpoint"
+            ) from e
 
     def _call(self, policy: str, future: Any) -> Any:
         return self._get(self.worker_of[policy], future)

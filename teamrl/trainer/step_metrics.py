@@ -1,7 +1,7 @@
 """The metrics record of one training step: what was collected, what the learner reported, per role and per policy.
 
-The trainer calls these after the learn and publish phases of a step (:meth:`teamrl.trainer.trainer.Trainer.train_step`);
-each returns a part of the record written to ``metrics.jsonl``.
+The trainer calls these after the learn and publish phases of a step
+(:meth:`teamrl.trainer.trainer.Trainer.train_step`); each returns a part of the record written to ``metrics.jsonl``.
 """
 
 from __future__ import annotations
@@ -45,7 +45,9 @@ def learner_metrics(steps: dict[str, list[dict[str, float]]], parts: dict[str, l
                     policy_stats.setdefault(k, []).append(v)
         record.update({f"{k}/{name}": over_steps(k, v) for k, v in policy_stats.items()})
         record.update({f"{k}/{name}": v for k, v in combine_importance_stats(steps[name]).items()})
-        record[f"optimizer_steps/{name}"] = len([p for p in policy_parts if p]) - int(record.get(f"skipped_steps/{name}", 0))
+        record[f"optimizer_steps/{name}"] = len([p for p in policy_parts if p]) - int(
+            record.get(f"skipped_steps/{name}", 0)
+        )
     return record, {k: over_steps(k.split("@", 1)[0], v) for k, v in role_stats.items()}
 
 
@@ -107,9 +109,18 @@ def episode_outcome_line(e: FinishedEpisode) -> str:
     joint actions), its team return and final reward, and what the workflow returned (correct, answer, stats;
     a stats value JSON cannot hold is written as its ``str``, a whole ``stats`` with non-text keys as its ``repr``)."""
     outcome = e.result.outcome
-    record = {"problem_id": e.problem_id, "episode": e.episode, **e.where, "team_return": e.result.team_return,
-              "final_reward": e.result.final_reward,
-              **({"correct": outcome.correct, "answer": outcome.answer, "stats": outcome.stats} if outcome is not None else {})}
+    record = {
+        "problem_id": e.problem_id,
+        "episode": e.episode,
+        **e.where,
+        "team_return": e.result.team_return,
+        "final_reward": e.result.final_reward,
+        **(
+            {"correct": outcome.correct, "answer": outcome.answer, "stats": outcome.stats}
+            if outcome is not None
+            else {}
+        ),
+    }
     try:
         return json.dumps(record, default=str)
     except TypeError:  # a dict key json cannot write (a tuple) inside stats

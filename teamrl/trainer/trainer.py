@@ -105,7 +105,8 @@ class Trainer:
         self.ckpt_dir = self.run_dir / "checkpoints"
         resume = resume or resume_intact
         check_run_dir(self.run_dir)  # a read-only or unwritable run.dir: one line before any model loads
-        created = lock_run_dir(self.run_dir)  # one process per run: another one's train or --resume is refused (its pid)
+        # one process per run: another one's train or --resume is refused (its pid)
+        created = lock_run_dir(self.run_dir)
         self._locked = True
         try:
             self._set_up(resume, resume_intact)
@@ -118,7 +119,10 @@ class Trainer:
         """Everything of :meth:`__init__` after the run directory is held."""
         cfg = self.cfg
         if list_checkpoints(self.ckpt_dir) and not resume:
-            raise RunExists(f"run directory {self.run_dir} already has checkpoints: pass --resume to continue it, or choose another name=")
+            raise RunExists(
+                f"run directory {self.run_dir} already has checkpoints: pass --resume to continue it, or choose "
+                "another name="
+            )
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         seed_everything(cfg.seed)
@@ -153,7 +157,9 @@ class Trainer:
         self.eos_ids = generation_eos_ids(next(iter(self.router.policies.values())).model, self.tokenizer)
         self.problems = self.task.problems()
         if not self.problems:
-            raise ConfigError(f"task {self.task.name!r}: no training problems (check task.num_problems / task.test_size)")
+            raise ConfigError(
+                f"task {self.task.name!r}: no training problems (check task.num_problems / task.test_size)"
+            )
         self.eval_task = self._eval_task() if cfg.train.eval_every else None
         self.cliffs = CliffDetector(cfg.train.cliff_points)
         self.stopped_at_cliff = False
@@ -182,15 +188,23 @@ class Trainer:
         with run_dir_writes(self.run_dir):
             self.run_dir.mkdir(parents=True, exist_ok=True)
             (self.run_dir / "config.yaml").write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
-            self.metrics = MetricsSink(self.run_dir / "metrics.jsonl", start_step=self.step, tensorboard=cfg.run.tensorboard,
-                                       wandb=cfg.run.wandb, wandb_project=cfg.run.wandb_project, run_name=cfg.name,
-                                       config=config_to_dict(cfg))
+            self.metrics = MetricsSink(
+                self.run_dir / "metrics.jsonl",
+                start_step=self.step,
+                tensorboard=cfg.run.tensorboard,
+                wandb=cfg.run.wandb,
+                wandb_project=cfg.run.wandb_project,
+                run_name=cfg.name,
+                config=config_to_dict(cfg),
+            )
 
     def _eval_task(self) -> SolveTask:
         """The held-out split of the task, for evaluation during training."""
         if not self.algorithm.can_evaluate:
-            raise ConfigError("train.eval_every: evaluation during training needs a study workflow (workflow.name) on a "
-                              "math.solve or code.solve task")
+            raise ConfigError(
+                "train.eval_every: evaluation during training needs a study workflow (workflow.name) on a "
+                "math.solve or code.solve task"
+            )
         task = make_task({**self.cfg.task, "split": "test"})
         if not task.problems():
             raise ConfigError("train.eval_every: the task holds out no problems; set task.test_size > 0")
@@ -201,8 +215,15 @@ class Trainer:
         for name in self.router.policies:
             WeightSync(self.weight_copy, engine).publish(name)
 
-    def _probe_logprobs(self, policy: str, prompt_ids: list[int] | list[list[int]], completions: list, temperature: float,
-                        top_k: int = 0, top_p: float = 1.0) -> list[list[float]]:
+    def _probe_logprobs(
+        self,
+        policy: str,
+        prompt_ids: list[int] | list[list[int]],
+        completions: list,
+        temperature: float,
+        top_k: int = 0,
+        top_p: float = 1.0,
+    ) -> list[list[float]]:
         """The trainer's log-probs of a server's ``completions`` under ``policy``'s weights (the start-up and sync
         checks; :func:`~teamrl.rollout.engine_setup.probe_logprobs`)."""
         return probe_logprobs(self.router, policy, prompt_ids, completions, temperature, top_k, top_p)
@@ -267,7 +288,8 @@ class Trainer:
         self.step = step
         self.metrics.log(record)
         if step % self.cfg.run.save_every == 0 or step == self.cfg.train.steps or self.stopped_at_cliff:
-            # the data position and algorithm state of this step's rollout: a resumed run produces the next one from them
+            # the data position and algorithm state of this step's rollout: a resumed run produces the next one
+            # from them
             state = {"data_position": self.data_position}
             algorithm_state = rollout.algorithm.state_dict()
             if algorithm_state:
@@ -276,8 +298,8 @@ class Trainer:
         return record
 
     def _sample_rollout(self, step: int, position: int, versions: dict[str, int], engine: Engine) -> Rollout:
-        """Step ``step``'s rollout: the problems at data ``position``, every episode sampled with ``engine`` holding each
-        policy at ``versions`` (stamped on every sample)."""
+        """Step ``step``'s rollout: the problems at data ``position``, every episode sampled with ``engine`` holding
+        each policy at ``versions`` (stamped on every sample)."""
         t0 = time.perf_counter()
         problems, position = self._problems_at(position)
         scheduler = GenerationScheduler(engine, seed=derive_seed(self.cfg.seed, step, 1))
@@ -399,9 +421,11 @@ class Trainer:
         ids = sorted({str(p.id) for p in problems})
         shown = ", ".join(ids[:3]) + (", ..." if len(ids) > 3 else "")
         if not samples:
-            return NothingToTrain(f"workflow {name!r}: no episode of step {step} called the model (problems {shown}); each "
-                                  "episode must sample at least one completion with await ctx.generate(role, messages) "
-                                  "(a gateway workflow: call its endpoint) for there to be anything to train")
+            return NothingToTrain(
+                f"workflow {name!r}: no episode of step {step} called the model (problems {shown}); each "
+                "episode must sample at least one completion with await ctx.generate(role, messages) "
+                "(a gateway workflow: call its endpoint) for there to be anything to train"
+            )
         return NothingToTrain(f"workflow {name!r}: none of the {len(samples)} samples of step {step} is trainable (all "
                               "are greedy baselines or frozen roles'); nothing to train")
 
@@ -412,13 +436,17 @@ class Trainer:
         def make_ctx(problem: Problem, episode: int, tags: dict) -> EpisodeContext:
             return EpisodeContext(scheduler, self.route, self.tokenizer, self.greedy_params, problem.id, episode, tags)
 
-        return {f"eval/{k}": v for k, v in self.algorithm.evaluate(problems, self.eval_task, make_ctx, scheduler.run).items()}
+        return {
+            f"eval/{k}": v
+            for k, v in self.algorithm.evaluate(problems, self.eval_task, make_ctx, scheduler.run).items()
+        }
 
     def _evaluate_and_watch(self, step: int) -> dict[str, Any]:
         """Evaluate, update the running peak; keep the best checkpoint; warn (and stop) at a cliff."""
         from tqdm import tqdm
 
-        if self.collector is not None and self.collector.threaded:  # the engine between two rollouts, with these weights
+        # the engine between two rollouts, with these weights
+        if self.collector is not None and self.collector.threaded:
             with self.collector.exclusive():
                 out: dict[str, Any] = self.evaluate_accuracy()
         else:
@@ -430,10 +458,13 @@ class Trainer:
                                                                     "eval_accuracy": event.accuracy}, keep=1)
         if event.kind == "cliff":
             out["eval/cliff"] = 1
-            tqdm.write(f"warning: accuracy cliff at step {step}: eval accuracy {event.accuracy:.3f} is {event.drop_points:.1f} "
-                       f"points under its peak {event.peak:.3f} (step {event.peak_step}); the best checkpoint is in "
-                       f"{self.run_dir / 'best'}" + ("; stopping (train.cliff_stop)" if self.cfg.train.cliff_stop else ""),
-                       file=sys.stderr)
+            tqdm.write(
+                f"warning: accuracy cliff at step {step}: eval accuracy {event.accuracy:.3f} is "
+                f"{event.drop_points:.1f} "
+                f"points under its peak {event.peak:.3f} (step {event.peak_step}); the best checkpoint is in "
+                f"{self.run_dir / 'best'}" + ("; stopping (train.cliff_stop)" if self.cfg.train.cliff_stop else ""),
+                file=sys.stderr,
+            )
             self.stopped_at_cliff = self.cfg.train.cliff_stop
         return out
 
@@ -456,8 +487,10 @@ class Trainer:
         if dropped:
             train = [s for s in train if s.group not in dropped]
             if not train:
-                raise NonFiniteReward(f"task {self.task.name!r}: every group of step {self.step + 1} has a NaN/inf reward; "
-                                      "nothing is left to train on")
+                raise NonFiniteReward(
+                    f"task {self.task.name!r}: every group of step {self.step + 1} has a NaN/inf reward; "
+                    "nothing is left to train on"
+                )
         rewards = torch.tensor([s.reward for s in train], dtype=torch.float32)
         ids = group_ids_from_keys([s.group for s in train])
         baselines = None
@@ -465,8 +498,14 @@ class Trainer:
             greedy = {s.group: s.reward for s in samples if s.baseline}
             baselines = torch.tensor([greedy[s.group] for s in train], dtype=torch.float32)
         # the turns of one rollout marked as one trajectory (M-GRPO) count once in their group's statistics
-        adv = trajectory_advantages(rewards, ids, trajectory_ids([s.trajectory for s in train]), self.cfg.train.advantage,
-                                    eps=self.cfg.train.advantage_eps, baselines=baselines)
+        adv = trajectory_advantages(
+            rewards,
+            ids,
+            trajectory_ids([s.trajectory for s in train]),
+            self.cfg.train.advantage,
+            eps=self.cfg.train.advantage_eps,
+            baselines=baselines,
+        )
         for s, a in zip(train, adv.tolist()):
             s.advantage = a
         return train
@@ -513,8 +552,11 @@ class Trainer:
         while self.step < total and not self.stopped_at_cliff:
             rec = self.train_step()
             bar.update(1)
-            bar.set_postfix(reward=f"{rec.get('normalised_return', rec['reward_mean']):.3f}", len=f"{rec['completion_len']:.0f}",
-                            loss=f"{next((v for k, v in rec.items() if k.startswith('loss/')), 0.0):+.3f}")
+            bar.set_postfix(
+                reward=f"{rec.get('normalised_return', rec['reward_mean']):.3f}",
+                len=f"{rec['completion_len']:.0f}",
+                loss=f"{next((v for k, v in rec.items() if k.startswith('loss/')), 0.0):+.3f}",
+            )
         bar.close()
         self.metrics.close()
         return read_metrics(self.run_dir / "metrics.jsonl")

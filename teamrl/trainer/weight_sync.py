@@ -38,8 +38,10 @@ class InProcess:
 
     def publish(self, name: str, weights: dict[str, torch.Tensor] | None = None) -> None:
         if weights is not None:
-            raise RuntimeError(f"policy {name!r}: the rollout engine samples from the trained weights themselves; there "
-                               "is no separate copy to load a snapshot into")
+            raise RuntimeError(
+                f"policy {name!r}: the rollout engine samples from the trained weights themselves; there "
+                "is no separate copy to load a snapshot into"
+            )
 
 
 class DriverCopy:
