@@ -4,7 +4,6 @@ declared role (``generator0`` of ``generator``) share it; an explicit ``policy.r
 from __future__ import annotations
 
 import copy
-from types import SimpleNamespace
 
 import pytest
 
@@ -13,7 +12,6 @@ from teamrl.core.sample import Sample
 from teamrl.losses import LossConfig
 from teamrl.policies.policy import Policy
 from teamrl.policies.router import PolicyRouter, declared_role
-from teamrl.trainer.trainer import Trainer
 from teamrl.trainer.update import UpdateSettings, update_policy
 
 LORA = LoraConfig(r=4, alpha=8, target_modules=["q_proj", "v_proj"])
