@@ -235,8 +235,8 @@ def evaluate(cfg: Config, methods: list[str], checkpoint: Path | None = None, li
         return router.policies[name].generation_model()
 
     engine = HFEngine(models, router.tokenizer, device=router.device, row_models=SharedBaseAdapters(router.policies))
-    params = SamplingParams(max_new_tokens=cfg.rollout.max_new_tokens, temperature=temperature, top_p=cfg.rollout.top_p,
-                            top_k=cfg.rollout.top_k, stop=tuple(cfg.rollout.stop))
+    # as before: the benchmark settings ignore_eos / min_new_tokens are not applied to evaluation
+    params = SamplingParams.from_rollout(cfg.rollout, temperature=temperature, ignore_eos=False, min_new_tokens=0)
     problems = task.problems()[:limit]
     if not problems:
         raise ConfigError(f"task {task.name!r}: no problems to evaluate (check task.split / task.test_size / --limit)")
