@@ -19,3 +19,21 @@ def test_sampling_params_come_from_the_rollout_section_field_by_field():
     # every sampling field has a rollout field of its name: a new one cannot be forgotten
     assert {f.name for f in dataclasses.fields(SamplingParams)} <= {f.name for f in dataclasses.fields(cfg.rollout)}
     assert SamplingParams.from_rollout(cfg.rollout, temperature=0.0).temperature == 0.0
+
+
+@pytest.mark.parametrize("override, new", [
+    ("workflow.num_generators=4", "workflow.options.num_generators"),
+    ("workflow.max_iterations=2", "workflow.options.max_iterations"),
+    ("workflow.max_subtasks=3", "workflow.options.max_subtasks"),
+    ("m_grpo.ray_timeout_s=7", "policy.ray_timeout_s"),
+    ("m_grpo.ray_address=auto", "policy.ray_address"),
+    ("m_grpo.decoupled=ray", "policy.placement"),
+])
+def test_a_removed_legacy_key_fails_in_one_line_naming_the_new_key(override, new):
+    from teamrl.core.config import ConfigError
+
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["algorithm=m_grpo", "task.name=research", override] if override.startswith("m_grpo")
+                    else ["task.name=math.solve", "workflow.name=voting", override])
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith(override.split("=")[0] + " was moved: write ") and new in msg

@@ -50,7 +50,7 @@ from typing import Any, Awaitable, Callable, Hashable, Sequence
 
 from teamrl.algorithms.base import Algorithm, FinishedEpisode, warn_once
 from teamrl.algorithms.episodes import ContextFactory, bind, workflow_settings
-from teamrl.core.config import ConfigError, option, register_check, register_section
+from teamrl.core.config import option, register_moved_key, register_section
 from teamrl.core.sample import Sample
 from teamrl.core.seeding import derive_seed
 from teamrl.tasks.research import SUB_REWARD_MODES, sub_reward
@@ -185,11 +185,6 @@ class MGRPOConfig:
     agents: str = option("team", choices=AGENT_MODES, doc="team: main + sub-agent; single: one agent with the tools (single-agent GRPO baseline)")
     sub_reward: str = option("gated", choices=("gated", "outcome", "format"),
                              doc="a sub-trajectory's reward: gated = main reward if its format is valid else 0; outcome = main reward; format = 1 if valid else 0")
-    decoupled: str = option("none", choices=("none", "inprocess", "ray"),
-                            doc="legacy: inprocess / ray set policy.mode=separate (one model per agent) and "
-                                "policy.placement=local / ray, and copy ray_timeout_s / ray_address into policy")
-    ray_timeout_s: float = option(600.0, gt=0, doc="legacy (decoupled): copied to policy.ray_timeout_s")
-    ray_address: str = option("", doc="legacy (decoupled): copied to policy.ray_address")
 
 
 @dataclass
@@ -203,20 +198,10 @@ class MGRPOSettings(MGRPOConfig):
 register_section("m_grpo", MGRPOConfig)
 
 
-@register_check
-def _migrate_decoupled(cfg: Any) -> None:
-    """``m_grpo.decoupled: inprocess | ray`` (the former decoupled trainer) as a placement: one model per agent."""
-    m = cfg.m_grpo
-    if cfg.algorithm != "m_grpo" or m.decoupled == "none":
-        return
-    import importlib.util
-
-    if m.decoupled == "ray" and importlib.util.find_spec("ray") is None:
-        raise ConfigError("m_grpo.decoupled: ray needs the ray package: pip install -e \".[ray]\" (or use inprocess)")
-    cfg.policy.mode = "separate"
-    cfg.policy.placement = "ray" if m.decoupled == "ray" else "local"
-    cfg.policy.ray_timeout_s, cfg.policy.ray_address = m.ray_timeout_s, m.ray_address
-    m.decoupled = "none"  # the resolved config says it the new way
+# the former decoupled trainer's keys: a placement now (docs/scale.md); a config that gives one fails, naming it
+register_moved_key("m_grpo.decoupled", "policy.mode=separate and policy.placement=ray (decoupled inprocess: policy.placement=local)")
+register_moved_key("m_grpo.ray_timeout_s", "policy.ray_timeout_s")
+register_moved_key("m_grpo.ray_address", "policy.ray_address")
 
 
 @dataclass

@@ -321,7 +321,7 @@ class Config:
 SECTIONS: dict[str, type] = {}  # top-level section name -> its dataclass (each algorithm's own options)
 CHECKS: list[Callable[[Config], None]] = []  # cross-field checks of the layers that registered sections
 CHOICES: dict[str, Callable[[], list[str]]] = {}  # a top-level key -> the registered names it accepts
-MOVED_KEYS: dict[str, str] = {}  # old dotted key -> its new place (register_moved_key)
+MOVED_KEYS: dict[str, str] = {}  # a removed dotted key -> what to write instead (register_moved_key)
 SECTION_PROVIDERS = ("teamrl.algorithms",)  # packages that register their sections when imported
 
 
@@ -345,25 +345,20 @@ def register_choices(key: str, names: Callable[[], list[str]]) -> None:
 
 
 def register_moved_key(old: str, new: str) -> None:
-    """A dotted config key that moved: a config that still gives ``old`` has its value moved to ``new``."""
+    """A dotted config key that was removed: a config that still gives ``old`` fails in one line, ``old was moved:
+    write new`` (``new``: the key, or the keys and values, that say it now). Nothing is moved silently."""
     MOVED_KEYS[old] = new
 
 
-def _move_keys(data: dict[str, Any]) -> None:
-    """Apply :data:`MOVED_KEYS` to the raw config mapping (``new`` wins when both are given)."""
+def _refuse_moved_keys(data: dict[str, Any]) -> None:
+    """Fail on the first key of :data:`MOVED_KEYS` that the raw config mapping gives, naming where it went."""
     for old, new in MOVED_KEYS.items():
         *parents, leaf = old.split(".")
         node: Any = data
         for p in parents:
             node = node.get(p) if isinstance(node, dict) else None
         if isinstance(node, dict) and leaf in node:
-            value = node.pop(leaf)
-            *new_parents, new_leaf = new.split(".")
-            target: Any = data
-            for p in new_parents:
-                target = target.setdefault(p, {}) if isinstance(target, dict) else None
-            if isinstance(target, dict):
-                target.setdefault(new_leaf, value)
+            raise ConfigError(f"{old} was moved: write {new}")
 
 
 def _load_section_providers() -> None:
@@ -631,7 +626,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     for key, value in parse_overrides(overrides or []):
         _set_path(data, key, value)
     _load_section_providers()
-    _move_keys(data)
+    _refuse_moved_keys(data)
     sections = {name: _coerce(data.pop(name), cls, name) for name, cls in SECTIONS.items() if name in data}
     try:
         cfg = build_dataclass(Config, data)
@@ -703,7 +698,7 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"task.name: expected a string (a registered task or package.module:object), got {cfg.task['name']!r}")
     if cfg.workflow.name and cfg.train.advantage == "max":
         raise ConfigError("train.advantage: max (greedy baseline) is not supported with a study workflow; use group")
-    for check in CHECKS:  # before the placement check: a check may set the placement (m_grpo.decoupled)
+    for check in CHECKS:
         check(cfg)
     _check_placement(cfg.policy)
     if cfg.train.advantage in ("group", "rloo", "batch", "mean", "none") and cfg.rollout.group_size < 2:

@@ -94,7 +94,7 @@ WORKFLOWS.register("eval_opt", Workflow(eval_opt, ("generator", "evaluator"), op
                                         summary=eval_opt_module.summary, formats=eval_opt_module.FORMATS))
 WORKFLOWS.register("voting", Workflow(voting, ("generator", "aggregator"), options=WorkflowSettings, task_kind=SolveTask,
                                       summary=voting_module.summary, formats=voting_module.FORMATS))
-# the study workflows' options were top-level workflow keys before: old configs keep working
+# the study workflows' options were top-level workflow keys before: a config that gives one fails, naming its place
 for _key in ("max_iterations", "num_generators", "max_subtasks"):
     register_moved_key(f"workflow.{_key}", f"workflow.options.{_key}")
 WORKFLOWS.register("orch_workers", Workflow(orch_workers, ("orchestrator", "worker", "synthesizer"), options=WorkflowSettings,
