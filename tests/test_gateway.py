@@ -287,7 +287,7 @@ DROPPING = Workflow(_dropped_episode, ("writer",))  # referenced as tests.test_g
 
 
 def test_a_step_whose_episodes_were_all_dropped_is_a_clear_error(engine, task):
-    algorithm = WorkflowGRPO("tests.test_gateway:DROPPING", group_size=2, settings=None)
+    algorithm = WorkflowGRPO("tests.test_gateway:DROPPING", group_size=2, options=None)
     sched = GenerationScheduler(engine)
     make_ctx = lambda p, e, tags: EpisodeContext(sched, role_type, engine.tokenizer, SamplingParams(), p.id, e, tags)
     with pytest.raises(InputError, match="all 4 episodes of this step were dropped"):

@@ -3,7 +3,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from teamrl.algorithms.magrpo import (MAGRPO, MAGRPOSettings, completion_returns, discounted_return, group_key,
+from teamrl.algorithms.magrpo import (MAGRPO, MAGRPOConfig, completion_returns, discounted_return, group_key,
                                       joint_indices)
 from teamrl.core.config import load_config
 from teamrl.tasks import TASKS

@@ -15,7 +15,7 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 import yaml
 
@@ -293,6 +293,9 @@ class RunConfig:
     wandb_project: str = option("teamrl", doc="W&B project name")
 
 
+S = TypeVar("S")
+
+
 @dataclass
 class Config:
     name: str = option("run", doc="run name; the run directory is run.dir/name")
@@ -310,11 +313,14 @@ class Config:
     # the registered sections as loaded (a field, so that dataclasses.replace keeps them); not a config key
     sections: dict[str, Any] = field(default_factory=dict, repr=False, metadata={"internal": True})
 
-    def __getattr__(self, name: str) -> Any:
-        """A registered section (:func:`register_section`), e.g. an algorithm's: as loaded, or its defaults."""
-        if name.startswith("__") or name == "sections" or name not in SECTIONS:
-            raise AttributeError(f"{type(self).__name__!s} has no attribute {name!r}")
-        return self.sections.setdefault(name, SECTIONS[name]())
+    def section(self, cls: type[S]) -> S:
+        """A registered section (:func:`register_section`) by its dataclass (an algorithm's, e.g.), typed: as loaded, or its
+        defaults."""
+        names = [name for name, c in SECTIONS.items() if c is cls]
+        if not names:
+            raise KeyError(f"{cls.__name__} is not a registered config section; registered: "
+                           f"{sorted(c.__name__ for c in SECTIONS.values())}")
+        return self.sections.setdefault(names[0], cls())
 
 
 # ---- what higher layers add to the config (core names none of them) -----------------------------
@@ -785,7 +791,7 @@ def config_to_dict(cfg: Any) -> Any:
     if isinstance(cfg, Config):
         del out["sections"]
         for name in SECTIONS:
-            out[name] = dataclasses.asdict(getattr(cfg, name))
+            out[name] = dataclasses.asdict(cfg.section(SECTIONS[name]))
     return out
 
 

@@ -47,7 +47,7 @@ from teamrl.rollout.asgi import (AsgiServer, ConnectionLimits, Guard, RequestErr
                                  require_asgi, short_repr)
 from teamrl.rollout.engine import GenerationRequest, SamplingParams
 from teamrl.rollout.hf_engine import HFEngine
-from teamrl.rollout.strict_server import GENERATION_DEFAULT_FIELDS, RowSettings, StrictBehaviour, decode_row, generation_defaults
+from teamrl.rollout.strict_server import GENERATION_DEFAULT_FIELDS, RowSamplingParams, StrictBehaviour, decode_row, generation_defaults
 
 # Fields of POST /v1/completions that teamrl serve understands (vLLM's names); anything else is a 400.
 COMPLETION_FIELDS = ("model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "n", "stop", "seed",
@@ -304,7 +304,7 @@ class ModelServer:
             room = self.max_model_len - len(p)
             if room < 1:
                 raise RequestError(400, f"prompt: {len(p)} tokens leave no room under max_model_len {self.max_model_len}", "prompt")
-            settings.append(RowSettings(
+            settings.append(RowSamplingParams(
                 max_tokens=min(requested, room),  # vLLM shortens max_tokens silently at the context limit
                 temperature=temperature, top_p=float(value["top_p"] if value["top_p"] is not None else 1.0),
                 top_k=int(value["top_k"] if value["top_k"] is not None else -1), min_p=float(value["min_p"] or 0.0),

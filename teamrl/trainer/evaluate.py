@@ -25,8 +25,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from teamrl.algorithms import workflow_name, workflow_settings
-from teamrl.algorithms.episodes import workflow_settings as default_settings
+from teamrl.algorithms import configured_workflow_options, workflow_name
+from teamrl.algorithms.episodes import workflow_options_or_defaults
 from teamrl.core.config import Config, ConfigError
 from teamrl.policies.models import check_max_new_tokens
 from teamrl.core.seeding import derive_seed, seed_everything
@@ -164,7 +164,7 @@ def run_workflow(cfg: Config, task: Any) -> RunWorkflow:
     name = workflow_name(cfg, task)
     spec = WORKFLOWS.get_entry(name, "workflow.name")
     check_task(name, spec, task)
-    settings = workflow_settings(cfg) if cfg.workflow.name else default_settings(spec)
+    settings = configured_workflow_options(cfg) if cfg.workflow.name else workflow_options_or_defaults(spec)
     if dataclasses.is_dataclass(settings) and "pass_at_1" in {f.name for f in dataclasses.fields(settings)}:
         settings = dataclasses.replace(settings, pass_at_1=True)
     own = {"team": Baseline(name, None, weights="trained"), "untrained": Baseline(name, None)}
