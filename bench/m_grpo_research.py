@@ -52,8 +52,8 @@ def main(argv: list[str] | None = None) -> int:
         ("single-agent GRPO (one agent with the tools)", ["policy.mode=shared", "m_grpo.agents=single"]),
     ]
     if args.decoupled:
-        variants += [("M-GRPO, decoupled workers in-process", ["m_grpo.decoupled=inprocess"]),
-                     ("M-GRPO, decoupled workers on Ray", ["m_grpo.decoupled=ray"])]
+        variants += [("M-GRPO, decoupled workers in-process", ["policy.mode=separate", "policy.placement=local"]),
+                     ("M-GRPO, decoupled workers on Ray", ["policy.mode=separate", "policy.placement=ray"])]
     head = ("| variant | steps | success, step 1 | success, last 2 | main reward, step 1 | main reward, last 2 "
             "| sub format valid (all steps) | sub calls / rollout | s / step |")
     lines = [head, "|---" * (head.count("|") - 1) + "|"]

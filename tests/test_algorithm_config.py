@@ -23,7 +23,8 @@ def test_algorithm_sections_are_registered_beside_their_algorithms():
 
     assert SECTIONS["magrpo"] is MAGRPOConfig and SECTIONS["at_grpo"] is ATGRPOConfig and SECTIONS["m_grpo"] is MGRPOConfig
     cfg = load_config(None, ["algorithm=magrpo", "magrpo.num_turns=2", "at_grpo.alpha=0.5"])
-    assert cfg.magrpo.num_turns == 2 and cfg.at_grpo.alpha == 0.5 and cfg.m_grpo.d_max == 2
+    assert cfg.section(MAGRPOConfig).num_turns == 2 and cfg.section(ATGRPOConfig).alpha == 0.5
+    assert cfg.section(MGRPOConfig).d_max == 2
     assert config_to_dict(cfg)["magrpo"]["num_turns"] == 2  # the run directory's config.yaml keeps them
     assert "magrpo.num_turns" in [row[0] for row in describe_schema()]
     with pytest.raises(ConfigError, match=r"magrpo.joint_mode: 'both' is not allowed; choose one of \['aligned', 'cross'\]"):
@@ -38,11 +39,20 @@ def test_core_config_names_no_algorithm_section():
         assert name not in source, name
 
 
-def test_settings_are_the_config_section_plus_run_values():
-    from teamrl.algorithms import ATGRPOConfig, ATGRPOSettings, MAGRPOConfig, MAGRPOSettings, MGRPOConfig, MGRPOSettings
+def test_an_algorithm_reads_its_section_plus_the_run_values_passed_explicitly():
+    from teamrl.algorithms import ATGRPO, MAGRPO, MGRPO, ATGRPOConfig, MAGRPOConfig, MGRPOConfig, make_algorithm
+    from teamrl.tasks import make_task
 
-    assert issubclass(MAGRPOSettings, MAGRPOConfig) and issubclass(ATGRPOSettings, ATGRPOConfig)
-    assert issubclass(MGRPOSettings, MGRPOConfig)
+    cfg = load_config(None, ["algorithm=magrpo", "task.name=plan_path", "rollout.group_size=3", "magrpo.gamma=0.5"])
+    algo = make_algorithm(cfg, make_task(cfg.task))
+    assert isinstance(algo, MAGRPO) and algo.config is cfg.section(MAGRPOConfig) and algo.group_size == 3
+    assert (ATGRPO(ATGRPOConfig(), k=5, seed=2).k, MGRPO(MGRPOConfig(), k=6, seed=1).seed) == (5, 1)
+    with pytest.raises(KeyError, match="LoraConfig is not a registered config section"):
+        from teamrl.core.config import LoraConfig
+
+        cfg.section(LoraConfig)
+    with pytest.raises(AttributeError):
+        cfg.magrpo  # noqa: B018  (no untyped access: cfg.section(MAGRPOConfig))
 
 
 def test_a_config_copied_with_dataclasses_replace_keeps_its_algorithm_sections():
@@ -50,11 +60,12 @@ def test_a_config_copied_with_dataclasses_replace_keeps_its_algorithm_sections()
     (it was lost: an m_grpo.agents=single run was evaluated as a main + sub team)."""
     import dataclasses
 
+    from teamrl.algorithms import MAGRPOConfig, MGRPOConfig
     from teamrl.core.config import config_to_dict, load_config
 
     cfg = load_config(None, ["algorithm=m_grpo", "task.name=research", "m_grpo.agents=single", "magrpo.gamma=0.5"])
     copy = dataclasses.replace(cfg, task={**cfg.task, "seed": 7})
-    assert copy.m_grpo.agents == "single" and copy.magrpo.gamma == 0.5 and copy.task["seed"] == 7
+    assert copy.section(MGRPOConfig).agents == "single" and copy.section(MAGRPOConfig).gamma == 0.5 and copy.task["seed"] == 7
     data = config_to_dict(copy)
     assert data["m_grpo"]["agents"] == "single" and "sections" not in data
     with pytest.raises(ConfigError, match="sections: unknown key"):

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from teamrl.algorithms.at_grpo import ATGRPO, ATGRPOSettings, select_branch
+from teamrl.algorithms.at_grpo import ATGRPO, ATGRPOConfig, select_branch
 from teamrl.core.config import load_config
 from teamrl.policies.models import load_model
 from teamrl.rollout.engine import SamplingParams
@@ -68,7 +68,7 @@ def tiny_engine_tok():
 
 def _rollout(engine, tok, env, k, select, grouping="tree", seed=0):
     sched = GenerationScheduler(engine, seed=seed)
-    algo = ATGRPO(ATGRPOSettings(k=k, alpha=0.5, select=select, grouping=grouping, seed=seed))
+    algo = ATGRPO(ATGRPOConfig(alpha=0.5, select=select, grouping=grouping), k=k, seed=seed)
     params = SamplingParams(max_new_tokens=4)
     from teamrl.workflows.context import EpisodeContext
 

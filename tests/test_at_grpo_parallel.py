@@ -2,7 +2,7 @@
 
 import pytest
 
-from teamrl.algorithms.at_grpo import ATGRPO, ATGRPOSettings
+from teamrl.algorithms.at_grpo import ATGRPO, ATGRPOConfig
 from teamrl.tasks.math_env import MathEnv, MathOptions
 from tests.scripted import scripted_rollout
 
@@ -33,7 +33,7 @@ def test_parallel_candidates_are_scored_on_the_state_they_produce(env):
             return [f"Answer: {truth}", "Answer: 0"]
         return [f"```python\nprint({truth})\n```", "```python\nprint(0)\n```"]
 
-    algo = ATGRPO(ATGRPOSettings(k=2, alpha=1.0, select="greedy"))
+    algo = ATGRPO(ATGRPOConfig(alpha=1.0, select="greedy"), k=2)
     samples = scripted_rollout(algo, [problem], env, script)
     # the chosen reasoner and tool answers agree on the truth at turn 0: the episode is solved and ends
     assert {s.turn for s in samples} == {0}
@@ -59,7 +59,7 @@ def test_a_later_parallel_role_is_scored_after_the_earlier_roles_chosen_action(e
             return ["Answer: 0", f"Answer: {truth}"]
         return ["```python\nprint(0)\n```", f"```python\nprint({truth})\n```"]
 
-    samples = scripted_rollout(ATGRPO(ATGRPOSettings(k=2, alpha=0.5, select="greedy")), [problem], env, script)
+    samples = scripted_rollout(ATGRPO(ATGRPOConfig(alpha=0.5, select="greedy"), k=2), [problem], env, script)
     tool = sorted((s for s in samples if s.role == "tool" and s.turn == 0), key=lambda s: s.branch)
     # print(0) agrees with nothing chosen (the reasoner chose the truth); print(truth) agrees: solved
     assert [s.tags["team_reward"] for s in tool] == [0.0, 1.0]
@@ -79,7 +79,7 @@ def test_candidates_of_a_role_whose_turn_never_came_are_not_trained(env):
         return ["```python\nprint(3)\n```", "```python\nprint(4)\n```"] if second_turn else \
             [f"```python\nprint({truth})\n```", "```python\nprint(7)\n```"]
 
-    samples = scripted_rollout(ATGRPO(ATGRPOSettings(k=2, alpha=1.0, select="greedy")), [problem], env, script)
+    samples = scripted_rollout(ATGRPO(ATGRPOConfig(alpha=1.0, select="greedy"), k=2), [problem], env, script)
     assert all(s.reward is not None for s in samples) and all(s.tags["solved"] for s in samples)
     late = [s for s in samples if s.role == "tool" and s.turn == 1]
     # the episode ended before the tool's turn-2 call: over the episode protocol it is never sampled

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from teamrl.algorithms import ATGRPO, GRPO, MAGRPO, ATGRPOSettings, MAGRPOSettings
+from teamrl.algorithms import ATGRPO, GRPO, MAGRPO, ATGRPOConfig, MAGRPOConfig
 from teamrl.core.config import ConfigError, load_config
 from teamrl.tasks.task import Problem, Task
 from teamrl.trainer.evaluate import EvalRow, format_table, training_problems_note
@@ -79,7 +79,7 @@ def test_the_cli_refuses_it_before_any_model_loads(tmp_path, capsys):
 def test_at_grpo_plays_an_early_roles_candidates_out_to_credit_the_outcome():
     """The planner gets no reward before the coder acts: each candidate's episode is played to its end (one untrained
     sample per later call) and scored with its team return. Before: both planner candidates scored 0 (no gradient)."""
-    samples = scripted_rollout(ATGRPO(ATGRPOSettings(k=2, alpha=1.0), workflow=REF + "PLAN_CODE"), PROBLEMS[:1], None, _script)
+    samples = scripted_rollout(ATGRPO(ATGRPOConfig(alpha=1.0), workflow=REF + "PLAN_CODE", k=2), PROBLEMS[:1], None, _script)
     planner = sorted((s for s in samples if s.role == "planner"), key=lambda s: s.branch)
     assert [s.text for s in planner] == ["bad", "good"]
     assert [s.reward for s in planner] == [0.0, 1.0] and planner[1].tags.get("chosen")
@@ -95,7 +95,7 @@ def test_at_grpo_plays_an_early_roles_candidates_out_to_credit_the_outcome():
 
 def test_magrpo_normalised_return_is_the_team_return_the_workflow_reported():
     """Before: normalised_return was the first role's own segment reward (0.0 here, the outcome arrives later)."""
-    algo = MAGRPO(MAGRPOSettings(group_size=2), workflow=REF + "PLAN_CODE")
+    algo = MAGRPO(MAGRPOConfig(), workflow=REF + "PLAN_CODE", group_size=2)
     samples = scripted_rollout(algo, PROBLEMS, None, _script)
     # per problem: (bad, ok) (bad, oops) (good, ok) (good, oops): one correct episode of four
     assert algo.metrics(samples) == {"normalised_return": 0.25, "normalised_return_last_turn": 0.25}
@@ -105,8 +105,8 @@ def test_magrpo_normalised_return_is_the_team_return_the_workflow_reported():
 # ---- turn ----------------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("algo", [GRPO(2, workflow=REF + "PLAN_CODE"),
-                                  MAGRPO(MAGRPOSettings(group_size=2, num_turns=2), REF + "PLAN_CODE"),
-                                  ATGRPO(ATGRPOSettings(k=2), REF + "PLAN_CODE")], ids=["grpo", "magrpo", "at_grpo"])
+                                  MAGRPO(MAGRPOConfig(num_turns=2), REF + "PLAN_CODE", group_size=2),
+                                  ATGRPO(ATGRPOConfig(), REF + "PLAN_CODE", k=2)], ids=["grpo", "magrpo", "at_grpo"])
 def test_turn_is_the_calls_turn_under_every_algorithm(algo):
     """The planner's turn is its call position (0), the coder's the turn=2 the workflow gave; MAGRPO's level in its
     tree is tags['depth'] (before: MAGRPO wrote the depth into turn: the coder's was 1)."""

@@ -136,11 +136,11 @@ def test_a_workflows_own_options_are_validated_like_task_options(capsys):
     assert "declares no options of its own" in capsys.readouterr().err
 
 
-def test_the_study_workflows_old_top_level_options_move_into_workflow_options():
-    cfg = load_config(None, ["task.name=math.solve", "workflow.name=voting", "workflow.num_generators=4"])
-    assert cfg.workflow.options == {"num_generators": 4}
-    both = load_config(None, ["workflow.name=voting", "workflow.num_generators=4", "workflow.options.num_generators=5"])
-    assert both.workflow.options == {"num_generators": 5}  # the new place wins
+def test_the_study_workflows_old_top_level_options_fail_naming_workflow_options():
+    with pytest.raises(ConfigError, match=r"^workflow.num_generators was moved: write workflow.options.num_generators$"):
+        load_config(None, ["task.name=math.solve", "workflow.name=voting", "workflow.num_generators=4"])
+    with pytest.raises(ConfigError, match=r"^workflow.num_generators was moved"):  # also when the new place is given
+        load_config(None, ["workflow.name=voting", "workflow.num_generators=4", "workflow.options.num_generators=5"])
 
 
 def test_registry_decorator_duplicates_and_unknown_names():

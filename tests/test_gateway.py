@@ -286,7 +286,7 @@ DROPPING = Workflow(_dropped_episode, ("writer",))  # referenced as tests.test_g
 
 
 def test_a_step_whose_episodes_were_all_dropped_is_a_clear_error(engine, task):
-    algorithm = WorkflowGRPO("tests.test_gateway:DROPPING", group_size=2, settings=None)
+    algorithm = WorkflowGRPO("tests.test_gateway:DROPPING", group_size=2, options=None)
     sched = GenerationScheduler(engine)
 
     def make_ctx(p, e, tags):

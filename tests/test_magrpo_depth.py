@@ -1,7 +1,7 @@
 """MAGRPO branches each role's first ``magrpo.num_turns`` calls, so every role that acts trains (issue 35 item 3);
 a role's later calls are played with one untrained sample per call (kills the mutant magrpo.one_turn_too_many)."""
 
-from teamrl.algorithms import MAGRPO, MAGRPOSettings, make_algorithm
+from teamrl.algorithms import MAGRPO, MAGRPOConfig, make_algorithm
 from teamrl.core.config import load_config
 from teamrl.tasks import make_task
 from teamrl.tasks.task import Problem
@@ -42,14 +42,14 @@ def test_every_role_of_a_sequential_workflow_trains_with_one_turn():
 
 
 def test_later_calls_of_a_role_are_played_untrained_and_num_turns_two_trains_them():
-    one = scripted_rollout(MAGRPO(MAGRPOSettings(group_size=2, num_turns=1), workflow=REF + "TWO_ROUNDS"), [Problem("p")],
+    one = scripted_rollout(MAGRPO(MAGRPOConfig(num_turns=1), workflow=REF + "TWO_ROUNDS", group_size=2), [Problem("p")],
                            None, _answers)
     first = [s for s in one if s.trainable]
     assert sorted((s.role, s.tags["depth"]) for s in first) == sorted([("a", 0)] * 2 + [("b", 1)] * 4)
     played = [s for s in one if not s.trainable]
     assert sorted(s.role for s in played) == ["a"] * 4 + ["b"] * 4  # one a and one b per leaf (G x G leaves)
     assert all(s.tags.get("rollout") and "depth" not in s.tags for s in played)
-    two = scripted_rollout(MAGRPO(MAGRPOSettings(group_size=2, num_turns=2), workflow=REF + "TWO_ROUNDS"), [Problem("p")],
+    two = scripted_rollout(MAGRPO(MAGRPOConfig(num_turns=2), workflow=REF + "TWO_ROUNDS", group_size=2), [Problem("p")],
                            None, _answers)
     assert all(s.trainable for s in two) and len(two) == 2 + 4 + 8 + 16
     assert max(s.tags["depth"] for s in two) == 3
@@ -60,7 +60,7 @@ def test_later_calls_of_a_role_are_played_untrained_and_num_turns_two_trains_the
 
 def test_calls_played_untrained_are_reported_once_naming_magrpo_num_turns(capsys):
     # before: a and b's second calls were sampled, logged trainable: false, and nothing said so
-    algo = MAGRPO(MAGRPOSettings(group_size=2, num_turns=1), workflow=REF + "TWO_ROUNDS")
+    algo = MAGRPO(MAGRPOConfig(num_turns=1), workflow=REF + "TWO_ROUNDS", group_size=2)
     scripted_rollout(algo, [Problem("p")], None, _answers)
     err = capsys.readouterr().err
     print(err)
@@ -68,6 +68,6 @@ def test_calls_played_untrained_are_reported_once_naming_magrpo_num_turns(capsys
     assert len(warnings) == 1 and "magrpo.num_turns=1" in warnings[0] and "['a', 'b']" in warnings[0]
     scripted_rollout(algo, [Problem("p")], None, _answers)
     assert "warning:" not in capsys.readouterr().err  # once per run
-    scripted_rollout(MAGRPO(MAGRPOSettings(group_size=2, num_turns=2), workflow=REF + "TWO_ROUNDS"), [Problem("p")], None,
+    scripted_rollout(MAGRPO(MAGRPOConfig(num_turns=2), workflow=REF + "TWO_ROUNDS", group_size=2), [Problem("p")], None,
                      _answers)
     assert "warning:" not in capsys.readouterr().err  # every call trained: nothing to say

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from teamrl.algorithms.magrpo import MAGRPO, MAGRPOSettings
+from teamrl.algorithms.magrpo import MAGRPO, MAGRPOConfig
 from teamrl.losses import group_advantages, group_ids_from_keys
 from teamrl.tasks.task import Problem
 from teamrl.workflows import Workflow
@@ -17,7 +17,7 @@ def _script(policy, prompt, n):
 
 @pytest.mark.parametrize("gamma", [1.0, 0.5])
 def test_a_terminated_success_is_credited_for_every_remaining_turn(gamma):
-    algo = MAGRPO(MAGRPOSettings(group_size=2, num_turns=2, gamma=gamma, termination_threshold=1.0))
+    algo = MAGRPO(MAGRPOConfig(num_turns=2, gamma=gamma, termination_threshold=1.0), group_size=2)
     samples = scripted_rollout(algo, [Problem("p0")], ScriptedTeam(), _script)
     first = sorted((s for s in samples if s.turn == 0), key=lambda s: s.branch)
     assert [s.text for s in first] == ["solve", "half"]
@@ -33,7 +33,7 @@ def test_a_terminated_success_is_credited_for_every_remaining_turn(gamma):
 
 def test_every_joint_action_sums_the_same_number_of_turns_whether_it_stops_or_not():
     # 3 turns, gamma 1, threshold 0.5: "half" (0.5) stops too, so nothing expands and each is credited 3 times
-    algo = MAGRPO(MAGRPOSettings(group_size=2, num_turns=3, gamma=1.0, termination_threshold=0.5))
+    algo = MAGRPO(MAGRPOConfig(num_turns=3, gamma=1.0, termination_threshold=0.5), group_size=2)
     samples = scripted_rollout(algo, [Problem("p0")], ScriptedTeam(), _script)
     assert {s.turn for s in samples} == {0}
     assert sorted(s.reward for s in samples) == pytest.approx([1.5, 3.0])
@@ -62,8 +62,8 @@ SEQUENTIAL = Workflow(propose_critique_judge, ("proposer", "critic", "judge"))
 
 
 def _proposals(threshold):
-    algo = MAGRPO(MAGRPOSettings(group_size=2, num_turns=1, gamma=0.9, termination_threshold=threshold),
-                  workflow=REF + "SEQUENTIAL")
+    algo = MAGRPO(MAGRPOConfig(num_turns=1, gamma=0.9, termination_threshold=threshold),
+                  workflow=REF + "SEQUENTIAL", group_size=2)
     samples = scripted_rollout(algo, [Problem("p0")], None, _solve_or_close)
     first = sorted((s for s in samples if s.role == "proposer"), key=lambda s: s.branch)
     adv = group_advantages(torch.tensor([s.reward for s in first]), group_ids_from_keys([s.group for s in first]))

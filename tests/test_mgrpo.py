@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from teamrl.algorithms import make_algorithm
-from teamrl.algorithms.m_grpo import MGRPO, MGRPOSettings, align_subtrajectories, group_key, prepare_sub_samples
+from teamrl.algorithms.m_grpo import MGRPO, MGRPOConfig, align_subtrajectories, group_key, prepare_sub_samples
 from teamrl.cli import main as cli_main
 from teamrl.core.config import ConfigError, load_config
 from teamrl.core.sample import Sample
@@ -171,7 +171,7 @@ def test_sub_rewards_follow_the_parent_outcome_as_configured(mode):
 def test_sub_calls_per_rollout_counts_a_user_workflows_sub_episodes(monkeypatch):
     """A user workflow opens workers with ``ctx.sub_episode`` and reports no ``stats["calls"]``: the
     metric counted only reported calls, so it logged 0.0 while the workers ran 1.5 times per rollout."""
-    from teamrl.algorithms.m_grpo import MGRPO, MGRPOSettings
+    from teamrl.algorithms.m_grpo import MGRPO, MGRPOConfig
     from teamrl.tasks.solve import MathSolve, MathSolveOptions
     from teamrl.workflows import WORKFLOWS, EpisodeOutcome, register_workflow
     from tests.fakes import run_all, scripted_factory
@@ -186,7 +186,7 @@ def test_sub_calls_per_rollout_counts_a_user_workflows_sub_episodes(monkeypatch)
         return EpisodeOutcome("", None, False)
 
     task = MathSolve(MathSolveOptions(num_problems=4, test_size=2))
-    algo = MGRPO(MGRPOSettings(k=4), workflow="orch_counted")
+    algo = MGRPO(MGRPOConfig(), workflow="orch_counted", k=4)
     samples = algo.rollout(task.problems(), task, scripted_factory(), run_all)
     assert sum(s.role == "worker" and not s.tags.get("duplicate") for s in samples) == 2 * 6
     assert algo.metrics(samples)["sub_calls_per_rollout"] == 1.5
@@ -280,15 +280,15 @@ def test_m_grpo_needs_the_research_env_and_configs_load(tmp_path):
         make_algorithm(load_config(None, ["algorithm=m_grpo"]), make_task({"name": "word_count"}))
     with pytest.raises(ConfigError, match="research"):
         make_algorithm(load_config(None, ["algorithm=grpo"]), make_task({"name": "research"}))
-    with pytest.raises(ConfigError, match="m_grpo.decoupled: 'rays' is not allowed"):
+    with pytest.raises(ConfigError, match="^m_grpo.decoupled was moved: write policy.mode=separate"):
         load_config(None, ["m_grpo.decoupled=rays"])
     import importlib.util
 
     real = importlib.util.find_spec
     with pytest.MonkeyPatch.context() as mp:  # without the ray package, the ray mode fails at config time
         mp.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ray" else real(name, *a))
-        with pytest.raises(ConfigError, match=r"m_grpo.decoupled: ray needs the ray package"):
-            load_config(None, ["algorithm=m_grpo", "task.name=research", "m_grpo.decoupled=ray"])
+        with pytest.raises(ConfigError, match=r"policy.placement: ray needs the ray package"):
+            load_config(None, ["algorithm=m_grpo", "task.name=research", "policy.mode=separate", "policy.placement=ray"])
     names = [f for f in os.listdir(CONFIGS) if f.startswith("m_grpo_")]
     assert len(names) >= 3
     for f in names:
@@ -310,7 +310,8 @@ def test_teamrl_train_runs_the_m_grpo_config(tmp_path, capsys):
 
 
 def _decoupled_run(tmp_path, mode):
-    tr = make_trainer(_cfg(tmp_path, f"name={mode}", f"m_grpo.decoupled={mode}"))
+    tr = make_trainer(_cfg(tmp_path, f"name={mode}", "policy.mode=separate",
+                           f"policy.placement={'ray' if mode == 'ray' else 'local'}"))
     records = [tr.train_step(), tr.train_step()]
     weights = {a: tr.learner.state(a)[0] for a in tr.router.policies}
     return tr, records, weights
@@ -349,11 +350,11 @@ def test_decoupled_ray_equals_in_process_and_a_killed_worker_fails_clearly(tmp_p
 
 
 def test_decoupled_checkpoint_resumes_every_worker_and_eval_runs(tmp_path, scripted, capsys):
-    cfg = _cfg(tmp_path, "name=ckpt", "m_grpo.decoupled=inprocess", "run.save_every=1", "train.steps=1")
+    cfg = _cfg(tmp_path, "name=ckpt", "policy.mode=separate", "policy.placement=local", "run.save_every=1", "train.steps=1")
     tr = make_trainer(cfg)
     tr.train_step()
     saved = {a: tr.learner.state(a)[0] for a in tr.router.policies}
-    fresh = make_trainer(_cfg(tmp_path, "name=fresh", "m_grpo.decoupled=inprocess"))
+    fresh = make_trainer(_cfg(tmp_path, "name=fresh", "policy.mode=separate", "policy.placement=local"))
     again = make_trainer(cfg, resume=True)
     assert again.step == 1
     moved = False
@@ -386,7 +387,7 @@ LEAD_WITH_WORKERS = Workflow(lead_with_workers, ("lead", "worker"), sub_roles=("
 
 def _workers_rollout(calls: list[int], d_max: int = 2):
     SUB_CALLS[:] = calls
-    algo = MGRPO(MGRPOSettings(k=len(calls), d_max=d_max), workflow="tests.test_mgrpo:LEAD_WITH_WORKERS")
+    algo = MGRPO(MGRPOConfig(d_max=d_max), workflow="tests.test_mgrpo:LEAD_WITH_WORKERS", k=len(calls))
     return algo, scripted_rollout(algo, [Problem("q")], None, lambda policy, prompt, n: ["ok"] * n)
 
 

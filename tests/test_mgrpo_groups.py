@@ -25,12 +25,12 @@ async def scripted_team(ctx, env, problem):
     return ResearchOutcome("a", True, reward, reward == 1.0, [SubCall("find", "found", True, sub_turns)])
 
 
-@pytest.mark.parametrize("decoupled", ["none", "inprocess"])
+@pytest.mark.parametrize("decoupled", [[], ["policy.mode=separate", "policy.placement=local"]], ids=["shared", "decoupled"])
 def test_every_rollout_and_sub_trajectory_counts_once_in_its_group(tmp_path, monkeypatch, decoupled):
     monkeypatch.setattr(m_grpo_module, "research_team", scripted_team)
     cfg = load_config(None, ["algorithm=m_grpo", "task={name: research, num_problems: 2}", "model=tiny-random",
                              "rollout.group_size=4", "rollout.batch_size=1", "rollout.max_new_tokens=4", "policy.lora.r=4",
-                             "threads=1", "m_grpo.d_max=1", "m_grpo.sub_reward=outcome", f"m_grpo.decoupled={decoupled}",
+                             "threads=1", "m_grpo.d_max=1", "m_grpo.sub_reward=outcome", *decoupled,
                              f"run.dir={tmp_path}", "run.progress=false", "run.tensorboard=false", "name=g"])
     make_trainer(cfg).train_step()
     logged = [json.loads(line) for line in (tmp_path / "g" / "episodes" / "step_000001.jsonl").read_text().splitlines()]

@@ -9,9 +9,9 @@ import math
 
 import torch
 
-from teamrl.algorithms.at_grpo import ATGRPO, ATGRPOSettings
+from teamrl.algorithms.at_grpo import ATGRPO, ATGRPOConfig
 from teamrl.algorithms.m_grpo import prepare_sub_samples
-from teamrl.algorithms.magrpo import MAGRPO, MAGRPOSettings
+from teamrl.algorithms.magrpo import MAGRPO, MAGRPOConfig
 from teamrl.algorithms.grpo import assign_rewards
 from teamrl.core.sample import Sample
 from teamrl.losses import LossConfig, completion_mask, policy_loss
@@ -96,12 +96,12 @@ class ConstantTeam(TeamTask):
 def test_a_joint_action_exactly_at_the_termination_threshold_terminates():
     """Mutant: the normalised reward compared with ``>`` instead of ``>=`` the threshold."""
     task = ConstantTeam(score=1.0)  # normalised 0.5
-    algo = MAGRPO(MAGRPOSettings(group_size=2, num_turns=3, gamma=1.0, termination_threshold=0.5))
+    algo = MAGRPO(MAGRPOConfig(num_turns=3, gamma=1.0, termination_threshold=0.5), group_size=2)
     samples = algo.rollout(task.problems(), task, scripted_factory(), run_all)
     assert {s.turn for s in samples} == {0}
     # a terminated success is credited with its reward for each of the 3 turns (gamma 1): 1 + 1 + 1
     assert [s.reward for s in samples] == [3.0] * 4
-    below = MAGRPO(MAGRPOSettings(group_size=2, num_turns=2, gamma=1.0, termination_threshold=0.6))
+    below = MAGRPO(MAGRPOConfig(num_turns=2, gamma=1.0, termination_threshold=0.6), group_size=2)
     assert {s.turn for s in below.rollout(task.problems(), task, scripted_factory(), run_all)} == {0, 1}
 
 
@@ -134,7 +134,7 @@ class AfterActionEnv(Environment):
 def test_a_candidate_is_scored_with_the_team_reward_of_the_state_it_produces():
     """Mutant: the candidate's team term taken from the state before its action."""
     env = AfterActionEnv()
-    algo = ATGRPO(ATGRPOSettings(k=2, alpha=1.0))
+    algo = ATGRPO(ATGRPOConfig(alpha=1.0), k=2)
     samples = algo.rollout(env.problems(), env, scripted_factory(), run_all)
     assert [s.reward for s in samples] == [3.0, 3.0]
     assert [s.tags["team_reward"] for s in samples] == [3.0, 3.0]

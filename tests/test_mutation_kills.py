@@ -10,10 +10,10 @@ import math
 import pytest
 import torch
 
-from teamrl.algorithms.at_grpo import ATGRPO, ATGRPOSettings
+from teamrl.algorithms.at_grpo import ATGRPO, ATGRPOConfig
 from teamrl.algorithms.grpo import GRPO
 from teamrl.algorithms.m_grpo import prepare_sub_samples
-from teamrl.algorithms.magrpo import MAGRPO, MAGRPOSettings
+from teamrl.algorithms.magrpo import MAGRPO, MAGRPOConfig
 from teamrl.algorithms.grpo import WorkflowGRPO
 from teamrl.core.sample import Sample
 from teamrl.losses import LossConfig, policy_loss
@@ -212,7 +212,7 @@ class TurnTeam(TeamTask):
 
 def test_magrpo_returns_and_groups_on_a_two_turn_tree():
     task = TurnTeam()
-    algo = MAGRPO(MAGRPOSettings(group_size=2, num_turns=2, gamma=0.5))
+    algo = MAGRPO(MAGRPOConfig(num_turns=2, gamma=0.5), group_size=2)
     # a text repeats the turn it saw, and says which branch of the group it is
     samples = algo.rollout(task.problems(), task, scripted_factory(lambda r, p, j: f"{p.split()[1]}-{j}"), run_all)
     t0 = [s for s in samples if s.turn == 0]
@@ -260,7 +260,7 @@ def _long_second(role, prompt, j):
 
 def test_at_grpo_tree_and_trajectory_rewards_by_hand():
     env = ScoreEnv()
-    tree = ATGRPO(ATGRPOSettings(k=2, alpha=0.5)).rollout(env.problems(), env, scripted_factory(_long_second), run_all)
+    tree = ATGRPO(ATGRPOConfig(alpha=0.5), k=2).rollout(env.problems(), env, scripted_factory(_long_second), run_all)
     # 2 turns x 2 roles x 2 candidates; the n-th action (1-based) gets team reward n
     assert len(tree) == 8
     for n, pair in enumerate([tree[i:i + 2] for i in range(0, 8, 2)], 1):
@@ -269,17 +269,17 @@ def test_at_grpo_tree_and_trajectory_rewards_by_hand():
         assert [s.tags.get("chosen", False) for s in pair] == [False, True]
         assert pair[0].prompt_text == f"{pair[0].role} {n - 1}"  # the chosen branch's state continues
     assert len({s.group for s in tree}) == 4 and all(s.group == ("p", s.turn, s.role) for s in tree)
-    short = ATGRPO(ATGRPOSettings(k=2, alpha=0.5, max_turns=1)).rollout(env.problems(), env, scripted_factory(_long_second), run_all)
+    short = ATGRPO(ATGRPOConfig(alpha=0.5, max_turns=1), k=2).rollout(env.problems(), env, scripted_factory(_long_second), run_all)
     assert {s.turn for s in short} == {0}
 
     par = ScoreEnv(parallel=True, turns=1)
-    traj = ATGRPO(ATGRPOSettings(k=2, alpha=0.5, grouping="trajectory")).rollout(par.problems(), par, scripted_factory(_long_second), run_all)
+    traj = ATGRPO(ATGRPOConfig(alpha=0.5, grouping="trajectory"), k=2).rollout(par.problems(), par, scripted_factory(_long_second), run_all)
     assert len(traj) == 2 * 2  # k episodes x 2 roles
     assert [s.prompt_text for s in traj] == ["x 0", "y 0"] * 2  # parallel agents both see the turn's first state
     assert [s.reward for s in traj] == pytest.approx([0.3 + 0.5 * 2, 0.2 + 0.5 * 2] * 2)
     assert {s.group for s in traj} == {("p", "x"), ("p", "y")}
     two_turns = ScoreEnv(turns=2)
-    traj2 = ATGRPO(ATGRPOSettings(k=2, alpha=0.5, grouping="trajectory")).rollout(two_turns.problems(), two_turns, scripted_factory(_long_second), run_all)
+    traj2 = ATGRPO(ATGRPOConfig(alpha=0.5, grouping="trajectory"), k=2).rollout(two_turns.problems(), two_turns, scripted_factory(_long_second), run_all)
     assert {s.group for s in traj2} == {("p", "x"), ("p", "y")} and {s.turn for s in traj2} == {0, 1}
 
 
@@ -305,7 +305,7 @@ def test_m_grpo_rewards_and_groups_by_hand():
 def test_m_grpo_rollout_tags_each_sub_call_with_its_own_validity(monkeypatch):
     """Every sub sample carries the format validity of the call it belongs to (call 0 invalid, call 1 valid)."""
     import teamrl.algorithms.m_grpo as m_grpo_module
-    from teamrl.algorithms.m_grpo import MGRPO, MGRPOSettings
+    from teamrl.algorithms.m_grpo import MGRPO, MGRPOConfig
     from teamrl.workflows.research_team import ResearchOutcome, SubCall
 
     async def two_calls(ctx, env, problem):
@@ -317,7 +317,7 @@ def test_m_grpo_rollout_tags_each_sub_call_with_its_own_validity(monkeypatch):
         return ResearchOutcome("42", True, 1.0, True, [SubCall("a", "x", False, 1), SubCall("b", "y", True, 1)])
 
     monkeypatch.setattr(m_grpo_module, "research_team", two_calls)
-    raw = MGRPO(MGRPOSettings(k=2, d_max=2)).rollout_raw([Problem("q", {})], None, scripted_factory(), run_all)
+    raw = MGRPO(MGRPOConfig(d_max=2), k=2).rollout_raw([Problem("q", {})], None, scripted_factory(), run_all)
     assert len(raw.main) == 2 and all(s.reward == 1.0 and s.group == ("q",) for s in raw.main)
     assert [(s.tags["call"], s.tags["format_valid"]) for s in raw.sub] == [(0, False), (1, True)] * 2
     assert raw.outcomes == {("q", 0): 1.0, ("q", 1): 1.0}

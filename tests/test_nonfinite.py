@@ -135,7 +135,7 @@ def test_decoupled_placement_checks_rewards_too(tmp_path, monkeypatch) -> None:
     config = str(Path(__file__).resolve().parents[1] / "configs" / "m_grpo_research.yaml")
     common = ["model=tiny-random", "threads=1", "rollout.max_new_tokens=6", "rollout.batch_size=2", "rollout.group_size=2",
               "run.progress=false", "run.tensorboard=false", "run.log_episodes=false", "policy.lora.r=4",
-              "m_grpo.decoupled=inprocess", f"run.dir={tmp_path}"]
+              "policy.mode=separate", "policy.placement=local", f"run.dir={tmp_path}"]
     with pytest.raises(ValueError, match="task 'research': reward nan for problem .*role 'main'"):
         make_trainer(load_config(config, [*common, "name=err"])).train_step()
     tr = make_trainer(load_config(config, [*common, "name=drop", "train.nonfinite_reward=drop_group"]))

@@ -236,10 +236,11 @@ def test_placement_config_is_checked_before_any_model_loads(tmp_path):
         load_config(None, ["policy.workers={a: [main], b: [main, sub]}"])
     with pytest.raises(ConfigError, match=r"policy.placement: 'gpu' is not allowed; choose one of \['local', 'ray'\]"):
         load_config(None, ["policy.placement=gpu"])
-    # the former decoupled M-GRPO trainer is a placement now: one model per agent, on Ray or in this process
-    cfg = load_config(None, ["algorithm=m_grpo", "task.name=research", "m_grpo.decoupled=ray", "m_grpo.ray_timeout_s=7"])
-    assert (cfg.policy.placement, cfg.policy.mode, cfg.policy.ray_timeout_s, cfg.m_grpo.decoupled) == ("ray", "separate", 7.0, "none")
-    assert load_config(None, ["algorithm=m_grpo", "task.name=research", "m_grpo.decoupled=inprocess"]).policy.placement == "local"
+    # the former decoupled M-GRPO trainer is a placement now; its keys fail naming the ones that say it
+    with pytest.raises(ConfigError, match=r"^m_grpo.decoupled was moved: write policy.mode=separate and policy.placement=ray"):
+        load_config(None, ["algorithm=m_grpo", "task.name=research", "m_grpo.decoupled=ray"])
+    with pytest.raises(ConfigError, match=r"^m_grpo.ray_timeout_s was moved: write policy.ray_timeout_s$"):
+        load_config(None, ["algorithm=m_grpo", "task.name=research", "m_grpo.ray_timeout_s=7"])
 
 
 def test_workers_that_name_unknown_policies_fail_naming_them(tmp_path, monkeypatch):

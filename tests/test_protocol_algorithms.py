@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from teamrl.algorithms import ATGRPO, GRPO, MAGRPO, ATGRPOSettings, MAGRPOSettings, make_algorithm
+from teamrl.algorithms import ATGRPO, GRPO, MAGRPO, ATGRPOConfig, MAGRPOConfig, make_algorithm
 from teamrl.core.config import ConfigError, InputError, load_config
 from teamrl.tasks import make_task
 from teamrl.tasks.task import Problem
@@ -36,7 +36,7 @@ def _script(policy, prompt, n):
 
 
 def test_at_grpo_scores_candidates_on_their_segment_and_continues_from_the_chosen_text():
-    samples = scripted_rollout(ATGRPO(ATGRPOSettings(k=2, alpha=2.0), workflow=REF + "TWO_STEPS"), PROBLEMS, None, _script)
+    samples = scripted_rollout(ATGRPO(ATGRPOConfig(alpha=2.0), workflow=REF + "TWO_STEPS", k=2), PROBLEMS, None, _script)
     a = sorted((s for s in samples if s.role == "a" and s.problem_id == "p0"), key=lambda s: s.branch)
     # own reward (its length) + alpha * cumulative team reward after it (0.5)
     assert [s.reward for s in a] == [1.0 + 2.0 * 0.5, 4.0 + 2.0 * 0.5] and a[1].tags.get("chosen")
@@ -50,7 +50,7 @@ def test_magrpo_on_a_sequential_workflow_makes_each_call_a_step():
     """With the default num_turns=1 both roles' first calls (turn 0) are branched: a's step, then b's under each of
     a's joint actions (tags depth 0 and 1); ``turn`` stays each call's own turn, as under every algorithm
     (before: turn was the depth, and num_turns=2 was needed to train b at all)."""
-    samples = scripted_rollout(MAGRPO(MAGRPOSettings(group_size=2, num_turns=1), workflow=REF + "TWO_STEPS"), PROBLEMS,
+    samples = scripted_rollout(MAGRPO(MAGRPOConfig(num_turns=1), workflow=REF + "TWO_STEPS", group_size=2), PROBLEMS,
                                None, _script)
     p0 = [s for s in samples if s.problem_id == "p0"]
     assert all(s.trainable for s in p0)
@@ -86,7 +86,7 @@ def test_at_grpo_replay_applies_each_environment_step_once(monkeypatch):
     calls = []
     apply = type(env).apply
     monkeypatch.setattr(type(env), "apply", lambda self, state, role, text: calls.append(role) or apply(self, state, role, text))
-    samples = scripted_rollout(ATGRPO(ATGRPOSettings(k=4)), env.problems(), env,
+    samples = scripted_rollout(ATGRPO(ATGRPOConfig(), k=4), env.problems(), env,
                                lambda policy, prompt, n: [f"Answer: {j}" for j in range(n)])
     assert len(samples) == 48 and len(calls) == len(samples)
 
@@ -154,8 +154,8 @@ async def maybe_workers(ctx, task, problem, settings):
 
 MAYBE_WORKERS = Workflow(maybe_workers, ("lead", "worker"), sub_roles=("worker",))
 ALGORITHMS = {"grpo": lambda: GRPO(2, workflow=REF + "MAYBE_WORKERS"),
-              "magrpo": lambda: MAGRPO(MAGRPOSettings(group_size=2), workflow=REF + "MAYBE_WORKERS"),
-              "at_grpo": lambda: ATGRPO(ATGRPOSettings(k=2), workflow=REF + "MAYBE_WORKERS")}
+              "magrpo": lambda: MAGRPO(MAGRPOConfig(), workflow=REF + "MAYBE_WORKERS", group_size=2),
+              "at_grpo": lambda: ATGRPO(ATGRPOConfig(), workflow=REF + "MAYBE_WORKERS", k=2)}
 
 
 @pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))

@@ -6,9 +6,9 @@ from dataclasses import dataclass
 import pytest
 
 from teamrl.algorithms import m_grpo as m_grpo_module
-from teamrl.algorithms.at_grpo import ATGRPO, ATGRPOSettings
-from teamrl.algorithms.m_grpo import MGRPO, MGRPOSettings
-from teamrl.algorithms.magrpo import MAGRPO, MAGRPOSettings
+from teamrl.algorithms.at_grpo import ATGRPO, ATGRPOConfig
+from teamrl.algorithms.m_grpo import MGRPO, MGRPOConfig
+from teamrl.algorithms.magrpo import MAGRPO, MAGRPOConfig
 from teamrl.tasks.environment import Environment
 from teamrl.tasks.research import ResearchEnv, ResearchOptions, sub_reward
 from teamrl.tasks.task import Problem, batch_instances
@@ -41,7 +41,7 @@ def test_batch_instances_gives_repeats_distinct_ids_and_keeps_the_data():
 
 def test_magrpo_groups_of_a_repeated_problem_stay_apart():
     G = 2
-    algo = MAGRPO(MAGRPOSettings(group_size=G, num_turns=2))
+    algo = MAGRPO(MAGRPOConfig(num_turns=2), group_size=G)
     samples = scripted_rollout(algo, [PROBLEM, PROBLEM], ScriptedTeam(), _counting_script())
     groups = _groups(samples)
     assert len(groups) == 2 * (1 + G)  # per instance: one node at turn 0, G at turn 1
@@ -89,7 +89,7 @@ def test_at_grpo_groups_and_success_of_a_repeated_problem_stay_apart(grouping):
         first = next(calls) == 0
         return ["win"] + [f"x{i}" for i in range(n - 1)] if first else [f"y{next(calls)}" for _ in range(n)]
 
-    algo = ATGRPO(ATGRPOSettings(k=K, grouping=grouping))
+    algo = ATGRPO(ATGRPOConfig(grouping=grouping), k=K)
     samples = scripted_rollout(algo, [PROBLEM, PROBLEM], WinEnv(), script)
     for g in _groups(samples).values():
         if grouping == "tree":  # K candidates of one state
@@ -114,7 +114,7 @@ def test_m_grpo_sub_agent_gets_its_own_instance_outcome(monkeypatch):
         return ResearchOutcome("a", True, reward, correct, [SubCall("find", "found", True, 1)])
 
     monkeypatch.setattr(m_grpo_module, "research_team", workflow)
-    algo = MGRPO(MGRPOSettings(k=K, d_max=1, sub_reward="gated"))
+    algo = MGRPO(MGRPOConfig(d_max=1, sub_reward="gated"), k=K)
     samples = scripted_rollout(algo, [PROBLEM, PROBLEM], ResearchEnv(ResearchOptions(num_problems=1)), _counting_script())
     assert len(seen) == 2 * K
     for main, sub, reward in seen:

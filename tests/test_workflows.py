@@ -13,7 +13,7 @@ from teamrl.rollout.engine import Completion, GenerationRequest, SamplingParams
 from teamrl.rollout.scheduler import GenerationScheduler
 from teamrl.tasks import make_task
 from teamrl.tasks.solve import CodeSolve, CodeSolveOptions, MathSolve, MathSolveOptions, split_problems
-from teamrl.workflows import WORKFLOWS, WorkflowSettings, outcome_metrics
+from teamrl.workflows import WORKFLOWS, StudyOptions, outcome_metrics
 from teamrl.workflows.context import EpisodeContext
 from teamrl.workflows.eval_opt import eval_opt, parse_verdict, redact_critique
 from teamrl.workflows.orch_workers import orch_workers, parse_plan
@@ -41,7 +41,7 @@ class ScriptedEngine:
         return out
 
 
-def run_episode(workflow, task, problem, script: Script, settings=WorkflowSettings(), route=lambda r: r):
+def run_episode(workflow, task, problem, script: Script, settings=StudyOptions(), route=lambda r: r):
     engine = ScriptedEngine(script)
     sched = GenerationScheduler(engine)
     ctx = EpisodeContext(sched, route, TOK, SamplingParams(max_new_tokens=8), problem.id, 0)
@@ -125,7 +125,7 @@ def test_eval_opt_stops_at_the_limit_without_judging_the_last_attempt(math_task)
     assert outcome.stats["verdicts"] == [(None, False), (None, False)]
     # an unreadable verdict on a wrong answer is a right "not correct"
     assert [s.role_reward for s in ctx.samples if s.role == "evaluator"] == [1.0, 1.0]
-    outcome2, ctx2, _ = run_episode(eval_opt, math_task, problem, script, WorkflowSettings(max_iterations=2))
+    outcome2, ctx2, _ = run_episode(eval_opt, math_task, problem, script, StudyOptions(max_iterations=2))
     assert [s.role for s in ctx2.samples] == ["generator", "evaluator", "generator"]
 
 
@@ -266,7 +266,7 @@ def test_eval_validity_is_judged_per_role():
 
     def valid_by_role(generator: str, evaluator: str) -> dict[str, bool | None]:
         outcome, ctx, _ = run_episode(eval_opt, task, problem, lambda p, t, i: generator if p == "generator" else evaluator,
-                                      settings=WorkflowSettings(max_iterations=2))
+                                      settings=StudyOptions(max_iterations=2))
         rec = episode_record("team", "eval_opt", problem, ctx, EpisodeResult(outcome, 0.0, 0.0), 1.0, task,
                              formats=WORKFLOWS["eval_opt"].formats)
         return {c["role"]: c["valid"] for c in rec["calls"]}
@@ -293,7 +293,7 @@ def test_workflow_grpo_groups_and_rewards(math_task):
 
     engine = ScriptedEngine(script)
     sched = GenerationScheduler(engine)
-    algo = WorkflowGRPO("voting", group_size=2, settings=WorkflowSettings(), reward="per_role")
+    algo = WorkflowGRPO("voting", group_size=2, options=StudyOptions(), reward="per_role")
 
     def make_ctx(problem, episode, tags):
         return EpisodeContext(sched, role_type, TOK, SamplingParams(max_new_tokens=8), problem.id, episode, tags)

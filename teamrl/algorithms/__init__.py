@@ -8,24 +8,24 @@ it is called before any model loads, so a pair that cannot work is refused with 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, Callable
 
-from teamrl.algorithms.at_grpo import ATGRPO, ATGRPOConfig, ATGRPOSettings
+from teamrl.algorithms.at_grpo import ATGRPO, ATGRPOConfig
 from teamrl.algorithms.base import Algorithm
 from teamrl.algorithms.grpo import GRPO, WorkflowGRPO
-from teamrl.algorithms.m_grpo import MGRPO, MGRPOConfig, MGRPOSettings
-from teamrl.algorithms.magrpo import MAGRPO, MAGRPOConfig, MAGRPOSettings
+from teamrl.algorithms.m_grpo import MGRPO, MGRPOConfig
+from teamrl.algorithms.magrpo import MAGRPO, MAGRPOConfig
 from teamrl.core.config import Config, ConfigError, build_dataclass, register_check, register_choices
 from teamrl.core.registry import Registry
-from teamrl.workflows import WORKFLOWS, Workflow, WorkflowSettings, check_task, default_workflow
+from teamrl.workflows import WORKFLOWS, Workflow, check_task, default_workflow
 from teamrl.workflows.research_team import research
 
 
 @dataclass(frozen=True)
 class AlgorithmEntry:
-    """A registered algorithm: ``build(cfg, workflow, settings)`` (workflow None: the task's default;
-    settings None: the workflow's defaults), ``refuse(workflow_name, workflow, cfg)``: the reason
+    """A registered algorithm: ``build(cfg, workflow, options)`` (workflow None: the task's default;
+    options None: the workflow's defaults), ``refuse(workflow_name, workflow, cfg)``: the reason
     it cannot train that workflow, or None, and ``credit``: how it credits the rewards a workflow
     reports when it does not apply ``workflow.reward`` (None: it applies it)."""
 
@@ -62,27 +62,27 @@ def _grpo_refuse(name: str, spec: Workflow, cfg: Config) -> str | None:
 
 
 def _m_grpo_refuse(name: str, spec: Workflow, cfg: Config) -> str | None:
-    if cfg.m_grpo.agents == "team" and not spec.sub_roles:
+    if cfg.section(MGRPOConfig).agents == "team" and not spec.sub_roles:
         return (f"m_grpo runs on the research environment (task.name=research) or a workflow with sub-episodes "
                 f"(registered with sub_roles=...); workflow {name!r} opens none")
     return None
 
 
-def _build_grpo(cfg: Config, workflow: str | None, settings: Any) -> Algorithm:
-    return GRPO(cfg.rollout.group_size, greedy_baseline=cfg.train.advantage == "max", workflow=workflow, settings=settings,
+def _build_grpo(cfg: Config, workflow: str | None, options: Any) -> Algorithm:
+    return GRPO(cfg.rollout.group_size, greedy_baseline=cfg.train.advantage == "max", workflow=workflow, options=options,
                 reward=cfg.workflow.reward)
 
 
-def _build_magrpo(cfg: Config, workflow: str | None, settings: Any) -> Algorithm:
-    return MAGRPO(MAGRPOSettings(group_size=cfg.rollout.group_size, **asdict(cfg.magrpo)), workflow, settings)
+def _build_magrpo(cfg: Config, workflow: str | None, options: Any) -> Algorithm:
+    return MAGRPO(cfg.section(MAGRPOConfig), workflow, options, group_size=cfg.rollout.group_size)
 
 
-def _build_at_grpo(cfg: Config, workflow: str | None, settings: Any) -> Algorithm:
-    return ATGRPO(ATGRPOSettings(k=cfg.rollout.group_size, seed=cfg.seed, **asdict(cfg.at_grpo)), workflow, settings)
+def _build_at_grpo(cfg: Config, workflow: str | None, options: Any) -> Algorithm:
+    return ATGRPO(cfg.section(ATGRPOConfig), workflow, options, k=cfg.rollout.group_size, seed=cfg.seed)
 
 
-def _build_m_grpo(cfg: Config, workflow: str | None, settings: Any) -> Algorithm:
-    return MGRPO(MGRPOSettings(k=cfg.rollout.group_size, seed=cfg.seed, **asdict(cfg.m_grpo)), workflow, settings)
+def _build_m_grpo(cfg: Config, workflow: str | None, options: Any) -> Algorithm:
+    return MGRPO(cfg.section(MGRPOConfig), workflow, options, k=cfg.rollout.group_size, seed=cfg.seed)
 
 
 ALGORITHMS: Registry[AlgorithmEntry] = Registry("algorithm")
@@ -123,7 +123,7 @@ def workflow_name(cfg: Config, task: Any) -> str:
     ``research_single``)."""
     if cfg.workflow.name:
         return cfg.workflow.name
-    if cfg.algorithm == "m_grpo" and cfg.m_grpo.agents == "single":
+    if cfg.algorithm == "m_grpo" and cfg.section(MGRPOConfig).agents == "single":
         return "research_single"
     return default_workflow(task)
 
@@ -146,12 +146,12 @@ def make_algorithm(cfg: Config, task: Any) -> Algorithm:
         if cfg.workflow.options:
             raise ConfigError(f"workflow.options: no workflow.name is set; got {sorted(cfg.workflow.options)}")
         return entry.build(cfg, None, None)
-    return entry.build(cfg, cfg.workflow.name, workflow_settings(cfg))
+    return entry.build(cfg, cfg.workflow.name, configured_workflow_options(cfg))
 
 
-def workflow_settings(cfg: Config) -> Any:
-    """What the configured ``workflow.name`` receives as ``settings``: its ``workflow.options`` validated
-    against its own options dataclass, or None for a workflow that declares none."""
+def configured_workflow_options(cfg: Config) -> Any:
+    """What the configured ``workflow.name``'s ``run`` receives: its ``workflow.options`` validated against its own
+    options dataclass, or None for a workflow that declares none."""
     w = cfg.workflow
     spec = WORKFLOWS.get_entry(w.name, "workflow.name")
     if spec.options is not None:  # the workflow's own options, validated like a task's
@@ -161,5 +161,5 @@ def workflow_settings(cfg: Config) -> Any:
     return None
 
 
-__all__ = ["ALGORITHMS", "ATGRPO", "ATGRPOConfig", "ATGRPOSettings", "MAGRPOConfig", "MGRPOConfig", "Algorithm", "AlgorithmEntry", "GRPO", "MAGRPO", "MAGRPOSettings", "MGRPO",
-           "MGRPOSettings", "WorkflowGRPO", "make_algorithm", "refusal", "workflow_name", "workflow_settings"]
+__all__ = ["ALGORITHMS", "ATGRPO", "ATGRPOConfig", "MAGRPOConfig", "MGRPOConfig", "Algorithm", "AlgorithmEntry", "GRPO", "MAGRPO",
+           "MGRPO", "WorkflowGRPO", "configured_workflow_options", "make_algorithm", "refusal", "workflow_name"]

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Hashable, Sequence
 
 from teamrl.algorithms.base import Algorithm, FinishedEpisode
-from teamrl.algorithms.episodes import ContextFactory, bind, play_out, resolve_workflow, workflow_roles, workflow_settings
+from teamrl.algorithms.episodes import ContextFactory, bind, play_out, resolve_workflow, workflow_roles, workflow_options_or_defaults
 from teamrl.core.config import option, register_section
 from teamrl.core.sample import Sample
 from teamrl.tasks.task import Problem, batch_instances
@@ -88,14 +88,6 @@ class ATGRPOConfig:
     max_turns: int = option(0, ge=0, doc="turn limit (for a workflow with a max_turns option, e.g. env); 0 = the environment's own max_turns")
 
 
-@dataclass
-class ATGRPOSettings(ATGRPOConfig):
-    """What AT-GRPO reads: its config section plus K (``rollout.group_size``) and the run's seed."""
-
-    k: int = 4
-    seed: int = 0
-
-
 register_section("at_grpo", ATGRPOConfig)
 
 
@@ -105,16 +97,18 @@ class ATGRPO(Algorithm):
     name = "at_grpo"
     group_key = staticmethod(group_key)
 
-    def __init__(self, settings: ATGRPOSettings, workflow: str | None = None, workflow_settings: Any = None) -> None:
+    def __init__(self, config: ATGRPOConfig, workflow: str | None = None, workflow_options: Any = None, *, k: int = 4, seed: int = 0) -> None:
         """``workflow``: a registered name (None: the task's default, ``env`` for an environment);
-        ``workflow_settings``: what its ``run`` receives (None: its defaults, ``max_turns`` from ``settings``)."""
-        if settings.select not in SELECT_MODES:
-            raise ValueError(f"select {settings.select!r}: choose one of {list(SELECT_MODES)}")
-        if settings.grouping not in GROUPINGS:
-            raise ValueError(f"grouping {settings.grouping!r}: choose one of {list(GROUPINGS)}")
-        self.s = settings
+        ``workflow_options``: what its ``run`` receives (None: its defaults, ``max_turns`` from its config)."""
+        if config.select not in SELECT_MODES:
+            raise ValueError(f"select {config.select!r}: choose one of {list(SELECT_MODES)}")
+        if config.grouping not in GROUPINGS:
+            raise ValueError(f"grouping {config.grouping!r}: choose one of {list(GROUPINGS)}")
+        self.config = config
+        self.k = k
+        self.seed = seed
         self.workflow = workflow
-        self.workflow_settings = workflow_settings
+        self.workflow_options = workflow_options
         self.calls = 0  # rollouts so far: seeds the branch-choice RNG of the next one
 
     def state_dict(self) -> dict[str, int]:
@@ -134,24 +128,24 @@ class ATGRPO(Algorithm):
                 run: Callable[[list[Awaitable]], list]) -> list[Sample]:
         """Run every problem's episodes together; return all samples with rewards and groups set."""
         self.calls += 1
-        rng = random.Random(hash((self.s.seed, self.calls)) & 0xFFFFFFFF)
+        rng = random.Random(hash((self.seed, self.calls)) & 0xFFFFFFFF)
         name, spec = resolve_workflow(self.workflow, task)
-        settings = workflow_settings(spec, self.workflow_settings, max_turns=self.s.max_turns)
+        options = workflow_options_or_defaults(spec, self.workflow_options, max_turns=self.config.max_turns)
         instances = batch_instances(problems)  # a problem drawn twice: two instances, never one group
-        if self.s.grouping == "tree":
+        if self.config.grouping == "tree":
             ctxs = [make_ctx(inst, 0, {"grouping": "tree"}) for inst in instances]
             for c in ctxs:
                 c.workflow = name
                 c.refuse_sub_episodes = self.name  # its candidates cannot align sub-agent calls (m_grpo does)
-            results = run([self._tree(c, bind(spec, task, p, settings), rng) for c, p in zip(ctxs, problems)])
+            results = run([self._tree(c, bind(spec, task, p, options), rng) for c, p in zip(ctxs, problems)])
         else:
             jobs = [(p, make_ctx(inst, e, {"grouping": "trajectory"})) for p, inst in zip(problems, instances)
-                    for e in range(self.s.k)]
+                    for e in range(self.k)]
             ctxs = [c for _, c in jobs]
             for c in ctxs:
                 c.workflow = name
                 c.refuse_sub_episodes = self.name  # its candidates cannot align sub-agent calls (m_grpo does)
-            results = run([run_episode(bind(spec, task, p, settings), c) for p, c in jobs])
+            results = run([run_episode(bind(spec, task, p, options), c) for p, c in jobs])
             for ctx, result in zip(ctxs, results):
                 self._trajectory_rewards(ctx, result)
         self.finished = [FinishedEpisode(c.problem_id, c.episode, r) for c, r in zip(ctxs, results)]
@@ -171,9 +165,9 @@ class ATGRPO(Algorithm):
         branch = Branch(start, real)
         frontier = await branch.advance()
         while frontier:
-            groups = await asyncio.gather(*[real.sample(c.role, c.messages, self.s.k, c.turn, 0, c.params, c.tags)
+            groups = await asyncio.gather(*[real.sample(c.role, c.messages, self.k, c.turn, 0, c.params, c.tags)
                                             for c in frontier])
-            copies = [branch.extend([[g[j]] for g in groups]) for j in range(self.s.k)]
+            copies = [branch.extend([[g[j]] for g in groups]) for j in range(self.k)]
             await asyncio.gather(*[c.advance() for c in copies])
             played = any(not any(_rewarded(c, call.role) for c in copies) for call in frontier)
             if played:  # a role no reward reached yet: each candidate's episode is played out, to credit its outcome
@@ -199,10 +193,10 @@ class ATGRPO(Algorithm):
         scores = []
         for j, s in enumerate(group):
             local, team = copies[j].own_reward(call.index), copies[j].cumulative_team_reward()
-            s.reward = local + self.s.alpha * team
+            s.reward = local + self.config.alpha * team
             s.tags.update(local_reward=local, team_reward=team, **({"scored_at": "episode_end"} if played else {}))
             scores.append(s.reward)
-        j = select_branch(scores, self.s.select, rng)
+        j = select_branch(scores, self.config.select, rng)
         group[j].tags["chosen"] = True
         return j
 
@@ -210,7 +204,7 @@ class ATGRPO(Algorithm):
         """Trajectory grouping: a sample's own reward + alpha * its episode's team return."""
         for s in ctx.samples:
             local = own_reward(s) or 0.0
-            s.reward = local + self.s.alpha * result.team_return
+            s.reward = local + self.config.alpha * result.team_return
             s.tags.update(local_reward=local, team_reward=result.team_return)
 
     @staticmethod

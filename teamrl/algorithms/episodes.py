@@ -1,4 +1,4 @@
-"""What every sampler needs to run a workflow's episodes: the workflow, its settings, bound episodes."""
+"""What every sampler needs to run a workflow's episodes: the workflow, its options, bound episodes."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import dataclasses
 from typing import Any, Callable, Sequence
 
 from teamrl.tasks.task import Problem
-from teamrl.workflows import WORKFLOWS, Workflow, WorkflowSettings, default_workflow
+from teamrl.workflows import WORKFLOWS, Workflow, StudyOptions, default_workflow
 from teamrl.workflows.context import Call, EpisodeContext
 from teamrl.workflows.episode import Branch, EpisodeFn
 
@@ -26,20 +26,20 @@ def workflow_roles(name: str | None) -> tuple[str, ...] | None:
     return (WORKFLOWS.get_entry(name, "workflow.name").role_types or None) if name else None
 
 
-def workflow_settings(spec: Workflow, given: Any = None, **defaults: Any) -> Any:
-    """``given``, or the workflow's default settings: its options dataclass (with those of ``defaults``
-    it declares: how an algorithm passes e.g. ``turns`` to the team adapter) or :class:`WorkflowSettings`."""
+def workflow_options_or_defaults(spec: Workflow, given: Any = None, **defaults: Any) -> Any:
+    """What the workflow's ``run`` receives: ``given``, or its default options: its options dataclass (with those of
+    ``defaults`` it declares: how an algorithm passes e.g. ``turns`` to the team adapter) or :class:`StudyOptions`."""
     if given is not None:
         return given
     if spec.options is None:
-        return WorkflowSettings()
+        return StudyOptions()
     names = {f.name for f in dataclasses.fields(spec.options)}
     return spec.options(**{k: v for k, v in defaults.items() if k in names and v is not None})
 
 
-def bind(spec: Workflow, task: Any, problem: Problem, settings: Any) -> EpisodeFn:
+def bind(spec: Workflow, task: Any, problem: Problem, options: Any) -> EpisodeFn:
     """The episode of ``problem`` as a function of its context only."""
-    return lambda ctx: spec.run(ctx, task, problem, settings)
+    return lambda ctx: spec.run(ctx, task, problem, options)
 
 
 async def play_out(real: EpisodeContext, branch: Branch, tags: dict[str, Any],

@@ -23,7 +23,7 @@ import dataclasses
 from typing import Any, Awaitable, Callable, Hashable, Sequence
 
 from teamrl.algorithms.base import Algorithm, FinishedEpisode, warn_once
-from teamrl.algorithms.episodes import ContextFactory, bind, resolve_workflow, workflow_roles, workflow_settings
+from teamrl.algorithms.episodes import ContextFactory, bind, resolve_workflow, workflow_roles, workflow_options_or_defaults
 from teamrl.core.config import InputError
 from teamrl.core.sample import Sample
 from teamrl.policies.router import role_type
@@ -93,16 +93,16 @@ class GRPO(Algorithm):
     name = "grpo"
     group_key = staticmethod(group_key)
 
-    def __init__(self, group_size: int, greedy_baseline: bool = False, workflow: str | None = None, settings: Any = None,
+    def __init__(self, group_size: int, greedy_baseline: bool = False, workflow: str | None = None, options: Any = None,
                  reward: str = "outcome") -> None:
         """``workflow`` and ``reward``: registered names (or ``package.module:object``; no workflow: the
-        task's default); ``settings``: what the workflow's ``run`` receives (None: its defaults)."""
+        task's default); ``options``: what the workflow's ``run`` receives (None: its defaults)."""
         self.spec = WORKFLOWS.get_entry(workflow, "workflow.name") if workflow else None
         REWARDS.get_entry(reward, "workflow.reward")
         self.workflow = workflow
         self.group_size = group_size
         self.greedy_baseline = greedy_baseline
-        self.settings = settings
+        self.options = options
         self.reward_mode = reward
         self._workflow_run = workflow or ""
 
@@ -122,13 +122,13 @@ class GRPO(Algorithm):
         """Run ``episodes_per_problem`` episodes of every problem (and the ``extra`` ones) together."""
         name, spec = resolve_workflow(self.workflow, task)
         self._workflow_run = name
-        settings = workflow_settings(spec, self.settings)
+        options = workflow_options_or_defaults(spec, self.options)
         jobs = [(p, e, {}) for p in problems for e in range(episodes_per_problem)] + list(extra)
         ctxs = [make_ctx(p, e, tags) for p, e, tags in jobs]
         for ctx in ctxs:
             ctx.workflow = name
             ctx.refuse_sub_episodes = self.name  # its groups cannot align sub-agent calls (m_grpo does)
-        results = run([run_episode(bind(spec, task, p, settings), ctx) for (p, _, _), ctx in zip(jobs, ctxs)])
+        results = run([run_episode(bind(spec, task, p, options), ctx) for (p, _, _), ctx in zip(jobs, ctxs)])
         return ctxs, results
 
     def rollout(self, problems: Sequence[Problem], task: Any, make_ctx: ContextFactory,
@@ -176,7 +176,7 @@ class GRPO(Algorithm):
 
 
 class WorkflowGRPO(GRPO):
-    """GRPO on a named workflow (the workflow study's spelling): ``WorkflowGRPO(workflow, group_size, settings, reward)``."""
+    """GRPO on a named workflow (the workflow study's spelling): ``WorkflowGRPO(workflow, group_size, options, reward)``."""
 
-    def __init__(self, workflow: str, group_size: int, settings: Any, reward: str = "outcome") -> None:
-        super().__init__(group_size, workflow=workflow, settings=settings, reward=reward)
+    def __init__(self, workflow: str, group_size: int, options: Any, reward: str = "outcome") -> None:
+        super().__init__(group_size, workflow=workflow, options=options, reward=reward)

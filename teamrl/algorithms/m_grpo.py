@@ -49,8 +49,8 @@ from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Hashable, Sequence
 
 from teamrl.algorithms.base import Algorithm, FinishedEpisode, warn_once
-from teamrl.algorithms.episodes import ContextFactory, bind, workflow_settings
-from teamrl.core.config import ConfigError, option, register_check, register_section
+from teamrl.algorithms.episodes import ContextFactory, bind, workflow_options_or_defaults
+from teamrl.core.config import option, register_moved_key, register_section
 from teamrl.core.sample import Sample
 from teamrl.core.seeding import derive_seed
 from teamrl.tasks.research import SUB_REWARD_MODES, sub_reward
@@ -185,38 +185,15 @@ class MGRPOConfig:
     agents: str = option("team", choices=AGENT_MODES, doc="team: main + sub-agent; single: one agent with the tools (single-agent GRPO baseline)")
     sub_reward: str = option("gated", choices=("gated", "outcome", "format"),
                              doc="a sub-trajectory's reward: gated = main reward if its format is valid else 0; outcome = main reward; format = 1 if valid else 0")
-    decoupled: str = option("none", choices=("none", "inprocess", "ray"),
-                            doc="legacy: inprocess / ray set policy.mode=separate (one model per agent) and "
-                                "policy.placement=local / ray, and copy ray_timeout_s / ray_address into policy")
-    ray_timeout_s: float = option(600.0, gt=0, doc="legacy (decoupled): copied to policy.ray_timeout_s")
-    ray_address: str = option("", doc="legacy (decoupled): copied to policy.ray_address")
-
-
-@dataclass
-class MGRPOSettings(MGRPOConfig):
-    """What M-GRPO reads: its config section plus K (``rollout.group_size``) and the run's seed."""
-
-    k: int = 4
-    seed: int = 0
 
 
 register_section("m_grpo", MGRPOConfig)
 
 
-@register_check
-def _migrate_decoupled(cfg: Any) -> None:
-    """``m_grpo.decoupled: inprocess | ray`` (the former decoupled trainer) as a placement: one model per agent."""
-    m = cfg.m_grpo
-    if cfg.algorithm != "m_grpo" or m.decoupled == "none":
-        return
-    import importlib.util
-
-    if m.decoupled == "ray" and importlib.util.find_spec("ray") is None:
-        raise ConfigError("m_grpo.decoupled: ray needs the ray package: pip install -e \".[ray]\" (or use inprocess)")
-    cfg.policy.mode = "separate"
-    cfg.policy.placement = "ray" if m.decoupled == "ray" else "local"
-    cfg.policy.ray_timeout_s, cfg.policy.ray_address = m.ray_timeout_s, m.ray_address
-    m.decoupled = "none"  # the resolved config says it the new way
+# the former decoupled trainer's keys: a placement now (docs/scale.md); a config that gives one fails, naming it
+register_moved_key("m_grpo.decoupled", "policy.mode=separate and policy.placement=ray (decoupled inprocess: policy.placement=local)")
+register_moved_key("m_grpo.ray_timeout_s", "policy.ray_timeout_s")
+register_moved_key("m_grpo.ray_address", "policy.ray_address")
 
 
 @dataclass
@@ -236,18 +213,20 @@ class MGRPO(Algorithm):
     name = "m_grpo"
     group_key = staticmethod(group_key)
 
-    def __init__(self, settings: MGRPOSettings, workflow: str | None = None, workflow_settings: Any = None) -> None:
+    def __init__(self, config: MGRPOConfig, workflow: str | None = None, workflow_options: Any = None, *, k: int = 4, seed: int = 0) -> None:
         """``workflow``: a registered workflow that opens sub-episodes (None: ``research``, or
-        ``research_single`` with ``agents: single``); ``workflow_settings``: what its ``run`` receives."""
-        for key, value, allowed in (("sub_agent", settings.sub_agent, SUB_AGENT_MODES), ("agents", settings.agents, AGENT_MODES),
-                                    ("sub_reward", settings.sub_reward, SUB_REWARD_MODES)):
+        ``research_single`` with ``agents: single``); ``workflow_options``: what its ``run`` receives."""
+        for key, value, allowed in (("sub_agent", config.sub_agent, SUB_AGENT_MODES), ("agents", config.agents, AGENT_MODES),
+                                    ("sub_reward", config.sub_reward, SUB_REWARD_MODES)):
             if value not in allowed:
                 raise ValueError(f"m_grpo.{key} {value!r}: choose one of {list(allowed)}")
-        if settings.d_max < 1:
-            raise ValueError(f"m_grpo.d_max={settings.d_max}: must be >= 1")
-        self.s = settings
+        if config.d_max < 1:
+            raise ValueError(f"m_grpo.d_max={config.d_max}: must be >= 1")
+        self.config = config
+        self.k = k
+        self.seed = seed
         self.workflow = workflow
-        self.workflow_settings = workflow_settings
+        self.workflow_options = workflow_options
         self.calls = 0  # rollouts so far: seeds the alignment RNG of the next one
         self.last_metrics: dict[str, float] = {}
 
@@ -264,14 +243,14 @@ class MGRPO(Algorithm):
         """The roles that act: main and sub, or main alone (single-agent baseline)."""
         if self.workflow is not None:
             return WORKFLOWS.get_entry(self.workflow, "workflow.name").role_types
-        return ("main", "sub") if self.s.agents == "team" else ("main",)
+        return ("main", "sub") if self.config.agents == "team" else ("main",)
 
     def rollout(self, problems: Sequence[Problem], env: Any, make_ctx: ContextFactory,
                 run: Callable[[list[Awaitable]], list]) -> list[Sample]:
         """All rollouts of all questions together; main and aligned sub samples with rewards and groups set."""
         raw = self.rollout_raw(problems, env, make_ctx, run)
-        sub = prepare_sub_samples(raw.sub, raw.outcomes, self.s.d_max, self.s.sub_reward, raw.seed,
-                                  frozen=self.s.sub_agent == "frozen")
+        sub = prepare_sub_samples(raw.sub, raw.outcomes, self.config.d_max, self.config.sub_reward, raw.seed,
+                                  frozen=self.config.sub_agent == "frozen")
         self._warn_alignment(raw, sub)
         return raw.main + sub
 
@@ -286,7 +265,7 @@ class MGRPO(Algorithm):
             made[(s.problem_id, s.tags["parent_episode"])].add(s.tags["call"])
         counts = [len(calls) for calls in made.values()]
         warn_once(self, "d_max", f"m_grpo: the rollouts made {min(counts)} to {max(counts)} sub-agent calls, not "
-                  f"m_grpo.d_max={self.s.d_max} each: sub-trajectories dropped untrained: {len(dropped)}, slots filled "
+                  f"m_grpo.d_max={self.config.d_max} each: sub-trajectories dropped untrained: {len(dropped)}, slots filled "
                   f"with duplicates: {len(duplicated)}; set m_grpo.d_max to the number of calls a rollout makes")
 
     def rollout_raw(self, problems: Sequence[Problem], env: Any, make_ctx: ContextFactory,
@@ -294,7 +273,7 @@ class MGRPO(Algorithm):
         """Run the K rollouts per question; main samples get rewards, sub samples their format validity only."""
         self.calls += 1
         # a problem drawn twice is two instances (ids ``<id>#2``, ...): their outcomes and groups stay apart
-        jobs = [(p, make_ctx(inst, e, {})) for p, inst in zip(problems, batch_instances(problems)) for e in range(self.s.k)]
+        jobs = [(p, make_ctx(inst, e, {})) for p, inst in zip(problems, batch_instances(problems)) for e in range(self.k)]
         results: list[EpisodeResult] = run([run_episode(self._episode(env, p), ctx) for p, ctx in jobs])
         main, sub, outcomes = [], [], {}
         for (p, ctx), res in zip(jobs, results):
@@ -321,14 +300,14 @@ class MGRPO(Algorithm):
         if all_calls:
             metrics["sub_format_valid"] = sum(c.format_valid for c in all_calls) / len(all_calls)
         self.last_metrics = metrics
-        return RawRollout(main, sub, outcomes, derive_seed(self.s.seed, self.calls, 17), metrics)
+        return RawRollout(main, sub, outcomes, derive_seed(self.seed, self.calls, 17), metrics)
 
     def _episode(self, env: Any, problem: Problem) -> EpisodeFn:
         """The episode of ``problem``: the configured workflow, or the research team (single: one agent with the tools)."""
         if self.workflow is not None:
             spec = WORKFLOWS.get_entry(self.workflow, "workflow.name")
-            return bind(spec, env, problem, workflow_settings(spec, self.workflow_settings))
-        workflow = research_team if self.s.agents == "team" else research_single  # looked up now: tests replace them
+            return bind(spec, env, problem, workflow_options_or_defaults(spec, self.workflow_options))
+        workflow = research_team if self.config.agents == "team" else research_single  # looked up now: tests replace them
 
         async def start(ctx: Any) -> EpisodeOutcome:
             return as_episode_outcome(await workflow(ctx, env, problem))

@@ -60,7 +60,7 @@ from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Hashable, Sequence
 
 from teamrl.algorithms.base import Algorithm, FinishedEpisode, warn_once
-from teamrl.algorithms.episodes import ContextFactory, bind, play_out, resolve_workflow, workflow_roles, workflow_settings
+from teamrl.algorithms.episodes import ContextFactory, bind, play_out, resolve_workflow, workflow_roles, workflow_options_or_defaults
 from teamrl.core.config import option, register_section
 from teamrl.core.sample import Sample
 from teamrl.tasks.task import Problem, batch_instances
@@ -129,13 +129,6 @@ class MAGRPOConfig:
                                                  doc="stop expanding a joint action whose normalised reward reaches this; null: never")
 
 
-@dataclass
-class MAGRPOSettings(MAGRPOConfig):
-    """What MAGRPO reads: its config section plus the group size (``rollout.group_size``)."""
-
-    group_size: int = 4
-
-
 register_section("magrpo", MAGRPOConfig)
 
 
@@ -145,14 +138,15 @@ class MAGRPO(Algorithm):
     name = "magrpo"
     group_key = staticmethod(group_key)
 
-    def __init__(self, settings: MAGRPOSettings, workflow: str | None = None, workflow_settings: Any = None) -> None:
+    def __init__(self, config: MAGRPOConfig, workflow: str | None = None, workflow_options: Any = None, *, group_size: int = 4) -> None:
         """``workflow``: a registered name (None: the task's default, ``team`` for a team task);
-        ``workflow_settings``: what its ``run`` receives (None: its defaults, ``turns`` = ``num_turns``)."""
-        if settings.joint_mode not in JOINT_MODES:
-            raise ValueError(f"joint_mode {settings.joint_mode!r}: choose one of {list(JOINT_MODES)}")
-        self.s = settings
+        ``workflow_options``: what its ``run`` receives (None: its defaults, ``turns`` = ``num_turns``)."""
+        if config.joint_mode not in JOINT_MODES:
+            raise ValueError(f"joint_mode {config.joint_mode!r}: choose one of {list(JOINT_MODES)}")
+        self.config = config
+        self.group_size = group_size
         self.workflow = workflow
-        self.workflow_settings = workflow_settings
+        self.workflow_options = workflow_options
         self.max_reward = 1.0  # the task's, set by each rollout
         self.finished: list[FinishedEpisode] = []
 
@@ -165,14 +159,14 @@ class MAGRPO(Algorithm):
                 run: Callable[[list[Awaitable]], list]) -> list[Sample]:
         """Expand every problem's tree together; return all samples with returns and groups set."""
         name, spec = resolve_workflow(self.workflow, task)
-        settings = workflow_settings(spec, self.workflow_settings, turns=self.s.num_turns)
+        options = workflow_options_or_defaults(spec, self.workflow_options, turns=self.config.num_turns)
         self.max_reward = float(getattr(task, "max_reward", 1.0))
         self.finished = []
         ctxs = [make_ctx(inst, 0, {}) for inst in batch_instances(problems)]  # a repeated problem: its own groups
         for c in ctxs:
             c.workflow = name
             c.refuse_sub_episodes = self.name  # its joint actions cannot align sub-agent calls (m_grpo does)
-        run([self._root(ctx, bind(spec, task, p, settings)) for ctx, p in zip(ctxs, problems)])
+        run([self._root(ctx, bind(spec, task, p, options)) for ctx, p in zip(ctxs, problems)])
         samples = [s for c in ctxs for s in c.samples]
         for s in samples:
             if s.group is None:
@@ -180,14 +174,14 @@ class MAGRPO(Algorithm):
         played = [s for s in samples if s.tags.get("rollout")]
         if played:  # acting calls that never train: say so, once
             warn_once(self, "num_turns", f"magrpo: {len(played)} calls of role(s) {sorted({s.role for s in played})} came "
-                      f"after their role's first magrpo.num_turns={self.s.num_turns} call(s) and were played untrained "
+                      f"after their role's first magrpo.num_turns={self.config.num_turns} call(s) and were played untrained "
                       "(one sample, no group); raise magrpo.num_turns to train them")
         return samples
 
     def branched(self, branch: Branch, frontier: Sequence[Call]) -> bool:
         """Whether a step is branched (G samples per call, joint actions): it holds one of a role's first
         ``num_turns`` calls; every other step is played with one untrained sample per call."""
-        return any(call_position(branch.ctx.calls, c) < self.s.num_turns for c in frontier)
+        return any(call_position(branch.ctx.calls, c) < self.config.num_turns for c in frontier)
 
     async def _root(self, real: EpisodeContext, start: EpisodeFn) -> None:
         branch = Branch(start, real)
@@ -214,10 +208,10 @@ class MAGRPO(Algorithm):
         number of branched levels of the tree (``deepest[0]`` once every episode ended), assigns the node's
         returns to its samples and returns them, and the mean team return of the episodes below each joint action."""
         deepest[0] = max(deepest[0], depth + 1)
-        G, frontier = self.s.group_size, branch.frontier
+        G, frontier = self.group_size, branch.frontier
         groups = await asyncio.gather(*[real.sample(c.role, c.messages, G, c.turn, 0, c.params,
                                                     {**c.tags, "path": path, "depth": depth}) for c in frontier])
-        joint = joint_indices(G, len(frontier), self.s.joint_mode)
+        joint = joint_indices(G, len(frontier), self.config.joint_mode)
         copies = [branch.extend([[groups[a][j]] for a, j in enumerate(idx)]) for idx in joint]
         branch.cancel()
         await asyncio.gather(*[c.advance() for c in copies])
@@ -240,10 +234,10 @@ class MAGRPO(Algorithm):
         first = min(call_position(branch.ctx.calls, c) for c in frontier)
 
         def assign(levels: int) -> list[float]:
-            left = max(self.s.num_turns - first, levels - depth)
-            returns = [discounted_return(r, child[0](levels), self.s.gamma) if child
-                       else terminated_return(r, left, self.s.gamma) if stop[k]
-                       else discounted_return(r, [], self.s.gamma)
+            left = max(self.config.num_turns - first, levels - depth)
+            returns = [discounted_return(r, child[0](levels), self.config.gamma) if child
+                       else terminated_return(r, left, self.config.gamma) if stop[k]
+                       else discounted_return(r, [], self.config.gamma)
                        for k, (r, child) in enumerate(zip(rewards, children))]
             per_sample = completion_returns(joint, returns, G, len(frontier))
             per_reward = completion_returns(joint, rewards, G, len(frontier))
@@ -263,7 +257,7 @@ class MAGRPO(Algorithm):
         self.finished.append(FinishedEpisode(real.problem_id, real.episode, branch.result, {"path": list(path)}))
 
     def _terminated(self, reward: float) -> bool:
-        t = self.s.termination_threshold
+        t = self.config.termination_threshold
         return t is not None and reward / self.max_reward >= t
 
     def metrics(self, samples: Sequence[Sample]) -> dict[str, float]:

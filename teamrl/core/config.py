@@ -15,7 +15,7 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 import yaml
 
@@ -293,6 +293,9 @@ class RunConfig:
     wandb_project: str = option("teamrl", doc="W&B project name")
 
 
+S = TypeVar("S")
+
+
 @dataclass
 class Config:
     name: str = option("run", doc="run name; the run directory is run.dir/name")
@@ -310,18 +313,21 @@ class Config:
     # the registered sections as loaded (a field, so that dataclasses.replace keeps them); not a config key
     sections: dict[str, Any] = field(default_factory=dict, repr=False, metadata={"internal": True})
 
-    def __getattr__(self, name: str) -> Any:
-        """A registered section (:func:`register_section`), e.g. an algorithm's: as loaded, or its defaults."""
-        if name.startswith("__") or name == "sections" or name not in SECTIONS:
-            raise AttributeError(f"{type(self).__name__!s} has no attribute {name!r}")
-        return self.sections.setdefault(name, SECTIONS[name]())
+    def section(self, cls: type[S]) -> S:
+        """A registered section (:func:`register_section`) by its dataclass (an algorithm's, e.g.), typed: as loaded, or its
+        defaults."""
+        names = [name for name, c in SECTIONS.items() if c is cls]
+        if not names:
+            raise KeyError(f"{cls.__name__} is not a registered config section; registered: "
+                           f"{sorted(c.__name__ for c in SECTIONS.values())}")
+        return self.sections.setdefault(names[0], cls())
 
 
 # ---- what higher layers add to the config (core names none of them) -----------------------------
 SECTIONS: dict[str, type] = {}  # top-level section name -> its dataclass (each algorithm's own options)
 CHECKS: list[Callable[[Config], None]] = []  # cross-field checks of the layers that registered sections
 CHOICES: dict[str, Callable[[], list[str]]] = {}  # a top-level key -> the registered names it accepts
-MOVED_KEYS: dict[str, str] = {}  # old dotted key -> its new place (register_moved_key)
+MOVED_KEYS: dict[str, str] = {}  # a removed dotted key -> what to write instead (register_moved_key)
 SECTION_PROVIDERS = ("teamrl.algorithms",)  # packages that register their sections when imported
 
 
@@ -345,25 +351,20 @@ def register_choices(key: str, names: Callable[[], list[str]]) -> None:
 
 
 def register_moved_key(old: str, new: str) -> None:
-    """A dotted config key that moved: a config that still gives ``old`` has its value moved to ``new``."""
+    """A dotted config key that was removed: a config that still gives ``old`` fails in one line, ``old was moved:
+    write new`` (``new``: the key, or the keys and values, that say it now). Nothing is moved silently."""
     MOVED_KEYS[old] = new
 
 
-def _move_keys(data: dict[str, Any]) -> None:
-    """Apply :data:`MOVED_KEYS` to the raw config mapping (``new`` wins when both are given)."""
+def _refuse_moved_keys(data: dict[str, Any]) -> None:
+    """Fail on the first key of :data:`MOVED_KEYS` that the raw config mapping gives, naming where it went."""
     for old, new in MOVED_KEYS.items():
         *parents, leaf = old.split(".")
         node: Any = data
         for p in parents:
             node = node.get(p) if isinstance(node, dict) else None
         if isinstance(node, dict) and leaf in node:
-            value = node.pop(leaf)
-            *new_parents, new_leaf = new.split(".")
-            target: Any = data
-            for p in new_parents:
-                target = target.setdefault(p, {}) if isinstance(target, dict) else None
-            if isinstance(target, dict):
-                target.setdefault(new_leaf, value)
+            raise ConfigError(f"{old} was moved: write {new}")
 
 
 def _load_section_providers() -> None:
@@ -631,7 +632,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     for key, value in parse_overrides(overrides or []):
         _set_path(data, key, value)
     _load_section_providers()
-    _move_keys(data)
+    _refuse_moved_keys(data)
     sections = {name: _coerce(data.pop(name), cls, name) for name, cls in SECTIONS.items() if name in data}
     try:
         cfg = build_dataclass(Config, data)
@@ -703,7 +704,7 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"task.name: expected a string (a registered task or package.module:object), got {cfg.task['name']!r}")
     if cfg.workflow.name and cfg.train.advantage == "max":
         raise ConfigError("train.advantage: max (greedy baseline) is not supported with a study workflow; use group")
-    for check in CHECKS:  # before the placement check: a check may set the placement (m_grpo.decoupled)
+    for check in CHECKS:
         check(cfg)
     _check_placement(cfg.policy)
     if cfg.train.advantage in ("group", "rloo", "batch", "mean", "none") and cfg.rollout.group_size < 2:
@@ -790,7 +791,7 @@ def config_to_dict(cfg: Any) -> Any:
     if isinstance(cfg, Config):
         del out["sections"]
         for name in SECTIONS:
-            out[name] = dataclasses.asdict(getattr(cfg, name))
+            out[name] = dataclasses.asdict(cfg.section(SECTIONS[name]))
     return out
 
 

@@ -9,8 +9,9 @@ implements the same two methods.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+import dataclasses
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Sequence
 
 FINISH_REASONS = ("eos", "stop", "length")
 
@@ -51,6 +52,15 @@ class SamplingParams:
             raise ValueError(f"top_k={self.top_k}: must be >= 0 (0 disables)")
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))
+
+    @classmethod
+    def from_rollout(cls, rollout: Any, **changes: Any) -> SamplingParams:
+        """The sampling settings of the ``rollout`` config section (:class:`~teamrl.core.config.RolloutConfig`): each
+        field of this class read from the section's field of the same name, then ``changes`` (e.g. ``temperature=0``
+        for greedy evaluation). The one place a config becomes sampling parameters."""
+        given = {f.name: getattr(rollout, f.name) for f in dataclasses.fields(cls)}
+        given["stop"] = tuple(given["stop"])
+        return cls(**{**given, **changes})
 
 
 @dataclass

@@ -49,7 +49,7 @@ from teamrl.rollout.engine import GenerationRequest, SamplingParams
 from teamrl.rollout.hf_engine import HFEngine
 from teamrl.rollout.strict_server import (
     GENERATION_DEFAULT_FIELDS,
-    RowSettings,
+    RowSamplingParams,
     StrictBehaviour,
     decode_row,
     generation_defaults,
@@ -360,7 +360,7 @@ class ModelServer:
                     400, f"prompt: {len(p)} tokens leave no room under max_model_len {self.max_model_len}", "prompt"
                 )
             settings.append(
-                RowSettings(
+                RowSamplingParams(
                     max_tokens=min(requested, room),  # vLLM shortens max_tokens silently at the context limit
                     temperature=temperature,
                     top_p=float(value["top_p"] if value["top_p"] is not None else 1.0),

@@ -86,8 +86,8 @@ def generation_defaults(model: torch.nn.Module) -> tuple[dict[str, Any], tuple[i
 
 
 @dataclass
-class RowSettings:
-    """One sequence's sampling settings after the server applied its defaults."""
+class RowSamplingParams:
+    """One sequence's sampling parameters after the server applied its defaults."""
 
     max_tokens: int
     temperature: float
@@ -109,7 +109,7 @@ class RowOutput:
     stop_reason: int | str | None  # None: the tokenizer's EOS; int: another stop id; str: a stop string
 
 
-def decode_row(model: torch.nn.Module, tokenizer: Any, prompt: Sequence[int], s: RowSettings, seed: int | None,
+def decode_row(model: torch.nn.Module, tokenizer: Any, prompt: Sequence[int], s: RowSamplingParams, seed: int | None,
                eos_ids: Sequence[int], logprobs_mode: str) -> RowOutput:
     """Generate one sequence the way vLLM's sampler does, with this sequence's own generator.
 
@@ -155,7 +155,7 @@ def decode_row(model: torch.nn.Module, tokenizer: Any, prompt: Sequence[int], s:
     return RowOutput(out_ids, logps, "length", None)
 
 
-def _penalised(logits: torch.Tensor, prompt_set: torch.Tensor, out_ids: list[int], s: RowSettings) -> torch.Tensor:
+def _penalised(logits: torch.Tensor, prompt_set: torch.Tensor, out_ids: list[int], s: RowSamplingParams) -> torch.Tensor:
     """Repetition (prompt and output tokens), frequency and presence (output tokens) penalties."""
     if s.repetition_penalty == 1 and s.presence_penalty == 0 and s.frequency_penalty == 0:
         return logits

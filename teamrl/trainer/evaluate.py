@@ -25,8 +25,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from teamrl.algorithms import workflow_name, workflow_settings
-from teamrl.algorithms.episodes import workflow_settings as default_settings
+from teamrl.algorithms import configured_workflow_options, workflow_name
+from teamrl.algorithms.episodes import workflow_options_or_defaults
 from teamrl.core.config import Config, ConfigError
 from teamrl.policies.models import check_max_new_tokens
 from teamrl.core.seeding import derive_seed, seed_everything
@@ -171,7 +171,7 @@ def run_workflow(cfg: Config, task: Any) -> RunWorkflow:
     name = workflow_name(cfg, task)
     spec = WORKFLOWS.get_entry(name, "workflow.name")
     check_task(name, spec, task)
-    settings = workflow_settings(cfg) if cfg.workflow.name else default_settings(spec)
+    settings = configured_workflow_options(cfg) if cfg.workflow.name else workflow_options_or_defaults(spec)
     if dataclasses.is_dataclass(settings) and "pass_at_1" in {f.name for f in dataclasses.fields(settings)}:
         settings = dataclasses.replace(settings, pass_at_1=True)
     own = {"team": Baseline(name, None, weights="trained"), "untrained": Baseline(name, None)}
@@ -246,8 +246,8 @@ def evaluate(cfg: Config, methods: list[str], checkpoint: Path | None = None, li
         return router.policies[name].generation_model()
 
     engine = HFEngine(models, router.tokenizer, device=router.device, row_models=SharedBaseAdapters(router.policies))
-    params = SamplingParams(max_new_tokens=cfg.rollout.max_new_tokens, temperature=temperature, top_p=cfg.rollout.top_p,
-                            top_k=cfg.rollout.top_k, stop=tuple(cfg.rollout.stop))
+    # as before: the benchmark settings ignore_eos / min_new_tokens are not applied to evaluation
+    params = SamplingParams.from_rollout(cfg.rollout, temperature=temperature, ignore_eos=False, min_new_tokens=0)
     problems = task.problems()[:limit]
     if not problems:
         raise ConfigError(f"task {task.name!r}: no problems to evaluate (check task.split / task.test_size / --limit)")

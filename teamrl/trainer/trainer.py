@@ -145,10 +145,7 @@ class Trainer:
                   f"{resume_from.name if resume_from else 'the start'}", file=sys.stderr)
         self._build_policies()
         check_max_new_tokens(next(iter(self.router.policies.values())).model, cfg.rollout.max_new_tokens, cfg.model)
-        r = cfg.rollout
-        self.params = SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
-                                     top_k=r.top_k, stop=tuple(r.stop), ignore_eos=r.ignore_eos,
-                                     min_new_tokens=r.min_new_tokens)
+        self.params = SamplingParams.from_rollout(cfg.rollout)
         self.greedy_params = dataclasses.replace(self.params, temperature=0.0)  # baselines and evaluation
         self.update_settings = make_update_settings(cfg, self.roles)
         self.last_role_stats: dict[str, float] = {}

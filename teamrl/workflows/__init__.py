@@ -36,7 +36,7 @@ from teamrl.workflows import adapters, eval_opt as eval_opt_module, orch_workers
 from teamrl.workflows import voting as voting_module
 from teamrl.workflows.eval_opt import eval_opt
 from teamrl.workflows.orch_workers import orch_workers
-from teamrl.workflows.outcome import EpisodeOutcome, Summary, WorkflowSettings, own_reward
+from teamrl.workflows.outcome import EpisodeOutcome, Summary, StudyOptions, own_reward
 from teamrl.workflows.research_team import research, research_solo
 from teamrl.workflows.voting import voting
 
@@ -46,7 +46,7 @@ class Workflow:
     """A workflow: its episode coroutine ``run(ctx, task, problem, settings)`` and the role types it uses.
 
     ``options``: the workflow's own options dataclass; ``workflow.options`` in the config is
-    validated against it and passed as ``settings`` (the study workflows share :class:`WorkflowSettings`:
+    validated against it and passed as ``settings`` (the study workflows share :class:`StudyOptions`:
     ``max_iterations``, ``num_generators``, ``max_subtasks``). Without one, ``settings`` is None.
     ``role_types`` empty: the roles are the task's (the default adapters). ``sub_roles``: the roles
     that act in nested sub-episodes (``ctx.sub_episode``; M-GRPO needs one). ``replayable`` False:
@@ -90,14 +90,14 @@ WORKFLOWS.register("team", Workflow(adapters.team, (), options=adapters.TeamOpti
 WORKFLOWS.register("env", Workflow(adapters.env, (), options=adapters.EnvOptions, task_kind=Environment))
 WORKFLOWS.register("research", Workflow(research, ("main", "sub"), sub_roles=("sub",), task_kind=ResearchEnv))
 WORKFLOWS.register("research_single", Workflow(research_solo, ("main",), task_kind=ResearchEnv))
-WORKFLOWS.register("eval_opt", Workflow(eval_opt, ("generator", "evaluator"), options=WorkflowSettings, task_kind=SolveTask,
+WORKFLOWS.register("eval_opt", Workflow(eval_opt, ("generator", "evaluator"), options=StudyOptions, task_kind=SolveTask,
                                         summary=eval_opt_module.summary, formats=eval_opt_module.FORMATS))
-WORKFLOWS.register("voting", Workflow(voting, ("generator", "aggregator"), options=WorkflowSettings, task_kind=SolveTask,
+WORKFLOWS.register("voting", Workflow(voting, ("generator", "aggregator"), options=StudyOptions, task_kind=SolveTask,
                                       summary=voting_module.summary, formats=voting_module.FORMATS))
-# the study workflows' options were top-level workflow keys before: old configs keep working
+# the study workflows' options were top-level workflow keys before: a config that gives one fails, naming its place
 for _key in ("max_iterations", "num_generators", "max_subtasks"):
     register_moved_key(f"workflow.{_key}", f"workflow.options.{_key}")
-WORKFLOWS.register("orch_workers", Workflow(orch_workers, ("orchestrator", "worker", "synthesizer"), options=WorkflowSettings,
+WORKFLOWS.register("orch_workers", Workflow(orch_workers, ("orchestrator", "worker", "synthesizer"), options=StudyOptions,
                                             task_kind=SolveTask, summary=orch_workers_module.summary,
                                             formats=orch_workers_module.FORMATS))
 
@@ -260,5 +260,5 @@ def per_role_reward(sample: Sample, outcome: EpisodeOutcome) -> float:
     return own if own is not None else outcome.reward
 
 
-__all__ = ["REWARDS", "WORKFLOWS", "Baseline", "EpisodeOutcome", "Workflow", "WorkflowSettings", "check_task", "default_workflow", "eval_baselines",
+__all__ = ["REWARDS", "WORKFLOWS", "Baseline", "EpisodeOutcome", "Workflow", "StudyOptions", "check_task", "default_workflow", "eval_baselines",
            "outcome_metrics", "register_reward", "register_workflow"]

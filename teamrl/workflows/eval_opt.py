@@ -26,7 +26,7 @@ from typing import Sequence
 from teamrl.tasks.solve import SolveTask
 from teamrl.tasks.task import Problem
 from teamrl.workflows.context import EpisodeContext
-from teamrl.workflows.outcome import EpisodeOutcome, WorkflowSettings
+from teamrl.workflows.outcome import EpisodeOutcome, StudyOptions
 
 ROLES = ("generator", "evaluator")
 CRITIQUE_CHARS = 400
@@ -89,7 +89,7 @@ def evaluator_prompt(task: SolveTask, problem: Problem, candidate: str) -> list[
 
 
 async def eval_opt(
-    ctx: EpisodeContext, task: SolveTask, problem: Problem, settings: WorkflowSettings
+    ctx: EpisodeContext, task: SolveTask, problem: Problem, settings: StudyOptions
 ) -> EpisodeOutcome:
     """Run one Eval-Opt episode; see the module docstring."""
     iterations = settings.iterations_for(task.name)

@@ -24,7 +24,7 @@ from typing import Sequence
 from teamrl.tasks.solve import SolveTask
 from teamrl.tasks.task import Problem
 from teamrl.workflows.context import EpisodeContext
-from teamrl.workflows.outcome import EpisodeOutcome, WorkflowSettings
+from teamrl.workflows.outcome import EpisodeOutcome, StudyOptions
 
 ROLE_TYPES = ("orchestrator", "worker", "synthesizer")
 WORKER_CHARS = 800  # of each worker output shown to the synthesizer
@@ -73,7 +73,7 @@ def synthesizer_prompt(
 
 
 async def orch_workers(
-    ctx: EpisodeContext, task: SolveTask, problem: Problem, settings: WorkflowSettings
+    ctx: EpisodeContext, task: SolveTask, problem: Problem, settings: StudyOptions
 ) -> EpisodeOutcome:
     """Run one Orch-Workers episode; see the module docstring."""
     plan = await ctx.generate("orchestrator", orchestrator_prompt(task, problem, settings.max_subtasks), turn=0)

@@ -1,4 +1,4 @@
-"""What a study workflow returns, and the settings every study workflow reads."""
+"""What a study workflow returns, and the options every study workflow reads."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from teamrl.core.sample import Sample
 
 
 @dataclass(frozen=True)
-class WorkflowSettings:
+class StudyOptions:
     """The options of the study workflows (``workflow.options`` of ``eval_opt``, ``voting``, ``orch_workers``).
 
     ``max_iterations`` 0 means the task's default: 3 generator attempts for math, 2 for code.

@@ -32,7 +32,7 @@ from typing import Sequence
 from teamrl.tasks.solve import SolveTask
 from teamrl.tasks.task import Problem
 from teamrl.workflows.context import EpisodeContext
-from teamrl.workflows.outcome import EpisodeOutcome, WorkflowSettings
+from teamrl.workflows.outcome import EpisodeOutcome, StudyOptions
 
 ROLE_TYPES = ("generator", "aggregator")
 CANDIDATE_CHARS = 1200  # of each candidate shown to the aggregator
@@ -84,7 +84,7 @@ def aggregator_prompt(task: SolveTask, problem: Problem, candidates: list[str]) 
         f"Which candidate is correct? Reply with one line `Choice: <number from 1 to {len(candidates)}>`.")}]
 
 
-async def voting(ctx: EpisodeContext, task: SolveTask, problem: Problem, settings: WorkflowSettings) -> EpisodeOutcome:
+async def voting(ctx: EpisodeContext, task: SolveTask, problem: Problem, settings: StudyOptions) -> EpisodeOutcome:
     """Run one Voting episode; see the module docstring."""
     roles = generator_roles(settings.num_generators)
     prompt = task.prompt(problem)
