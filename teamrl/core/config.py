@@ -75,14 +75,17 @@ def check_memory(what: str, need: int, how: str, at_most: str = "") -> None:
 
 def option(default: Any = dataclasses.MISSING, *, choices: tuple | None = None, ge: float | None = None,
        gt: float | None = None, le: float | None = None, doc: str = "", factory: Any = None,
-       hints: dict[str, str] | None = None, bytes_each: int | None = None) -> Any:
+       hints: dict[str, str] | None = None, bytes_each: int | None = None, internal: bool = False) -> Any:
     """A config field with its allowed values or range and a one-line doc for the reference.
 
     ``hints`` maps a value that is not allowed but likely meant (another tool's name) to a short
     note appended to its error. ``bytes_each``: the field is a size, each unit of which costs at least
     this many bytes of memory; a value whose cost is over the machine's memory is refused before
-    anything is allocated (:func:`check_memory`)."""
+    anything is allocated (:func:`check_memory`). ``internal``: not a config key (a value derived from others, set
+    in Python), still checked by :func:`check_fields`."""
     meta = {"choices": choices, "ge": ge, "gt": gt, "le": le, "doc": doc, "hints": hints or {}, "bytes_each": bytes_each}
+    if internal:
+        meta["internal"] = True
     if factory is not None:
         return field(default_factory=factory, metadata=meta)
     return field(default=default, metadata=meta)
@@ -216,7 +219,15 @@ class RolloutConfig:
 
 
 @dataclass
-class LossSettings:
+class LossConfig:
+    """The ``train.loss`` section, and what :func:`teamrl.losses.policy_loss` reads: each field declared once, here.
+
+    Built from a config or directly in Python, its values are checked by one mechanism (:func:`check_fields`, the
+    config's own type, choice and range checks), with the same one-line message (``train.loss.eps_low: ...`` from a
+    config, ``LossConfig.eps_low: ...`` from Python). The values derived from other sections, ``importance_correction:
+    auto`` and dr_grpo's ``max_completion_length``, are resolved in one place: :meth:`resolve`.
+    """
+
     eps_low: float = option(0.2, ge=0, le=1, doc="lower PPO clip: ratio >= 1 - eps_low")
     eps_high: float = option(0.2, ge=0, doc="upper PPO clip: ratio <= 1 + eps_high (DAPO clip-higher when > eps_low)")
     dual_clip: float | None = option(None, gt=1, doc="dual-clip constant c > 1 for negative advantages; null disables")
@@ -240,6 +251,22 @@ class LossSettings:
     importance_cap: float = option(2.0, gt=0, doc="upper bound of the importance weight (truncation; verl's "
                                                   "rollout_is_threshold, TRL's vllm_importance_sampling_cap, "
                                                   "now _clip_max); docs/algorithms.md")
+    max_completion_length: int | None = option(None, ge=1, internal=True,
+                                               doc="dr_grpo's constant denominator: rollout.max_new_tokens (resolve)")
+
+    def __post_init__(self) -> None:
+        check_fields(self, "LossConfig.")
+
+    def resolve(self, max_staleness: int = 0, max_new_tokens: int | None = None) -> LossConfig:
+        """This loss with its derived values resolved (the one place they are): ``importance_correction: auto`` is
+        ``token`` when rollouts may be stale (``rollout.max_staleness`` > 0) and ``none`` otherwise, so a synchronous
+        run's loss is unchanged; dr_grpo's ``max_completion_length`` is ``max_new_tokens`` (``rollout.max_new_tokens``)
+        when given. ``policy_loss`` resolves an ``auto`` it is given as on-policy (``max_staleness`` 0)."""
+        mode = self.importance_correction
+        if mode == "auto":
+            mode = "token" if max_staleness > 0 else "none"
+        length = max_new_tokens if self.aggregation == "dr_grpo" and max_new_tokens is not None else self.max_completion_length
+        return dataclasses.replace(self, importance_correction=mode, max_completion_length=length)
 
 
 @dataclass
@@ -256,7 +283,7 @@ class TrainConfig:
     nonfinite_reward: str = option("error", choices=("error", "drop_group"),
                                    doc="a NaN/inf reward: error (names task, problem and role) or drop_group (its comparison "
                                        "group is left out of the update and counted in nonfinite_groups_dropped)")
-    loss: LossSettings = option(factory=LossSettings)
+    loss: LossConfig = option(factory=LossConfig)
     role_grad_norms: bool = option(False, doc="log each role type's loss, entropy and gradient norm on a shared policy "
                                               "(role capture); costs a gradient copy per role")
     eval_every: int = option(0, ge=0, doc="evaluate greedy accuracy on the held-out split every N steps; 0: never")
@@ -472,6 +499,19 @@ def build_dataclass(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
         _check_range(fields[name], v, key)
         kwargs[name] = v
     return cls(**kwargs)
+
+
+def check_fields(obj: Any, prefix: str = "") -> None:
+    """Check a dataclass instance built in Python by the config's own rules (each field's type, choices and range,
+    :func:`option`), with the config's one-line messages, ``prefix`` naming it (``LossConfig.``): the one mechanism
+    for a section that is also built directly (call it from ``__post_init__``). Numbers are stored as the field's
+    type (an int given for a float field becomes a float)."""
+    hints = typing.get_type_hints(type(obj))
+    for f in dataclasses.fields(obj):
+        key = prefix + f.name
+        value = _coerce(getattr(obj, f.name), hints[f.name], key)
+        _check_range(f, value, key)
+        object.__setattr__(obj, f.name, value)
 
 
 def _set_path(data: dict[str, Any], dotted: str, value: Any) -> None:

@@ -38,7 +38,7 @@ from teamrl.trainer.diagnostics import CliffDetector, learning_signal, role_capt
 from teamrl.trainer.evaluate import workflow_stats
 from teamrl.trainer.pipeline import Rollout, RolloutPipeline
 from teamrl.trainer.update import (IMPORTANCE_STATS, NonFiniteReward, _contributes, _to_device, check_sampling_logprobs,
-                                   combine_importance_stats, make_update_settings, nonfinite_reward_groups)
+                                   combine_importance_stats, make_update_params, nonfinite_reward_groups)
 from teamrl.trainer.weight_sync import WeightSync
 from teamrl.trainer.workers import PolicyPlacement, make_router
 from teamrl.workflows import WORKFLOWS, default_workflow
@@ -167,7 +167,7 @@ class Trainer:
         check_max_new_tokens(next(iter(self.router.policies.values())).model, cfg.rollout.max_new_tokens, cfg.model)
         self.params = SamplingParams.from_rollout(cfg.rollout)
         self.greedy_params = dataclasses.replace(self.params, temperature=0.0)  # baselines and evaluation
-        self.update_settings = make_update_settings(cfg, self.roles)
+        self.update_settings = make_update_params(cfg, self.roles)
         self.last_role_stats: dict[str, float] = {}
         self.nonfinite_groups_dropped = 0  # groups left out of the last step for a NaN/inf reward
         # the tokenizer's EOS and generation_config's (vLLM stops at both): one set for every engine and the loss mask

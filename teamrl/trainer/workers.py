@@ -40,7 +40,7 @@ from teamrl.core.config import Config, ConfigError
 from teamrl.core.memory import trim_freed_memory
 from teamrl.core.sample import Sample
 from teamrl.policies.router import PolicyRouter
-from teamrl.trainer.update import UpdateSettings, update_policy_steps
+from teamrl.trainer.update import UpdateParams, update_policy_steps
 
 # What a worker asks of Ray when policy.resources does not name it.
 DEFAULT_WORKER_RESOURCES = {"num_cpus": 1}
@@ -81,7 +81,7 @@ class PolicyWorker:
         """The names of the policies this worker holds (also proves that it is up)."""
         return list(self.router.policies)
 
-    def update(self, name: str, parts: Sequence[Sequence[Sample]], settings: UpdateSettings, pad_id: int,
+    def update(self, name: str, parts: Sequence[Sequence[Sample]], settings: UpdateParams, pad_id: int,
                eos_ids: Sequence[int]) -> dict[str, Any]:
         """One optimizer step of policy ``name`` per non-empty part (see :func:`update_policy_steps`).
 
@@ -232,7 +232,7 @@ class PolicyPlacement:
     def _handle(self, policy: str) -> WorkerHandle:
         return self.workers[self.worker_of[policy]]
 
-    def update(self, parts_by_policy: dict[str, list[list[Sample]]], settings: UpdateSettings, pad_id: int,
+    def update(self, parts_by_policy: dict[str, list[list[Sample]]], settings: UpdateParams, pad_id: int,
                eos_ids: Sequence[int]) -> dict[str, list[dict[str, float]]]:
         """Each policy's optimizer steps on its parts (on Ray, all workers at once); the new weights reach the driver's
         copy through :meth:`to_driver`. Returns each policy's per-step statistics, in the order of ``parts_by_policy``."""
