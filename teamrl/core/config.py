@@ -20,7 +20,8 @@ from typing import Any, Callable, TypeVar
 
 
 from teamrl.core.errors import ConfigError, InputError, InputFileMissing  # noqa: F401  (their home before)
-from teamrl.core.yaml_io import MAX_CONFIG_BYTES, MAX_YAML_REPEATS, load_yaml, read_yaml_mapping  # noqa: F401
+from teamrl.core.yaml_io import (MAX_CONFIG_BYTES, MAX_YAML_REPEATS, _set_path, load_yaml,  # noqa: F401
+                                 parse_overrides, read_yaml_mapping)
 
 
 # The least memory one unit of a size costs: lower bounds, so that a size refused for them cannot fit whatever the model
@@ -497,31 +498,6 @@ def check_fields(obj: Any, prefix: str = "") -> None:
         value = _coerce(getattr(obj, f.name), hints[f.name], key)
         _check_range(f, value, key)
         object.__setattr__(obj, f.name, value)
-
-
-def _set_path(data: dict[str, Any], dotted: str, value: Any) -> None:
-    parts = dotted.split(".")
-    node = data
-    for p in parts[:-1]:
-        nxt = node.get(p)
-        if nxt is None:
-            nxt = node[p] = {}
-        if not isinstance(nxt, dict):
-            raise ConfigError(f"{dotted}: {p} is not a mapping, cannot set a sub-key")
-        node = nxt
-    node[parts[-1]] = value
-
-
-def parse_overrides(overrides: list[str]) -> list[tuple[str, Any]]:
-    """``["train.lr=1e-4", "policy.lora=null"]`` -> [(key, parsed YAML value), ...]."""
-    out = []
-    for o in overrides:
-        if "=" not in o:
-            raise ConfigError(f"override {o!r}: expected key.sub=value")
-        k, v = o.split("=", 1)
-        k = k.strip()
-        out.append((k, load_yaml(v, f"override {k}") if v.strip() else ""))
-    return out
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:

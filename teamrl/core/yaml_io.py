@@ -1,4 +1,4 @@
-"""Reading YAML for the config (a config file, an override's value, a study file): bounded and strict.
+"""Reading YAML for the config (a config file, ``key.sub=value`` overrides, a study file): bounded and strict.
 
 No key twice in a mapping, no alias bomb, no anchor containing itself, no file over :data:`MAX_CONFIG_BYTES`;
 every error is one line (:class:`~teamrl.core.errors.ConfigError`) naming the input and where.
@@ -143,3 +143,28 @@ def read_yaml_mapping(path: str | Path, what: str = "config file") -> dict[str, 
     if not isinstance(loaded, dict):
         raise ConfigError(f"{what} {str(p)!r}: expected a mapping at the top level")
     return loaded
+
+
+def _set_path(data: dict[str, Any], dotted: str, value: Any) -> None:
+    parts = dotted.split(".")
+    node = data
+    for p in parts[:-1]:
+        nxt = node.get(p)
+        if nxt is None:
+            nxt = node[p] = {}
+        if not isinstance(nxt, dict):
+            raise ConfigError(f"{dotted}: {p} is not a mapping, cannot set a sub-key")
+        node = nxt
+    node[parts[-1]] = value
+
+
+def parse_overrides(overrides: list[str]) -> list[tuple[str, Any]]:
+    """``["train.lr=1e-4", "policy.lora=null"]`` -> [(key, parsed YAML value), ...]."""
+    out = []
+    for o in overrides:
+        if "=" not in o:
+            raise ConfigError(f"override {o!r}: expected key.sub=value")
+        k, v = o.split("=", 1)
+        k = k.strip()
+        out.append((k, load_yaml(v, f"override {k}") if v.strip() else ""))
+    return out
