@@ -210,7 +210,7 @@ def teamrl_iterations(spec_path: str, out_path: str, kind: str) -> None:
               "generated_tokens": sum(len(s.completion_ids) for s in samples), "completion_only_loss": True}
     core = _core_bench()
     model = next(iter(trainer.router.policies.values())).model
-    flops = [core.rollout_update_flops(model, LORA["r"], prompt_groups(step, trainer.update_settings.loss)) for step in seen[1:]]
+    flops = [core.rollout_update_flops(model, LORA["r"], prompt_groups(step, trainer.update_params.loss)) for step in seen[1:]]
     peak = core.matmul_peak(trials=3) / 1e9  # in this process, right after its iterations
     out = {"times": times[1:], "warmup_s": times[0], "sanity": sanity, "flops": flops, "peak_gflops": peak,
            "phases": [{k: r[k] for k in ("rollout_s", "update_s")} for r in records[1:]], "threads": torch.get_num_threads(),

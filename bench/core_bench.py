@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     from teamrl.policies.router import PolicyRouter
     from teamrl.rollout.engine import GenerationRequest, SamplingParams
     from teamrl.rollout.hf_engine import HFEngine
-    from teamrl.trainer.update import UpdateSettings, update_policy
+    from teamrl.trainer.update import UpdateParams, update_policy
 
     model, tok = load_model(args.model)
     model.eval()
@@ -205,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
                       prompt_ids=torch.randint(100, 40000, (40,), generator=g).tolist(),
                       completion_ids=torch.randint(100, 40000, (160,), generator=g).tolist(),
                       sampling_logprobs=[], advantage=float(torch.randn(1, generator=g))) for i in range(16)]
-    settings = UpdateSettings(loss=LossConfig(), micro_batch_size=16)
+    settings = UpdateParams(loss=LossConfig(), micro_batch_size=16)
     def step():
         return update_policy(pol, samples, settings, tok.pad_token_id, [eos])
 

@@ -12,7 +12,7 @@ from teamrl.core.sample import Sample
 from teamrl.losses import LossConfig
 from teamrl.policies.policy import Policy
 from teamrl.trainer.diagnostics import CliffDetector, role_capture
-from teamrl.trainer.update import UpdateSettings, update_policy
+from teamrl.trainer.update import UpdateParams, update_policy
 
 
 def _samples(tok, role: str, advs: list[float], offset: int = 0) -> list[Sample]:
@@ -24,7 +24,7 @@ def _samples(tok, role: str, advs: list[float], offset: int = 0) -> list[Sample]
 
 def _run(model, tok, samples, role_stats: bool, mb: int = 16) -> dict[str, float]:
     pol = Policy("p", copy.deepcopy(model), None, lr=1e-3, weight_decay=0.0)
-    return update_policy(pol, samples, UpdateSettings(loss=LossConfig(), micro_batch_size=mb, max_grad_norm=1e9, role_stats=role_stats),
+    return update_policy(pol, samples, UpdateParams(loss=LossConfig(), micro_batch_size=mb, max_grad_norm=1e9, role_grad_norms=role_stats),
                          tok.pad_token_id, [tok.eos_token_id])
 
 

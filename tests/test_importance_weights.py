@@ -18,7 +18,7 @@ from teamrl.core.sample import Sample
 from teamrl.losses import LossConfig, policy_loss
 from teamrl.losses.policy_loss import importance_weights
 from teamrl.policies.policy import Policy
-from teamrl.trainer.update import (SamplingLogprobsError, UpdateSettings, make_update_settings, policy_logprobs,
+from teamrl.trainer.update import (SamplingLogprobsError, UpdateParams, make_update_params, policy_logprobs,
                                    update_policy)
 
 F64 = torch.float64
@@ -153,7 +153,7 @@ def test_policy_loss_needs_sampling_logprobs_of_the_same_shape_when_the_correcti
 
 
 @pytest.mark.parametrize("kwargs, words", [
-    ({"importance_correction": "auto"}, ["importance_correction", "none, token, sequence"]),
+    ({"importance_correction": "tokens"}, ["LossConfig.importance_correction", "'auto', 'token', 'sequence', 'none'"]),
     ({"importance_correction": "token_truncate"}, ["importance_correction", "token"]),
     ({"importance_cap": 0.0}, ["importance_cap", "> 0"]),
     ({"importance_cap": -1.0}, ["importance_cap", "> 0"]),
@@ -188,13 +188,13 @@ def test_config_refuses_a_bad_mode_or_cap_in_one_line(override, words) -> None:
 def test_auto_is_token_when_rollouts_may_be_stale_else_none() -> None:
     cfg = _cfg()
     assert cfg.train.loss.importance_correction == "auto" and cfg.train.loss.importance_cap == 2.0
-    assert make_update_settings(cfg).loss.importance_correction == "none"  # max_staleness 0 (or not yet a key)
+    assert make_update_params(cfg).loss.importance_correction == "none"  # max_staleness 0 (or not yet a key)
     cfg.rollout.max_staleness = 1  # a plain attribute until rollout.max_staleness lands in the schema
-    assert make_update_settings(cfg).loss.importance_correction == "token"
+    assert make_update_params(cfg).loss.importance_correction == "token"
     explicit = _cfg("train.loss.importance_correction=sequence", "train.loss.importance_cap=3.5")
-    assert (explicit_loss := make_update_settings(explicit).loss).importance_correction == "sequence"
+    assert (explicit_loss := make_update_params(explicit).loss).importance_correction == "sequence"
     assert explicit_loss.importance_cap == 3.5
-    assert make_update_settings(_cfg("train.loss.importance_correction=none")).loss.importance_correction == "none"
+    assert make_update_params(_cfg("train.loss.importance_correction=none")).loss.importance_correction == "none"
 
 
 # ---- update_policy on the tiny model -------------------------------------------------------------------------------
@@ -216,7 +216,7 @@ def _samples(tok, logprobs=None) -> list[Sample]:
 def _update(model, tok, samples, loss: LossConfig, micro_batch_size: int = 16) -> tuple[torch.Tensor, dict[str, float]]:
     pol = _sgd_policy(model)
     before = [p.detach().clone() for p in pol.parameters()]
-    stats = update_policy(pol, samples, UpdateSettings(loss=loss, max_grad_norm=1e9, micro_batch_size=micro_batch_size),
+    stats = update_policy(pol, samples, UpdateParams(loss=loss, max_grad_norm=1e9, micro_batch_size=micro_batch_size),
                           tok.pad_token_id, [tok.eos_token_id])
     return torch.cat([(b - p.detach()).flatten() for b, p in zip(before, pol.parameters())]), stats
 
@@ -224,14 +224,14 @@ def _update(model, tok, samples, loss: LossConfig, micro_batch_size: int = 16) -
 def _exact_logprobs(model, tok) -> list[list[float]]:
     """The sampling log-probs a synchronous rollout of these weights gives: the trainer's own."""
     pol = Policy("p", copy.deepcopy(model), None, lr=1.0, weight_decay=0.0)
-    return [row.tolist() for row in policy_logprobs(pol, _samples(tok), UpdateSettings(loss=LossConfig()), tok.pad_token_id)]
+    return [row.tolist() for row in policy_logprobs(pol, _samples(tok), UpdateParams(loss=LossConfig()), tok.pad_token_id)]
 
 
 def test_update_with_none_and_auto_at_staleness_0_is_todays_update_bit_for_bit(tiny) -> None:
     model, tok = tiny
     today, today_stats = _update(model, tok, _samples(tok), LossConfig())  # the option absent (LossConfig's defaults)
     for cfg in (_cfg(), _cfg("train.loss.importance_correction=none")):
-        loss = make_update_settings(cfg).loss
+        loss = make_update_params(cfg).loss
         # sampling log-probs are never read: garbage there changes nothing
         delta, stats = _update(model, tok, _samples(tok, [[float("nan")] * 3] * 3), loss)
         assert torch.equal(delta, today) and stats == today_stats
@@ -292,7 +292,7 @@ def test_a_mismatched_or_nonfinite_sampling_logprob_is_one_line_naming_the_sampl
     pol = _sgd_policy(model)
     before = [p.detach().clone() for p in pol.parameters()]
     with pytest.raises(SamplingLogprobsError) as e:
-        update_policy(pol, samples, UpdateSettings(loss=LossConfig(importance_correction="token")), tok.pad_token_id,
+        update_policy(pol, samples, UpdateParams(loss=LossConfig(importance_correction="token")), tok.pad_token_id,
                       [tok.eos_token_id])
     message = str(e.value)
     assert "\n" not in message and "'q2'" in message and "role 'a'" in message and "episode 2" in message, message

@@ -10,7 +10,7 @@ from teamrl.core.config import ConfigError, load_config
 from teamrl.core.sample import Sample
 from teamrl.losses import LossConfig, policy_loss
 from teamrl.policies.policy import Policy
-from teamrl.trainer.update import UpdateSettings, make_update_settings, update_policy
+from teamrl.trainer.update import UpdateParams, make_update_params, update_policy
 
 
 def _batch():
@@ -57,9 +57,9 @@ def test_bias_correction_changes_the_gradient_even_on_policy() -> None:
 
 
 def test_kl_estimator_config_default_is_plain_k3_and_reaches_the_loss(tmp_path) -> None:
-    assert make_update_settings(load_config(None, [])).loss.kl_bias_correction is False
+    assert make_update_params(load_config(None, [])).loss.kl_bias_correction is False
     cfg = load_config(None, ["train.loss.kl_coef=0.1", "train.loss.kl_bias_correction=true"])
-    assert make_update_settings(cfg).loss.kl_bias_correction is True
+    assert make_update_params(cfg).loss.kl_bias_correction is True
 
 
 @pytest.mark.parametrize(("trl_name", "ours"), [("dapo", "token_mean"), ("grpo", "seq_mean_token_mean"), ("bnpo", "")])
@@ -86,7 +86,7 @@ def test_token_mean_is_trl_dapo_over_micro_batches_not_bnpo(tiny) -> None:
         pol = Policy("p", copy.deepcopy(model), None, lr=1.0, weight_decay=0.0)
         pol.optimizer = torch.optim.SGD(pol.parameters(), lr=1.0)
         before = [p.detach().clone() for p in pol.parameters()]
-        update_policy(pol, samples, UpdateSettings(loss=LossConfig(), micro_batch_size=mb, max_grad_norm=1e9), tok.pad_token_id, [eos])
+        update_policy(pol, samples, UpdateParams(loss=LossConfig(), micro_batch_size=mb, max_grad_norm=1e9), tok.pad_token_id, [eos])
         return torch.cat([(b - p.detach()).flatten() for b, p in zip(before, pol.parameters())])
 
     full, split = step(2), step(1)

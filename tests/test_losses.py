@@ -404,7 +404,6 @@ def test_policy_loss_shape_errors() -> None:
         ({"kl_coef": -0.04}, "kl_coef"),
         ({"kl_coef": float("nan")}, "kl_coef"),
         ({"aggregation": "sum"}, "aggregation"),
-        ({"aggregation": "dr_grpo"}, "max_completion_length"),
         ({"max_completion_length": 0}, "max_completion_length"),
     ],
 )
@@ -414,8 +413,17 @@ def test_loss_config_errors_name_the_field(kwargs: dict, field: str) -> None:
 
 
 def test_loss_config_aggregation_error_lists_allowed_values() -> None:
-    with pytest.raises(ValueError, match="token_mean, seq_mean_token_mean, seq_mean_token_sum, dr_grpo"):
+    with pytest.raises(ValueError, match=r"\['token_mean', 'seq_mean_token_mean', 'seq_mean_token_sum', 'dr_grpo'\]"):
         LossConfig(aggregation="mean")
+
+
+def test_dr_grpo_without_its_denominator_is_refused_by_the_loss_naming_it() -> None:
+    # a train.loss section is built before rollout.max_new_tokens is known: LossConfig.resolve sets it
+    cfg = LossConfig(aggregation="dr_grpo")
+    lp = torch.zeros(1, 2, dtype=torch.float64)
+    with pytest.raises(ValueError, match="LossConfig.max_completion_length: required by aggregation 'dr_grpo'"):
+        policy_loss(lp, lp, torch.ones(1, dtype=torch.float64), torch.ones(1, 2, dtype=torch.bool), cfg)
+    assert cfg.resolve(max_new_tokens=8).max_completion_length == 8
 
 
 # --------------------------------------------------------------------------------------------

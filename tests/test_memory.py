@@ -47,7 +47,7 @@ def test_each_policy_update_trims_the_heap_after_it(tiny, monkeypatch):
     from teamrl.core.sample import Sample
     from teamrl.losses import LossConfig
     from teamrl.policies.policy import Policy
-    from teamrl.trainer.update import UpdateSettings
+    from teamrl.trainer.update import UpdateParams
 
     model, tok = tiny
     calls = []
@@ -56,7 +56,7 @@ def test_each_policy_update_trims_the_heap_after_it(tiny, monkeypatch):
     router = type("Router", (), {"policies": {"p": Policy("p", model, None, lr=1e-3, weight_decay=0.0)}})()
     sample = Sample(role="agent", policy="p", problem_id=0, prompt_ids=[256, 5], completion_ids=[6, tok.eos_token_id],
                     sampling_logprobs=[], advantage=1.0)
-    workers.PolicyWorker(router).update("p", [[sample]], UpdateSettings(loss=LossConfig()), tok.pad_token_id, [tok.eos_token_id])
+    workers.PolicyWorker(router).update("p", [[sample]], UpdateParams(loss=LossConfig()), tok.pad_token_id, [tok.eos_token_id])
     assert calls == ["update", "trim"]
 
 

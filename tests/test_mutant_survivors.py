@@ -21,7 +21,7 @@ from teamrl.rollout.engine import GenerationRequest, SamplingParams
 from teamrl.rollout.hf_engine import HFEngine
 from teamrl.tasks.environment import Environment
 from teamrl.tasks.task import Problem, TeamTask
-from teamrl.trainer.update import UpdateSettings, update_policy
+from teamrl.trainer.update import UpdateParams, update_policy
 from teamrl.workflows.outcome import EpisodeOutcome
 from tests.fakes import FakeTokenizer, FixedLogitsModel, run_all, scripted_factory
 
@@ -40,7 +40,7 @@ def _step(model, samples, tok):
     pol = Policy("p", copy.deepcopy(model), None, lr=1.0, weight_decay=0.0)
     pol.optimizer = torch.optim.SGD(pol.parameters(), lr=1.0)  # the step is the gradient
     before = [p.detach().clone() for p in pol.parameters()]
-    update_policy(pol, samples, UpdateSettings(loss=LossConfig(), max_grad_norm=1e9), tok.pad_token_id, [tok.eos_token_id])
+    update_policy(pol, samples, UpdateParams(loss=LossConfig(), max_grad_norm=1e9), tok.pad_token_id, [tok.eos_token_id])
     return torch.cat([(b - p.detach()).flatten() for b, p in zip(before, pol.parameters())])
 
 

@@ -23,7 +23,7 @@ from teamrl.rollout.engine import GenerationRequest, SamplingParams
 from teamrl.rollout.hf_engine import HFEngine
 from teamrl.tasks.environment import Environment
 from teamrl.tasks.task import Problem, Task, TeamTask
-from teamrl.trainer.update import UpdateSettings, update_policy
+from teamrl.trainer.update import UpdateParams, update_policy
 from tests.fakes import FakeTokenizer, FixedLogitsModel, run_all, scripted_factory
 
 # --- losses ------------------------------------------------------------------------------------
@@ -81,7 +81,7 @@ def _step_of(pol, fn):
 def test_update_clips_the_gradient_norm(tiny):
     model, tok = tiny
     pol = _sgd_policy(model)
-    step, stats = _step_of(pol, lambda: update_policy(pol, _samples(tok, [1.0, -1.0]), UpdateSettings(
+    step, stats = _step_of(pol, lambda: update_policy(pol, _samples(tok, [1.0, -1.0]), UpdateParams(
         loss=LossConfig(), max_grad_norm=1e-3), tok.pad_token_id, [tok.eos_token_id]))
     assert stats["grad_norm"] > 1e-2  # the norm before clipping
     assert step.norm().item() == pytest.approx(1e-3, rel=1e-3)
@@ -92,7 +92,7 @@ def test_update_trains_no_token_after_eos(tiny):
     eos = tok.eos_token_id
     clean = _samples(tok, [1.0, -1.0])
     tailed = [dataclasses.replace(s, completion_ids=s.completion_ids + [90, eos, 91]) for s in clean]
-    settings = UpdateSettings(loss=LossConfig(), max_grad_norm=1e9)
+    settings = UpdateParams(loss=LossConfig(), max_grad_norm=1e9)
     steps = []
     for samples in (clean, tailed):
         pol = _sgd_policy(model)
@@ -108,7 +108,7 @@ def test_kl_penalty_is_against_the_reference_model(tiny):
         for p in ref.parameters():
             p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(0)))
     pol = _sgd_policy(model, reference_model=ref)
-    step, stats = _step_of(pol, lambda: update_policy(pol, _samples(tok, [0.0, 0.0]), UpdateSettings(
+    step, stats = _step_of(pol, lambda: update_policy(pol, _samples(tok, [0.0, 0.0]), UpdateParams(
         loss=LossConfig(kl_coef=1.0), max_grad_norm=1e9), tok.pad_token_id, [tok.eos_token_id]))
     assert stats["kl"] > 1e-4 and stats["loss"] == pytest.approx(stats["kl"], rel=1e-5)  # zero advantages: loss = KL
     assert step.abs().sum() > 0  # and the KL pulls the weights
@@ -122,7 +122,7 @@ def test_ppo_epochs_step_from_their_own_gradient_only(tiny):
     def step(epochs):
         pol = _sgd_policy(model)
         pol.optimizer = torch.optim.SGD(pol.parameters(), lr=1e-4)  # small steps: each epoch's gradient ~ the first's
-        settings = UpdateSettings(loss=LossConfig(), ppo_epochs=epochs, max_grad_norm=1e9)
+        settings = UpdateParams(loss=LossConfig(), ppo_epochs=epochs, max_grad_norm=1e9)
         return _step_of(pol, lambda: update_policy(pol, samples, settings, tok.pad_token_id, [tok.eos_token_id]))[0]
 
     one, two = step(1), step(2)

@@ -11,7 +11,7 @@ import teamrl.trainer.update as update_module
 from teamrl.core.sample import Sample
 from teamrl.losses import LossConfig, trajectory_advantages, trajectory_ids
 from teamrl.policies.policy import Policy
-from teamrl.trainer.update import UpdateSettings, nonfinite_reward_groups, update_policy
+from teamrl.trainer.update import UpdateParams, nonfinite_reward_groups, update_policy
 
 
 def test_an_untagged_sample_is_never_part_of_a_tagged_trajectory():
@@ -46,7 +46,7 @@ def _run_update(tiny):
     model, tok = tiny
     pol = Policy("p", copy.deepcopy(model), None, lr=1e-2, weight_decay=0.0)
     before = [p.detach().clone() for p in pol.parameters()]
-    stats = update_policy(pol, [_update_sample(0, tok, 1.0), _update_sample(1, tok, -1.0)], UpdateSettings(loss=LossConfig()),
+    stats = update_policy(pol, [_update_sample(0, tok, 1.0), _update_sample(1, tok, -1.0)], UpdateParams(loss=LossConfig()),
                           tok.pad_token_id, [tok.eos_token_id])
     unchanged = all(torch.equal(a, b) for a, b in zip(before, pol.parameters()))
     return stats, unchanged, pol
@@ -84,7 +84,7 @@ def test_old_logprobs_across_steps_are_taken_at_the_sampling_temperature(tiny):
     temperature = 0.5
     samples = [Sample(role="a", policy="p", problem_id=0, prompt_ids=[256, 30 + i], completion_ids=[40 + i, 41, 42],
                       sampling_logprobs=[], temperature=temperature) for i in range(2)]
-    got = update_module.policy_logprobs(pol, samples, UpdateSettings(loss=LossConfig()), tok.pad_token_id)
+    got = update_module.policy_logprobs(pol, samples, UpdateParams(loss=LossConfig()), tok.pad_token_id)
     with torch.no_grad(), pol.active() as m:
         for s, lp in zip(samples, got):
             p, c = s.prompt_ids, s.completion_ids
@@ -100,7 +100,7 @@ def test_the_second_of_two_steps_clips_against_the_sampling_policy(tiny):
     pol.optimizer = torch.optim.SGD(pol.parameters(), lr=1.0)  # a big first step
     samples = [Sample(role="a", policy="p", problem_id=0, prompt_ids=[256, 30 + i], completion_ids=[40 + i, 41, eos],
                       sampling_logprobs=[], advantage=a) for i, a in enumerate([1.0, -1.0, 1.0, -1.0])]
-    settings = UpdateSettings(loss=LossConfig(eps_low=0.01, eps_high=0.01), max_grad_norm=1e9)
+    settings = UpdateParams(loss=LossConfig(eps_low=0.01, eps_high=0.01), max_grad_norm=1e9)
     first, second = update_module.update_policy_steps(pol, [samples, samples], settings, tok.pad_token_id, [eos])
     assert first["clip_frac"] == 0.0  # the weights that sampled: ratio 1
     # against the sampling weights, after one big step, ratios leave [0.99, 1.01]; against the current ones they are 1

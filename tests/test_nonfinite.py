@@ -15,7 +15,7 @@ from teamrl.core.sample import Sample
 from teamrl.losses import LossConfig
 from teamrl.policies.policy import Policy
 from teamrl.trainer.trainer import Trainer
-from teamrl.trainer.update import UpdateSettings, update_policy
+from teamrl.trainer.update import UpdateParams, update_policy
 
 TINY = ["model=tiny-random", "threads=1", "rollout.max_new_tokens=6", "rollout.batch_size=2", "rollout.group_size=3",
         "run.progress=false", "run.tensorboard=false", "train.lr=1e-2", "policy.lora.r=4"]
@@ -83,14 +83,14 @@ def test_a_non_finite_loss_skips_the_step_and_leaves_the_weights(tiny, capsys, b
     model, tok = tiny
     pol = Policy("p", copy.deepcopy(model), None, lr=1e-2, weight_decay=0.0)
     before = [p.detach().clone() for p in pol.parameters()]
-    stats = update_policy(pol, [_sample(0, tok, 1.0), _sample(1, tok, bad)], UpdateSettings(loss=LossConfig()),
+    stats = update_policy(pol, [_sample(0, tok, 1.0), _sample(1, tok, bad)], UpdateParams(loss=LossConfig()),
                           tok.pad_token_id, [tok.eos_token_id])
     assert stats["skipped_steps"] == 1.0
     assert all(math.isfinite(v) for v in stats.values())
     assert all(torch.equal(a, b) for a, b in zip(before, pol.parameters()))
     assert not pol.optimizer.state  # the optimizer's moments were not touched either
     assert "'p'" in capsys.readouterr().err
-    ok = update_policy(pol, [_sample(0, tok, 1.0), _sample(1, tok, -1.0)], UpdateSettings(loss=LossConfig()),
+    ok = update_policy(pol, [_sample(0, tok, 1.0), _sample(1, tok, -1.0)], UpdateParams(loss=LossConfig()),
                        tok.pad_token_id, [tok.eos_token_id])
     assert ok["skipped_steps"] == 0.0 and not all(torch.equal(a, b) for a, b in zip(before, pol.parameters()))
 

@@ -7,7 +7,7 @@ from teamrl.losses import LossConfig
 from teamrl.policies.chat import encode_chat
 from teamrl.policies.logprobs import build_token_batch, completion_logprobs
 from teamrl.policies.router import PolicyRouter, role_type
-from teamrl.trainer.update import UpdateSettings, update_policy
+from teamrl.trainer.update import UpdateParams, update_policy
 
 LORA = LoraConfig(r=4, alpha=8, target_modules=["q_proj", "v_proj", "up_proj"])
 
@@ -34,7 +34,7 @@ def _samples(router, role, n=4):
 
 
 def _update(router, role):
-    settings = UpdateSettings(loss=LossConfig(), micro_batch_size=2)
+    settings = UpdateParams(loss=LossConfig(), micro_batch_size=2)
     pol = router.policy_for(role)
     return update_policy(pol, _samples(router, role), settings, router.tokenizer.pad_token_id, [router.tokenizer.eos_token_id])
 
@@ -81,7 +81,7 @@ def test_shared_policy_moves_one_set_for_every_role():
 def test_update_refuses_another_policys_samples():
     router = PolicyRouter("lora_per_role", ["planner", "coder"], "tiny-random", LORA, lr=1e-2)
     with pytest.raises(ValueError, match="given samples of"):
-        update_policy(router.policies["planner"], _samples(router, "coder"), UpdateSettings(loss=LossConfig()), 0, [0])
+        update_policy(router.policies["planner"], _samples(router, "coder"), UpdateParams(loss=LossConfig()), 0, [0])
 
 
 def test_lora_reference_is_the_base_with_adapters_disabled():

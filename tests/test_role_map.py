@@ -12,7 +12,7 @@ from teamrl.core.sample import Sample
 from teamrl.losses import LossConfig
 from teamrl.policies.policy import Policy
 from teamrl.policies.router import PolicyRouter, declared_role
-from teamrl.trainer.update import UpdateSettings, update_policy
+from teamrl.trainer.update import UpdateParams, update_policy
 
 LORA = LoraConfig(r=4, alpha=8, target_modules=["q_proj", "v_proj"])
 
@@ -58,7 +58,7 @@ def test_role_statistics_keep_a_declared_critic2_apart_and_fold_instances(tiny):
     samples = (_stat_samples(tok, "critic", [1.0, -1.0], 0) + _stat_samples(tok, "critic2", [0.5, -0.5], 3)
                + _stat_samples(tok, "judge0", [0.2, -0.2], 6))
     pol = Policy("p", copy.deepcopy(model), None, lr=1e-3, weight_decay=0.0)
-    stats = update_policy(pol, samples, UpdateSettings(loss=LossConfig(), role_stats=True, roles=("critic", "critic2", "judge")),
+    stats = update_policy(pol, samples, UpdateParams(loss=LossConfig(), role_grad_norms=True, roles=("critic", "critic2", "judge")),
                           tok.pad_token_id, [tok.eos_token_id])
     assert sorted(k for k in stats if k.startswith("tokens@")) == ["tokens@critic", "tokens@critic2", "tokens@judge"]
 

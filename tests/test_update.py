@@ -8,7 +8,7 @@ from teamrl.core.sample import Sample
 from teamrl.losses import LossConfig, completion_mask, policy_loss
 from teamrl.policies.logprobs import build_token_batch, completion_logprobs
 from teamrl.policies.policy import Policy
-from teamrl.trainer.update import UpdateSettings, update_policy
+from teamrl.trainer.update import UpdateParams, update_policy
 
 
 def _grads(model, prompts, completions, adv, pad, eos, agg="token_mean", max_completion_length=None):
@@ -52,7 +52,7 @@ def test_micro_batching_equals_one_full_batch_for_every_aggregation(tiny):
             pol = Policy("p", m, None, lr=1.0, weight_decay=0.0)
             pol.optimizer = torch.optim.SGD(pol.parameters(), lr=1.0)  # the step equals the gradient
             before = [p.clone() for p in pol.parameters()]
-            update_policy(pol, samples, UpdateSettings(loss=LossConfig(aggregation=agg, max_completion_length=8), micro_batch_size=mb, max_grad_norm=1e9),
+            update_policy(pol, samples, UpdateParams(loss=LossConfig(aggregation=agg, max_completion_length=8), micro_batch_size=mb, max_grad_norm=1e9),
                           tok.pad_token_id, [tok.eos_token_id])
             grads.append(torch.cat([(b - p.detach()).flatten() for b, p in zip(before, pol.parameters())]))
         assert grads[0].abs().sum() > 0
@@ -64,7 +64,7 @@ def test_ppo_epochs_use_fixed_old_logprobs_and_clip(tiny):
     model, tok = tiny
     samples = [_sample(i, tok, a) for i, a in enumerate([1.0, -1.0, 1.0, -1.0])]
     pol = Policy("p", copy.deepcopy(model), None, lr=5e-2, weight_decay=0.0)
-    stats = update_policy(pol, samples, UpdateSettings(loss=LossConfig(eps_low=0.01, eps_high=0.01), ppo_epochs=3), tok.pad_token_id, [tok.eos_token_id])
+    stats = update_policy(pol, samples, UpdateParams(loss=LossConfig(eps_low=0.01, eps_high=0.01), ppo_epochs=3), tok.pad_token_id, [tok.eos_token_id])
     # after the first epoch's big step, ratios leave [0.99, 1.01] and some tokens are clipped
     assert stats["clip_frac"] > 0
 
@@ -110,7 +110,7 @@ def test_update_with_repeated_prompts_matches_distinct_micro_batches(tiny):
         pol = Policy("p", copy.deepcopy(model), None, lr=1.0, weight_decay=0.0)
         pol.optimizer = torch.optim.SGD(pol.parameters(), lr=1.0)
         before = [p.clone() for p in pol.parameters()]
-        update_policy(pol, samples, UpdateSettings(loss=LossConfig(), micro_batch_size=mb, max_grad_norm=1e9), tok.pad_token_id, [eos])
+        update_policy(pol, samples, UpdateParams(loss=LossConfig(), micro_batch_size=mb, max_grad_norm=1e9), tok.pad_token_id, [eos])
         steps.append(torch.cat([(b - p.detach()).flatten() for b, p in zip(before, pol.parameters())]))
     assert steps[0].abs().sum() > 0
     for step in steps[1:]:
@@ -160,7 +160,7 @@ def test_freed_memory_goes_back_to_the_os_before_every_micro_batch_and_pass(tiny
     for mb, want in ((6, ["trim", "pass"]), (1, ["trim", "pass"] * 3 * 2)):
         events.clear()
         update_policy(Policy("p", copy.deepcopy(model), None, lr=1e-3, weight_decay=0.0), samples,
-                      UpdateSettings(loss=LossConfig(), micro_batch_size=mb), tok.pad_token_id, [eos])
+                      UpdateParams(loss=LossConfig(), micro_batch_size=mb), tok.pad_token_id, [eos])
         assert events == want, mb
 
 
@@ -203,7 +203,7 @@ def test_update_split_for_padding_equals_one_padded_micro_batch(tiny, monkeypatc
         pol = Policy("p", copy.deepcopy(model), None, lr=1.0, weight_decay=0.0)
         pol.optimizer = torch.optim.SGD(pol.parameters(), lr=1.0)
         before = [p.clone() for p in pol.parameters()]
-        update_policy(pol, samples, UpdateSettings(loss=LossConfig(), micro_batch_size=16, max_grad_norm=1e9), tok.pad_token_id, [eos])
+        update_policy(pol, samples, UpdateParams(loss=LossConfig(), micro_batch_size=16, max_grad_norm=1e9), tok.pad_token_id, [eos])
         steps.append(torch.cat([(b - p.detach()).flatten() for b, p in zip(before, pol.parameters())]))
     assert steps[0].abs().sum() > 0
     assert torch.allclose(steps[0], steps[1], atol=1e-6, rtol=1e-4)
@@ -239,7 +239,7 @@ def test_zero_advantage_samples_are_not_computed_and_the_step_is_unchanged(tiny,
         pol.optimizer = torch.optim.SGD(pol.parameters(), lr=1.0)  # the step equals minus the gradient
         before = {n: p.detach().clone() for n, p in pol.model.named_parameters()}
         rows.clear()
-        update_policy(pol, samples, UpdateSettings(loss=LossConfig(aggregation=agg, max_completion_length=8),
+        update_policy(pol, samples, UpdateParams(loss=LossConfig(aggregation=agg, max_completion_length=8),
                                                    max_grad_norm=1e9),
                       tok.pad_token_id, [tok.eos_token_id])
         assert sum(rows) == 3, (agg, rows)  # only the three samples with a non-zero advantage ran
@@ -251,7 +251,7 @@ def test_an_all_zero_advantage_update_runs_no_pass_but_still_steps_the_optimizer
     """No forward pass at all, yet AdamW's momentum and weight decay move the weights exactly as a
     step on the (zero) full-batch gradient would."""
     model, tok = tiny
-    settings = UpdateSettings(loss=LossConfig())
+    settings = UpdateParams(loss=LossConfig())
     moved = Policy("p", copy.deepcopy(model), None, lr=1e-2, weight_decay=0.1)
     update_policy(moved, [_sample(i, tok, a) for i, a in enumerate([1.0, -1.0, 0.5])], settings,
                   tok.pad_token_id, [tok.eos_token_id])  # builds up momentum
@@ -280,7 +280,7 @@ def test_logged_kl_clip_frac_and_loss_do_not_depend_on_the_micro_batch_size(tiny
             pol = Policy("p", copy.deepcopy(model), None, lr=0.02, weight_decay=0.0, reference_model=copy.deepcopy(model))
             loss = LossConfig(aggregation=agg, max_completion_length=8, kl_coef=0.1, eps_low=0.05, eps_high=0.05)
             # two PPO epochs: the second one's statistics are logged, after a step has moved the policy off the reference
-            st = update_policy(pol, samples, UpdateSettings(loss=loss, ppo_epochs=2, micro_batch_size=mb, max_grad_norm=1e9),
+            st = update_policy(pol, samples, UpdateParams(loss=loss, ppo_epochs=2, micro_batch_size=mb, max_grad_norm=1e9),
                                tok.pad_token_id, [tok.eos_token_id])
             logged.append({k: st[k] for k in ("kl", "clip_frac", "loss")})
         assert logged[0]["kl"] > 1e-4 and logged[0]["clip_frac"] > 0, (agg, logged[0])

@@ -12,7 +12,7 @@ import torch
 from teamrl.core.sample import Sample
 from teamrl.losses import LossConfig
 from teamrl.policies.policy import Policy
-from teamrl.trainer.update import UpdateSettings, update_policy
+from teamrl.trainer.update import UpdateParams, update_policy
 
 
 def _sgd_policy(model) -> Policy:
@@ -35,7 +35,7 @@ def test_post_eos_tokens_carry_no_loss_through_update_policy(tiny) -> None:
                           sampling_logprobs=[], advantage=a) for i, (c, a) in enumerate(zip(completions, [1.0, -0.5]))]
         pol = _sgd_policy(model)
         before = [p.detach().clone() for p in pol.parameters()]
-        stats = update_policy(pol, samples, UpdateSettings(loss=LossConfig(), max_grad_norm=1e9), tok.pad_token_id, [eos])
+        stats = update_policy(pol, samples, UpdateParams(loss=LossConfig(), max_grad_norm=1e9), tok.pad_token_id, [eos])
         return _delta(pol, before), stats
 
     clean, clean_stats = run([[40, 41, eos], [42, eos]])
@@ -87,7 +87,7 @@ def test_update_policy_uses_given_old_logprobs(tiny) -> None:
     samples = [Sample(role="a", policy="p", problem_id=0, prompt_ids=[256, 30 + i], completion_ids=[40 + i, 41, eos],
                       sampling_logprobs=[], advantage=a) for i, a in enumerate([1.0, -1.0, 1.0, -1.0])]
     pol = _sgd_policy(model)
-    settings = UpdateSettings(loss=LossConfig(eps_low=0.01, eps_high=0.01), max_grad_norm=1e9)
+    settings = UpdateParams(loss=LossConfig(eps_low=0.01, eps_high=0.01), max_grad_norm=1e9)
     old = policy_logprobs(pol, samples, settings, tok.pad_token_id)
     assert [len(o) for o in old] == [3, 3, 3, 3]
     same = update_policy(_sgd_policy(model), samples, settings, tok.pad_token_id, [eos], old_logprobs=old)

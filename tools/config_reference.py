@@ -42,6 +42,28 @@ go under `task:` and are validated by the task (`word_count`: `num_problems`, `m
 against the workflow's options dataclass ([extending.md](extending.md)). Which role acts with
 which policy (`policy.roles`) is described in [extending.md](extending.md#role---policy-map).
 
+A key that was removed fails in one line naming what to write instead (`teamrl: config error:
+workflow.num_generators was moved: write workflow.options.num_generators`); no old key is moved
+silently.
+
+## Names
+
+One rule names the classes of settings, in the code and in these docs:
+
+- `*Config`: a section of the run's YAML config, top-level or nested (`RolloutConfig` is
+  `rollout:`, `LossConfig` is `train.loss:`, `MAGRPOConfig` is `magrpo:`). An algorithm's section
+  is registered beside the algorithm and read typed: `cfg.section(MAGRPOConfig)`; the algorithm
+  takes it plus the values it needs from other sections as arguments (`group_size=`, `k=`, `seed=`).
+- `*Options`: the options of a registered component (a task's, a workflow's, an environment's),
+  given under its mapping (`task:`, `workflow.options:`); e.g. `StudyOptions` of the study workflows.
+- `*Params`: the values one operation runs with, derived from config sections in one named place
+  (`SamplingParams.from_rollout(cfg.rollout)`, `make_update_params(cfg)`); not config keys.
+
+Nothing is called `*Settings`. A section built in Python (`LossConfig(eps_low=0.1)`) is checked by
+the same rules and messages as from YAML (`LossConfig.eps_low: ...` for `train.loss.eps_low: ...`);
+values derived from other sections (`importance_correction: auto`, dr_grpo's
+`max_completion_length`) are resolved by `LossConfig.resolve`.
+
 """
 
 

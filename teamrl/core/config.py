@@ -17,23 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
-import yaml
 
 
-class InputError(ValueError):
-    """Bad input from the user: a config, a data file, a model name, or what a task's code returned.
-
-    The message is one line that names the input and what would be accepted; ``teamrl`` prints it
-    and exits with code 2. Any other exception is a bug and keeps its traceback.
-    """
-
-
-class ConfigError(InputError):
-    """A config key or value is not allowed; the message names the key and what is."""
-
-
-class InputFileMissing(InputError, FileNotFoundError):
-    """A file or folder that the input names does not exist (also a ``FileNotFoundError``)."""
+from teamrl.core.errors import ConfigError, InputError, InputFileMissing  # noqa: F401  (their home before)
+from teamrl.core.yaml_io import (MAX_CONFIG_BYTES, MAX_YAML_REPEATS, _set_path, load_yaml,  # noqa: F401
+                                 parse_overrides, read_yaml_mapping)
 
 
 # The least memory one unit of a size costs: lower bounds, so that a size refused for them cannot fit whatever the model
@@ -42,8 +30,6 @@ BYTES_PER_SAMPLE = 512  # a sample's object and its prompt, before any token of 
 BYTES_PER_PROBLEM = 256  # a task's problem: its object, id and text
 # sizes that the options of tasks and workflows declare without ``bytes_each``, by field name
 SIZE_BYTES = {"num_problems": BYTES_PER_PROBLEM}
-MAX_CONFIG_BYTES = 8 << 20  # a config file (or study file) larger than this is refused before it is read
-MAX_YAML_REPEATS = 100_000  # the most nodes that aliases (*name) may repeat in one YAML document
 MAX_NAME_BYTES = 255  # a run name is a folder name (NAME_MAX)
 
 
@@ -75,14 +61,17 @@ def check_memory(what: str, need: int, how: str, at_most: str = "") -> None:
 
 def option(default: Any = dataclasses.MISSING, *, choices: tuple | None = None, ge: float | None = None,
        gt: float | None = None, le: float | None = None, doc: str = "", factory: Any = None,
-       hints: dict[str, str] | None = None, bytes_each: int | None = None) -> Any:
+       hints: dict[str, str] | None = None, bytes_each: int | None = None, internal: bool = False) -> Any:
     """A config field with its allowed values or range and a one-line doc for the reference.
 
     ``hints`` maps a value that is not allowed but likely meant (another tool's name) to a short
     note appended to its error. ``bytes_each``: the field is a size, each unit of which costs at least
     this many bytes of memory; a value whose cost is over the machine's memory is refused before
-    anything is allocated (:func:`check_memory`)."""
+    anything is allocated (:func:`check_memory`). ``internal``: not a config key (a value derived from others, set
+    in Python), still checked by :func:`check_fields`."""
     meta = {"choices": choices, "ge": ge, "gt": gt, "le": le, "doc": doc, "hints": hints or {}, "bytes_each": bytes_each}
+    if internal:
+        meta["internal"] = True
     if factory is not None:
         return field(default_factory=factory, metadata=meta)
     return field(default=default, metadata=meta)
@@ -216,7 +205,15 @@ class RolloutConfig:
 
 
 @dataclass
-class LossSettings:
+class LossConfig:
+    """The ``train.loss`` section, and what :func:`teamrl.losses.policy_loss` reads: each field declared once, here.
+
+    Built from a config or directly in Python, its values are checked by one mechanism (:func:`check_fields`, the
+    config's own type, choice and range checks), with the same one-line message (``train.loss.eps_low: ...`` from a
+    config, ``LossConfig.eps_low: ...`` from Python). The values derived from other sections, ``importance_correction:
+    auto`` and dr_grpo's ``max_completion_length``, are resolved in one place: :meth:`resolve`.
+    """
+
     eps_low: float = option(0.2, ge=0, le=1, doc="lower PPO clip: ratio >= 1 - eps_low")
     eps_high: float = option(0.2, ge=0, doc="upper PPO clip: ratio <= 1 + eps_high (DAPO clip-higher when > eps_low)")
     dual_clip: float | None = option(None, gt=1, doc="dual-clip constant c > 1 for negative advantages; null disables")
@@ -240,6 +237,22 @@ class LossSettings:
     importance_cap: float = option(2.0, gt=0, doc="upper bound of the importance weight (truncation; verl's "
                                                   "rollout_is_threshold, TRL's vllm_importance_sampling_cap, "
                                                   "now _clip_max); docs/algorithms.md")
+    max_completion_length: int | None = option(None, ge=1, internal=True,
+                                               doc="dr_grpo's constant denominator: rollout.max_new_tokens (resolve)")
+
+    def __post_init__(self) -> None:
+        check_fields(self, "LossConfig.")
+
+    def resolve(self, max_staleness: int = 0, max_new_tokens: int | None = None) -> LossConfig:
+        """This loss with its derived values resolved (the one place they are): ``importance_correction: auto`` is
+        ``token`` when rollouts may be stale (``rollout.max_staleness`` > 0) and ``none`` otherwise, so a synchronous
+        run's loss is unchanged; dr_grpo's ``max_completion_length`` is ``max_new_tokens`` (``rollout.max_new_tokens``)
+        when given. ``policy_loss`` resolves an ``auto`` it is given as on-policy (``max_staleness`` 0)."""
+        mode = self.importance_correction
+        if mode == "auto":
+            mode = "token" if max_staleness > 0 else "none"
+        length = max_new_tokens if self.aggregation == "dr_grpo" and max_new_tokens is not None else self.max_completion_length
+        return dataclasses.replace(self, importance_correction=mode, max_completion_length=length)
 
 
 @dataclass
@@ -256,7 +269,7 @@ class TrainConfig:
     nonfinite_reward: str = option("error", choices=("error", "drop_group"),
                                    doc="a NaN/inf reward: error (names task, problem and role) or drop_group (its comparison "
                                        "group is left out of the update and counted in nonfinite_groups_dropped)")
-    loss: LossSettings = option(factory=LossSettings)
+    loss: LossConfig = option(factory=LossConfig)
     role_grad_norms: bool = option(False, doc="log each role type's loss, entropy and gradient norm on a shared policy "
                                               "(role capture); costs a gradient copy per role")
     eval_every: int = option(0, ge=0, doc="evaluate greedy accuracy on the held-out split every N steps; 0: never")
@@ -474,156 +487,17 @@ def build_dataclass(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
     return cls(**kwargs)
 
 
-def _set_path(data: dict[str, Any], dotted: str, value: Any) -> None:
-    parts = dotted.split(".")
-    node = data
-    for p in parts[:-1]:
-        nxt = node.get(p)
-        if nxt is None:
-            nxt = node[p] = {}
-        if not isinstance(nxt, dict):
-            raise ConfigError(f"{dotted}: {p} is not a mapping, cannot set a sub-key")
-        node = nxt
-    node[parts[-1]] = value
-
-
-def parse_overrides(overrides: list[str]) -> list[tuple[str, Any]]:
-    """``["train.lr=1e-4", "policy.lora=null"]`` -> [(key, parsed YAML value), ...]."""
-    out = []
-    for o in overrides:
-        if "=" not in o:
-            raise ConfigError(f"override {o!r}: expected key.sub=value")
-        k, v = o.split("=", 1)
-        k = k.strip()
-        out.append((k, load_yaml(v, f"override {k}") if v.strip() else ""))
-    return out
-
-
-class _DuplicateKey(yaml.constructor.ConstructorError):
-    """A key given twice in one YAML mapping."""
-
-
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """The safe loader, except that a key given twice in one mapping is an error (PyYAML keeps the last one silently)."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        first_line: dict[Any, int] = {}
-        for key_node, _ in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base` entries may be overridden on purpose
-                continue
-            key = self.construct_object(key_node, deep=True)
-            try:
-                if key in first_line:
-                    raise _DuplicateKey(None, None, f"duplicate key {key!r} (first given on line {first_line[key]}); "
-                                        "give each key once", key_node.start_mark)
-                first_line[key] = key_node.start_mark.line + 1
-            except TypeError:  # an unhashable key: the base loader reports it
-                pass
-        return super().construct_mapping(node, deep=deep)
-
-    def construct_document(self, node: yaml.Node) -> Any:
-        _check_repeats(node)
-        return super().construct_document(node)
-
-
-class _YamlBomb(yaml.YAMLError):
-    """A YAML document whose aliases repeat too many nodes (a 'billion laughs'), or one that contains itself."""
-
-
-def _check_repeats(root: yaml.Node) -> None:
-    """Refuse, before anything is built, a document whose aliases (``*name``) repeat more than :data:`MAX_YAML_REPEATS`
-    nodes, or an anchor that contains an alias of itself. The composed document is a graph whose nodes aliases
-    share; its size expanded is counted once per node (linear time, no recursion)."""
-    expanded: dict[int, int] = {}  # id(node) -> its size with every alias expanded
-    on_path: set[int] = set()
-    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
-    while stack:
-        node, children_done = stack.pop()
-        if id(node) in expanded:
-            continue
-        if isinstance(node, yaml.MappingNode):
-            children = [n for pair in node.value for n in pair]
-        elif isinstance(node, yaml.SequenceNode):
-            children = list(node.value)
-        else:
-            expanded[id(node)] = 1
-            continue
-        if children_done:
-            on_path.discard(id(node))
-            expanded[id(node)] = 1 + sum(expanded[id(c)] for c in children)
-            continue
-        if id(node) in on_path:
-            continue
-        on_path.add(id(node))
-        stack.append((node, True))
-        for c in children:
-            if id(c) in on_path:
-                mark = c.start_mark
-                raise _YamlBomb(f"line {mark.line + 1}, column {mark.column + 1}: an anchor (&name) refers to itself "
-                                "through an alias (*name); a config cannot contain itself")
-            if id(c) not in expanded:
-                stack.append((c, False))
-    distinct = len(expanded)
-    if expanded[id(root)] - distinct > MAX_YAML_REPEATS:
-        raise _YamlBomb(f"its aliases (*name) repeat {expanded[id(root)] - distinct} nodes; at most {MAX_YAML_REPEATS} "
-                        "repeated nodes are accepted (write the values out, or use fewer aliases)")
-
-
-def _yaml_problem(e: yaml.YAMLError) -> str:
-    """One line saying what is wrong with YAML text, and where."""
-    if isinstance(e, _YamlBomb):
-        return str(e)
-    if isinstance(e, yaml.MarkedYAMLError):
-        mark = e.problem_mark or e.context_mark
-        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "somewhere"
-        if isinstance(e, _DuplicateKey):
-            return f"{where}: {e.problem}"
-        return f"not valid YAML ({where}): {e.problem or e.context}"
-    return f"not valid YAML: {' '.join(str(e).split())}"
-
-
-def load_yaml(text: str, what: str) -> Any:
-    """YAML text (a config file's, an override's value) with the config's rules: no key twice in a mapping, no alias
-    bomb, no anchor containing itself, no nesting deeper than Python's stack; an error is one line naming ``what``."""
-    try:
-        return yaml.load(text, Loader=_UniqueKeyLoader)
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{what}: {_yaml_problem(e)}") from None
-    except RecursionError:
-        raise ConfigError(f"{what}: nested too deeply to read; a config is a few levels of mappings and lists") from None
-
-
-def read_yaml_mapping(path: str | Path, what: str = "config file") -> dict[str, Any]:
-    """The mapping at the top of a YAML file; errors (missing, empty, not YAML, a duplicate key,
-    not a mapping) are one line that names ``what`` and the path."""
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"{what} {str(p)!r} does not exist")
-    try:
-        with open(p, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            if size > MAX_CONFIG_BYTES:
-                raise ConfigError(f"{what} {str(p)!r} is {size / 2**20:.1f} MiB; at most {MAX_CONFIG_BYTES >> 20} MiB "
-                                  "is read (a config is a few KiB; large data belongs in a data file the task reads)")
-            data = f.read(MAX_CONFIG_BYTES + 1)
-    except OSError as e:
-        raise ConfigError(f"{what} {str(p)!r} cannot be read ([Errno {e.errno}] {e.strerror})") from None
-    if len(data) > MAX_CONFIG_BYTES:  # grew while being read
-        raise ConfigError(f"{what} {str(p)!r} is over {MAX_CONFIG_BYTES >> 20} MiB; at most {MAX_CONFIG_BYTES >> 20} MiB is read")
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = data.count(b"\n", 0, e.start) + 1
-        column = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
-        raise ConfigError(f"{what} {str(p)!r} is not UTF-8 text (byte 0x{data[e.start]:02x} at line {line}, column "
-                          f"{column}); save it as UTF-8") from None
-    loaded = load_yaml(text, f"{what} {str(p)!r}")
-    if loaded is None:
-        raise ConfigError(f"{what} {str(p)!r} is empty; give at least one key (e.g. task), "
-                          "or leave the file out to use the defaults")
-    if not isinstance(loaded, dict):
-        raise ConfigError(f"{what} {str(p)!r}: expected a mapping at the top level")
-    return loaded
+def check_fields(obj: Any, prefix: str = "") -> None:
+    """Check a dataclass instance built in Python by the config's own rules (each field's type, choices and range,
+    :func:`option`), with the config's one-line messages, ``prefix`` naming it (``LossConfig.``): the one mechanism
+    for a section that is also built directly (call it from ``__post_init__``). Numbers are stored as the field's
+    type (an int given for a float field becomes a float)."""
+    hints = typing.get_type_hints(type(obj))
+    for f in dataclasses.fields(obj):
+        key = prefix + f.name
+        value = _coerce(getattr(obj, f.name), hints[f.name], key)
+        _check_range(f, value, key)
+        object.__setattr__(obj, f.name, value)
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
@@ -786,50 +660,19 @@ def _check_ray_resources(key: str, res: Any) -> None:
 
 
 def config_to_dict(cfg: Any) -> Any:
-    """The resolved config as plain data (for ``config.yaml`` in the run directory), registered sections included."""
-    out = dataclasses.asdict(cfg)
-    if isinstance(cfg, Config):
-        del out["sections"]
-        for name in SECTIONS:
-            out[name] = dataclasses.asdict(cfg.section(SECTIONS[name]))
-    return out
+    """The resolved config as plain data (for ``config.yaml`` in the run directory), registered sections included;
+    internal fields (not config keys: ``Config.sections``, ``train.loss.max_completion_length``) left out."""
+    if dataclasses.is_dataclass(cfg) and not isinstance(cfg, type):
+        out = {f.name: config_to_dict(getattr(cfg, f.name)) for f in dataclasses.fields(cfg) if not f.metadata.get("internal")}
+        if isinstance(cfg, Config):
+            for name, cls in SECTIONS.items():
+                out[name] = config_to_dict(cfg.section(cls))
+        return out
+    if isinstance(cfg, (list, tuple)):
+        return [config_to_dict(v) for v in cfg]
+    if isinstance(cfg, dict):
+        return {k: config_to_dict(v) for k, v in cfg.items()}
+    return cfg
 
 
-def describe_schema(cls: type = Config, prefix: str = "") -> list[tuple[str, str, str, str]]:
-    """(key, type, default, doc) rows for the config reference (docs/config.md) (the registered sections after the built-in keys)."""
-    rows = _describe_fields(cls, prefix)
-    if cls is Config and not prefix:
-        _load_section_providers()
-        for name, section in SECTIONS.items():
-            rows += describe_schema(section, name + ".")
-    return rows
-
-
-def _describe_fields(cls: type, prefix: str) -> list[tuple[str, str, str, str]]:
-    rows = []
-    hints = typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):
-        if f.metadata.get("internal"):
-            continue
-        tp = hints[f.name]
-        inner = [a for a in typing.get_args(tp) if dataclasses.is_dataclass(a)]
-        sub = tp if dataclasses.is_dataclass(tp) else (inner[0] if inner else None)
-        default = f.default if f.default is not dataclasses.MISSING else (f.default_factory() if f.default_factory is not dataclasses.MISSING else "")
-        if sub is not None:
-            if f.metadata.get("doc"):
-                rows.append((prefix + f.name, "mapping or null" if inner else "mapping", "", f.metadata["doc"]))
-            rows += describe_schema(sub, prefix + f.name + ".")
-            continue
-        doc = f.metadata.get("doc", "")
-        if f.metadata.get("choices"):
-            doc += f" (one of {', '.join(f.metadata['choices'])})"
-        rows.append((prefix + f.name, str(tp).replace("typing.", "").replace("<class '", "").replace("'>", ""), repr(default), doc))
-    return rows
-
-
-def schema_table() -> str:
-    """The config reference as a Markdown table, one row per key of :func:`describe_schema`."""
-    lines = ["| key | type | default | meaning |", "|---|---|---|---|"]
-    for key, tp, default, doc in describe_schema():
-        lines.append(f"| `{key}` | {tp} | `{default}` | {doc} |" if default else f"| `{key}` | {tp} | | {doc} |")
-    return "\n".join(lines) + "\n"
+from teamrl.core.schema_doc import describe_schema, schema_table  # noqa: E402,F401  (needs Config above)

@@ -14,16 +14,18 @@ log-probs such as ``+-1e9`` there cannot produce ``inf * 0 = NaN`` in the forwar
 
 from __future__ import annotations
 
-import math
+import dataclasses
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
+
+from teamrl.core.config import LossConfig
 
 __all__ = ["AGGREGATIONS", "IMPORTANCE_CORRECTIONS", "TRL_LOSS_TYPES", "LossConfig", "completion_mask",
            "importance_weights", "policy_loss"]
 
-AGGREGATIONS: tuple[str, ...] = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "dr_grpo")
+_CHOICES = {f.name: f.metadata["choices"] for f in dataclasses.fields(LossConfig) if f.metadata.get("choices")}
+AGGREGATIONS: tuple[str, ...] = _CHOICES["aggregation"]  # declared once, on LossConfig.aggregation
 
 # TRL GRPOTrainer ``loss_type`` -> the aggregation here that computes the same (None: not offered).
 # ``token_mean`` is weighted by tokens across micro-batches, i.e. one token mean over the whole
@@ -32,12 +34,9 @@ AGGREGATIONS: tuple[str, ...] = ("token_mean", "seq_mean_token_mean", "seq_mean_
 TRL_LOSS_TYPES: dict[str, str | None] = {"dapo": "token_mean", "grpo": "seq_mean_token_mean", "dr_grpo": "dr_grpo",
                                          "bnpo": None}
 
-# How the truncated importance weight old / sampling is taken: not at all, per token, or one per sample.
-IMPORTANCE_CORRECTIONS: tuple[str, ...] = ("none", "token", "sequence")
-# TRL GRPOTrainer's vllm_importance_sampling_mode names -> the mode here (None: not offered)
-TRL_IMPORTANCE_MODES: dict[str, str | None] = {"token_truncate": "token", "sequence_truncate": "sequence",
-                                               "token_mask": None, "sequence_mask": None}
-
+# How the truncated importance weight old / sampling is taken: not at all, per token, or one per sample
+# (LossConfig.importance_correction's choices but auto, which LossConfig.resolve turns into one of them).
+IMPORTANCE_CORRECTIONS: tuple[str, ...] = tuple(c for c in _CHOICES["importance_correction"] if c != "auto")
 
 def completion_mask(
     completion_ids: torch.Tensor,
@@ -80,83 +79,6 @@ def completion_mask(
     # which keeps the first EOS itself.
     eos_before = torch.cumsum(is_eos.to(torch.int32), dim=1) - is_eos.to(torch.int32)
     return real & (eos_before == 0)
-
-
-@dataclass
-class LossConfig:
-    """Settings of :func:`policy_loss`.
-
-    Attributes:
-        eps_low: lower clip range, ratio clamped at ``1 - eps_low``; in ``[0, 1]``.
-        eps_high: upper clip range, ratio clamped at ``1 + eps_high``; ``>= 0`` (DAPO's clip-higher
-            uses ``eps_high > eps_low``).
-        dual_clip: ``None`` or a constant ``c > 1``; for negative advantages the token loss is capped
-            at ``-c * A`` (Ye et al. 2020, verl's ``clip_ratio_c``).
-        kl_coef: weight of the k3 KL penalty to the reference policy; ``>= 0``.
-        kl_bias_correction: multiply k3 by the (differentiable, unclipped) importance ratio, which
-            makes its gradient the unbiased reverse-KL gradient (DeepSeek-V3.2; TRL 1.16's
-            ``use_bias_correction_kl``, default True there). Default False: plain k3, as in the
-            GRPO paper. It changes the gradient even on-policy, where the ratio's value is 1.
-        aggregation: one of ``AGGREGATIONS``.
-        max_completion_length: the constant denominator of ``"dr_grpo"`` (required there).
-        importance_correction: one of ``IMPORTANCE_CORRECTIONS``; ``"token"`` or ``"sequence"`` multiply each
-            token's clipped policy term by the truncated importance weight of :func:`importance_weights`
-            (``policy_loss`` then needs ``sampling_logprobs``); ``"none"`` (the default) is the loss without it.
-        importance_cap: the weight's upper bound (truncation), ``> 0``; read only when the correction is on.
-    """
-
-    eps_low: float = 0.2
-    eps_high: float = 0.2
-    dual_clip: float | None = None
-    kl_coef: float = 0.0
-    kl_bias_correction: bool = False
-    aggregation: str = "token_mean"
-    max_completion_length: int | None = None
-    importance_correction: str = "none"
-    importance_cap: float = 2.0
-
-    def __post_init__(self) -> None:
-        def finite(name: str, value: object) -> float:
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-                raise ValueError(f"LossConfig.{name} must be a finite number; got {value!r}")
-            return float(value)
-
-        if not 0.0 <= finite("eps_low", self.eps_low) <= 1.0:
-            raise ValueError(f"LossConfig.eps_low must be in [0, 1]; got {self.eps_low!r}")
-        if finite("eps_high", self.eps_high) < 0.0:
-            raise ValueError(f"LossConfig.eps_high must be >= 0; got {self.eps_high!r}")
-        if self.dual_clip is not None and finite("dual_clip", self.dual_clip) <= 1.0:
-            raise ValueError(f"LossConfig.dual_clip must be None or > 1; got {self.dual_clip!r}")
-        if finite("kl_coef", self.kl_coef) < 0.0:
-            raise ValueError(f"LossConfig.kl_coef must be >= 0; got {self.kl_coef!r}")
-        if not isinstance(self.kl_bias_correction, bool):
-            raise ValueError(f"LossConfig.kl_bias_correction must be True or False; got {self.kl_bias_correction!r}")
-        if self.aggregation in TRL_LOSS_TYPES and self.aggregation not in AGGREGATIONS:
-            ours = TRL_LOSS_TYPES[self.aggregation]
-            raise ValueError(f"LossConfig.aggregation {self.aggregation!r} is TRL's loss_type name; "
-                             + (f"here it is {ours!r}" if ours else f"it is not offered (one of {', '.join(AGGREGATIONS)})"))
-        if self.aggregation not in AGGREGATIONS:
-            raise ValueError(
-                f"LossConfig.aggregation must be one of {', '.join(AGGREGATIONS)}; got {self.aggregation!r}"
-            )
-        if self.max_completion_length is not None and (
-            isinstance(self.max_completion_length, bool)
-            or not isinstance(self.max_completion_length, int)
-            or self.max_completion_length < 1
-        ):
-            raise ValueError(
-                f"LossConfig.max_completion_length must be None or a positive int; got {self.max_completion_length!r}"
-            )
-        if self.aggregation == "dr_grpo" and self.max_completion_length is None:
-            raise ValueError("LossConfig.max_completion_length is required when aggregation is 'dr_grpo'")
-        if self.importance_correction not in IMPORTANCE_CORRECTIONS:
-            ours = TRL_IMPORTANCE_MODES.get(self.importance_correction, "")
-            hint = (f" (TRL's {self.importance_correction!r} is {ours!r} here)" if ours else
-                    f" (TRL's {self.importance_correction!r} is not offered)" if ours is None else "")
-            raise ValueError(f"LossConfig.importance_correction must be one of {', '.join(IMPORTANCE_CORRECTIONS)}; "
-                             f"got {self.importance_correction!r}{hint}")
-        if finite("importance_cap", self.importance_cap) <= 0.0:
-            raise ValueError(f"LossConfig.importance_cap must be > 0; got {self.importance_cap!r}")
 
 
 def _check_shapes(
@@ -278,6 +200,11 @@ def policy_loss(
     Positions where ``mask`` is False contribute neither loss nor gradient, whatever their values.
     """
     _check_shapes(logprobs, old_logprobs, advantages, mask, ref_logprobs)
+    if cfg.importance_correction == "auto":
+        cfg = cfg.resolve()  # no rollout to ask: on-policy samples, no correction
+    if cfg.aggregation == "dr_grpo" and cfg.max_completion_length is None:
+        raise ValueError("LossConfig.max_completion_length: required by aggregation 'dr_grpo' (its constant denominator); "
+                         "LossConfig.resolve sets it to rollout.max_new_tokens")
     if cfg.kl_coef > 0 and ref_logprobs is None:
         raise ValueError(f"LossConfig.kl_coef={cfg.kl_coef} > 0 needs ref_logprobs")
     weighted = cfg.importance_correction != "none"
@@ -330,7 +257,7 @@ def policy_loss(
     elif cfg.aggregation == "seq_mean_token_sum":
         loss = loss_t.sum(dim=1).sum() / max(batch_size, 1)
     else:  # dr_grpo
-        assert cfg.max_completion_length is not None  # guaranteed by LossConfig
+        assert cfg.max_completion_length is not None  # checked above
         longest = int(m.sum(dim=1).max().item()) if batch_size else 0
         if longest > cfg.max_completion_length:
             # The constant denominator is only the right normaliser if no completion is longer.

@@ -38,7 +38,7 @@ from teamrl.core.config import Config, ConfigError
 from teamrl.core.memory import trim_freed_memory
 from teamrl.core.sample import Sample
 from teamrl.policies.router import PolicyRouter
-from teamrl.trainer.update import UpdateSettings, update_policy_steps
+from teamrl.trainer.update import UpdateParams, update_policy_steps
 
 # What a worker asks of Ray when policy.resources does not name it.
 DEFAULT_WORKER_RESOURCES = {"num_cpus": 1}
@@ -80,14 +80,14 @@ class PolicyWorker:
         """The names of the policies this worker holds (also proves that it is up)."""
         return list(self.router.policies)
 
-    def update(self, name: str, parts: Sequence[Sequence[Sample]], settings: UpdateSettings, pad_id: int,
+    def update(self, name: str, parts: Sequence[Sequence[Sample]], params: UpdateParams, pad_id: int,
                eos_ids: Sequence[int]) -> dict[str, Any]:
         """One optimizer step of policy ``name`` per non-empty part (see :func:`update_policy_steps`).
 
         Returns ``{"steps": each step's statistics, "version": the policy's weight version after them}``.
         """
         policy = self.policy(name)
-        steps = update_policy_steps(policy, parts, settings, pad_id, eos_ids)
+        steps = update_policy_steps(policy, parts, params, pad_id, eos_ids)
         trim_freed_memory()  # the update's freed activations would stay resident under the next rollout
         return {"steps": steps, "version": policy.version}
 
@@ -208,10 +208,10 @@ PolicyState = tuple[dict[str, torch.Tensor], dict[str, Any]]
 @dataclass
 class LearnBatch:
     """What one learn phase trains: each policy's samples split into its optimizer steps (one part per step), with
-    the update's settings and the tokenizer ids the loss mask needs."""
+    the update's parameters and the tokenizer ids the loss mask needs."""
 
     parts: dict[str, list[list[Sample]]]
-    settings: UpdateSettings
+    params: UpdateParams
     pad_id: int
     eos_ids: tuple[int, ...]
 
@@ -252,7 +252,7 @@ class LocalLearner:
         return list(self.router.policies)
 
     def update(self, batch: LearnBatch) -> dict[str, list[StepStats]]:
-        return {name: self.worker.update(name, parts, batch.settings, batch.pad_id, batch.eos_ids)["steps"]
+        return {name: self.worker.update(name, parts, batch.params, batch.pad_id, batch.eos_ids)["steps"]
                 for name, parts in batch.parts.items()}
 
     def version(self, name: str) -> int:
@@ -340,7 +340,7 @@ class RayLearner:
 
     def update(self, batch: LearnBatch) -> dict[str, list[StepStats]]:
         """Every policy's steps at once (one call per policy, the actors concurrently)."""
-        futures = {name: self._actor(name).update.remote(name, parts, batch.settings, batch.pad_id, list(batch.eos_ids))
+        futures = {name: self._actor(name).update.remote(name, parts, batch.params, batch.pad_id, list(batch.eos_ids))
                    for name, parts in batch.parts.items()}
         out = {}
         for name, future in futures.items():

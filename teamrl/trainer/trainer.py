@@ -47,7 +47,7 @@ from teamrl.trainer.evaluate import workflow_stats
 from teamrl.trainer.learner import LearnBatch, make_learner, make_router
 from teamrl.trainer.step_metrics import (episode_outcome_line, learner_metrics, role_metrics, sample_metrics,
                                          staleness_metrics)
-from teamrl.trainer.update import (NonFiniteReward, _contributes, check_sampling_logprobs, make_update_settings,
+from teamrl.trainer.update import (NonFiniteReward, _contributes, check_sampling_logprobs, make_update_params,
                                    nonfinite_reward_groups)
 from teamrl.trainer.weight_sync import DriverCopy, InProcess, WeightSync
 from teamrl.workflows import WORKFLOWS, default_workflow
@@ -147,7 +147,7 @@ class Trainer:
         check_max_new_tokens(next(iter(self.router.policies.values())).model, cfg.rollout.max_new_tokens, cfg.model)
         self.params = SamplingParams.from_rollout(cfg.rollout)
         self.greedy_params = dataclasses.replace(self.params, temperature=0.0)  # baselines and evaluation
-        self.update_settings = make_update_settings(cfg, self.roles)
+        self.update_params = make_update_params(cfg, self.roles)
         self.last_role_stats: dict[str, float] = {}
         self.nonfinite_groups_dropped = 0  # groups left out of the last step for a NaN/inf reward
         # the tokenizer's EOS and generation_config's (vLLM stops at both): one set for every engine and the loss mask
@@ -322,7 +322,7 @@ class Trainer:
         dropped = self._drop_stale(rollout.samples) if self.ahead else (0, 0)
         train_samples = self._assign_advantages(rollout.samples)
         # how much of the batch can teach anything: groups with a non-zero advantage, samples the update computes
-        record.update(learning_signal(train_samples, self.roles, lambda s: _contributes(s, self.update_settings.loss)))
+        record.update(learning_signal(train_samples, self.roles, lambda s: _contributes(s, self.update_params.loss)))
         if self.cfg.train.nonfinite_reward == "drop_group":
             record["nonfinite_groups_dropped"] = self.nonfinite_groups_dropped
         parts: dict[str, list[list[Sample]]] = {}
@@ -332,10 +332,10 @@ class Trainer:
             # each is clipped against the weights that sampled (old log-probs taken before the first)
             parts[name] = [own] if self.cfg.policy.equalize_steps else [[s for s in own if s.role == r]
                                                                          for r in dict.fromkeys(s.role for s in own)]
-        mode = self.update_settings.loss.importance_correction
+        mode = self.update_params.loss.importance_correction
         if mode != "none" and self.learner.remote:  # update_policy checks too; on the driver, a Ray worker's error
             check_sampling_logprobs(train_samples, mode)  # would come back wrapped in its remote traceback
-        steps = self.learner.update(LearnBatch(parts, self.update_settings, self.tokenizer.pad_token_id,
+        steps = self.learner.update(LearnBatch(parts, self.update_params, self.tokenizer.pad_token_id,
                                                tuple(self.eos_ids)))
         policy_record, self.last_role_stats = learner_metrics(steps, parts)
         record.update(policy_record)

@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import sys
 from dataclasses import dataclass, field
-from typing import Hashable, Sequence
+from typing import Any, Hashable, Sequence
 
 import torch
 
-from teamrl.core.config import Config, InputError
+from teamrl.core.config import Config, InputError, LossConfig, TrainConfig
 from teamrl.core.memory import trim_freed_memory
 from teamrl.core.sample import Sample
-from teamrl.losses import LossConfig, completion_mask, policy_loss
+from teamrl.losses import completion_mask, policy_loss
 from teamrl.policies.logprobs import (SharedPrefixBatch, Temperature, TokenBatch, build_shared_prefix_batch,
                                      build_token_batch, completion_logprobs, shared_prefix_backward, shared_prefix_logprobs,
                                      to_device)
@@ -21,38 +22,32 @@ from teamrl.policies.policy import Policy
 from teamrl.policies.router import declared_role, role_type
 
 
-@dataclass
-class UpdateSettings:
-    loss: LossConfig
-    ppo_epochs: int = 1
-    micro_batch_size: int = 16
-    max_grad_norm: float = 1.0
-    role_stats: bool = False  # per role type: loss share, entropy, tokens and gradient norm
+def _resolve_auto(params: Any) -> None:
+    if params.loss.importance_correction == "auto":  # a loss built in Python, not by make_update_params: on-policy
+        params.loss = params.loss.resolve()
+
+
+# The train section's fields that an update reads, taken from TrainConfig's declaration (type and default) as they are
+UPDATE_FIELDS = ("ppo_epochs", "micro_batch_size", "max_grad_norm", "role_grad_norms")
+UpdateParams = dataclasses.make_dataclass("UpdateParams", [
+    ("loss", LossConfig, field(default_factory=LossConfig)),  # resolved (LossConfig.resolve)
+    *[(f.name, f.type, field(default=f.default)) for f in dataclasses.fields(TrainConfig) if f.name in UPDATE_FIELDS],
     # the team's declared roles: statistics per declared role each sample acts as (generator0 -> generator);
     # empty: per role name without its instance number
-    roles: tuple[str, ...] = ()
+    ("roles", tuple[str, ...], field(default=())),
+], namespace={"__post_init__": _resolve_auto})
+UpdateParams.__module__ = __name__  # where pickle (a Ray worker) finds it
+UpdateParams.__doc__ = (
+    "What one policy's update runs with: the resolved ``train.loss``, the ``train`` fields of UPDATE_FIELDS "
+    "(``role_grad_norms``: per role type, loss share, entropy, tokens and gradient norm) and the team's roles.")
 
 
-def importance_correction(cfg: Config) -> str:
-    """``train.loss.importance_correction`` resolved: ``auto`` is ``token`` when rollouts may be stale
-    (``rollout.max_staleness > 0``) and ``none`` otherwise, so a synchronous run's loss is unchanged."""
-    mode = cfg.train.loss.importance_correction
-    if mode == "auto":
-        return "token" if getattr(cfg.rollout, "max_staleness", 0) > 0 else "none"
-    return mode
-
-
-def make_update_settings(cfg: Config, roles: Sequence[str] = ()) -> UpdateSettings:
-    """The update settings a config asks for (every policy worker's);
+def make_update_params(cfg: Config, roles: Sequence[str] = ()) -> UpdateParams:
+    """The update parameters a config asks for (every policy worker's): ``train.loss`` resolved against
+    ``rollout`` (:meth:`LossConfig.resolve`), the ``train`` fields of :data:`UPDATE_FIELDS`;
     ``roles``: the team's declared roles, for per-role statistics."""
-    t = cfg.train
-    return UpdateSettings(
-        loss=LossConfig(eps_low=t.loss.eps_low, eps_high=t.loss.eps_high, dual_clip=t.loss.dual_clip,
-                        kl_coef=t.loss.kl_coef, kl_bias_correction=t.loss.kl_bias_correction, aggregation=t.loss.aggregation,
-                        max_completion_length=cfg.rollout.max_new_tokens if t.loss.aggregation == "dr_grpo" else None,
-                        importance_correction=importance_correction(cfg), importance_cap=t.loss.importance_cap),
-        ppo_epochs=t.ppo_epochs, micro_batch_size=t.micro_batch_size, max_grad_norm=t.max_grad_norm,
-        role_stats=t.role_grad_norms, roles=tuple(roles))
+    return UpdateParams(loss=cfg.train.loss.resolve(cfg.rollout.max_staleness, cfg.rollout.max_new_tokens),
+                        roles=tuple(roles), **{name: getattr(cfg.train, name) for name in UPDATE_FIELDS})
 
 
 class NonFiniteReward(ValueError):
@@ -218,7 +213,7 @@ def _logprobs(model, batch, temperature: Temperature, with_entropy: bool = False
     return completion_logprobs(model, batch, temperature, with_entropy)
 
 
-def policy_logprobs(policy: Policy, samples: Sequence[Sample], settings: UpdateSettings, pad_id: int) -> list[torch.Tensor]:
+def policy_logprobs(policy: Policy, samples: Sequence[Sample], settings: UpdateParams, pad_id: int) -> list[torch.Tensor]:
     """Each sample's completion log-probs under ``policy``'s current weights (1-D, no gradient).
 
     Taken before a policy's first optimizer step of an iteration, they are the sampling
@@ -246,14 +241,14 @@ def _contributes(sample: Sample, loss: LossConfig) -> bool:
     return loss.kl_coef > 0 or sample.advantage != 0
 
 
-def _old_logprobs(policy: Policy, samples: Sequence[Sample], settings: UpdateSettings, pad_id: int) -> list[torch.Tensor]:
+def _old_logprobs(policy: Policy, samples: Sequence[Sample], settings: UpdateParams, pad_id: int) -> list[torch.Tensor]:
     """:func:`policy_logprobs` for the samples :func:`update_policy` will compute; zeros (unread) for
     those it skips."""
     computed = iter(policy_logprobs(policy, [s for s in samples if _contributes(s, settings.loss)], settings, pad_id))
     return [next(computed) if _contributes(s, settings.loss) else torch.zeros(len(s.completion_ids)) for s in samples]
 
 
-def update_policy_steps(policy: Policy, parts: Sequence[Sequence[Sample]], settings: UpdateSettings, pad_id: int,
+def update_policy_steps(policy: Policy, parts: Sequence[Sequence[Sample]], settings: UpdateParams, pad_id: int,
                         eos_ids: Sequence[int]) -> list[dict[str, float]]:
     """One :func:`update_policy` step per non-empty part, in order; returns each step's statistics.
 
@@ -268,7 +263,7 @@ def update_policy_steps(policy: Policy, parts: Sequence[Sequence[Sample]], setti
     return [update_policy(policy, p, settings, pad_id, eos_ids, old_logprobs=o) for p, o in zip(parts, old)]
 
 
-def update_policy(policy: Policy, samples: Sequence[Sample], settings: UpdateSettings, pad_id: int,
+def update_policy(policy: Policy, samples: Sequence[Sample], settings: UpdateParams, pad_id: int,
                   eos_ids: Sequence[int], old_logprobs: Sequence[torch.Tensor] | None = None) -> dict[str, float]:
     """Train ``policy`` on ``samples`` (which must all be its own) and return loss statistics.
 
@@ -279,7 +274,7 @@ def update_policy(policy: Policy, samples: Sequence[Sample], settings: UpdateSet
     epoch. Without them: with one PPO epoch the old log-probs are the detached current ones
     (ratio 1, as TRL does); with more, they are computed once before the first update.
 
-    With ``settings.role_stats`` the micro-batches never mix role types, and the gradient
+    With ``settings.role_grad_norms`` the micro-batches never mix role types, and the gradient
     accumulated by each role type's micro-batches (its part of the joint gradient: the parts
     sum to it exactly) gives ``grad_norm@<role>``; ``loss@<role>`` is its weighted share of the
     loss (the shares sum to ``loss``), ``entropy@<role>`` and ``tokens@<role>`` its own. No
@@ -360,7 +355,7 @@ def _given_old_logprobs(samples: Sequence[Sample], old_logprobs: Sequence[torch.
     return {id(s): o for s, o in zip(samples, old_logprobs)}
 
 
-def _plan_update(samples: list[Sample], settings: UpdateSettings, pad_id: int, eos_ids: Sequence[int],
+def _plan_update(samples: list[Sample], settings: UpdateParams, pad_id: int, eos_ids: Sequence[int],
                  dev: torch.device) -> _UpdatePlan:
     """The micro-batches of an update of ``samples`` (each with a completion), on ``dev``."""
     cfg = settings.loss
@@ -368,9 +363,9 @@ def _plan_update(samples: list[Sample], settings: UpdateSettings, pad_id: int, e
     total_tokens = max(1, int(_loss_mask([s.completion_ids for s in samples], eos_ids, pad_id).sum()))
     total_samples = len(samples)
     role_of = ((lambda s: declared_role(s.role, settings.roles) if settings.roles else role_type(s.role))
-               if settings.role_stats else (lambda s: ""))
+               if settings.role_grad_norms else (lambda s: ""))
     # a role whose samples all have advantage 0 has no gradient: its norm and loss share are 0
-    zero_roles = {f"{k}@{role_of(s)}": 0.0 for s in samples for k in ("grad_norm", "loss")} if settings.role_stats else {}
+    zero_roles = {f"{k}@{role_of(s)}": 0.0 for s in samples for k in ("grad_norm", "loss")} if settings.role_grad_norms else {}
     # ... but only those that add to it are computed (GRPO groups whose samples all scored alike do not)
     samples = [s for s in samples if _contributes(s, cfg)]
     # Keep completions of one prompt together so that micro-batches can share the prompt's pass,
@@ -405,7 +400,7 @@ def _plan_update(samples: list[Sample], settings: UpdateSettings, pad_id: int, e
 
 
 def _constant_logprobs(policy: Policy, model: torch.nn.Module, plan: _UpdatePlan, given_old: dict[int, torch.Tensor],
-                       settings: UpdateSettings) -> None:
+                       settings: UpdateParams) -> None:
     """Fill each micro-batch's old log-probs (given, or computed once before the first of several PPO epochs; with one
     epoch they are the detached current ones), reference log-probs (KL term) and sampling log-probs (importance
     correction)."""
@@ -460,7 +455,7 @@ class _UpdateTotals:
         return stats
 
 
-def _micro_batch_loss(mb: _MicroBatch, plan: _UpdatePlan, settings: UpdateSettings, totals: _UpdateTotals, last: bool,
+def _micro_batch_loss(mb: _MicroBatch, plan: _UpdatePlan, settings: UpdateParams, totals: _UpdateTotals, last: bool,
                       rows: slice, logp: torch.Tensor, ent: torch.Tensor | None) -> torch.Tensor:
     """The loss of ``mb``'s completions ``rows``, weighted by their share of the whole batch (so that micro-batches
     add up to the full batch's loss for every aggregation); its statistics go into ``totals``."""
@@ -479,7 +474,7 @@ def _micro_batch_loss(mb: _MicroBatch, plan: _UpdatePlan, settings: UpdateSettin
         # batch's token means at any micro-batch size
         totals.kl += st["kl"] * token_share
         totals.clip_frac += st["clip_frac"] * token_share
-        if settings.role_stats:
+        if settings.role_grad_norms:
             totals.add_role(f"loss@{mb.role}", st["loss"] * weight)
             totals.add_role(f"tokens@{mb.role}", float(mr.sum()))
         if st.get("is_weight_count"):  # the weights do not change over PPO epochs: the last one's
@@ -490,12 +485,12 @@ def _micro_batch_loss(mb: _MicroBatch, plan: _UpdatePlan, settings: UpdateSettin
             totals.is_max, totals.is_min = max(totals.is_max, st["is_weight_max"]), min(totals.is_min, st["is_weight_min"])
     if ent is not None:
         totals.entropy += float((ent * mr).sum()) / plan.computed_tokens
-        if settings.role_stats:
+        if settings.role_grad_norms:
             totals.add_role(f"entropy@{mb.role}", float((ent * mr).sum()))
     return loss * weight
 
 
-def _optimizer_steps(policy: Policy, model: torch.nn.Module, plan: _UpdatePlan, settings: UpdateSettings,
+def _optimizer_steps(policy: Policy, model: torch.nn.Module, plan: _UpdatePlan, settings: UpdateParams,
                      totals: _UpdateTotals) -> float | None:
     """One optimizer step per PPO epoch over every micro-batch; returns the last step's gradient norm, or None when a
     non-finite loss or gradient skipped the step (the weights stay as they were)."""
@@ -518,7 +513,7 @@ def _optimizer_steps(policy: Policy, model: torch.nn.Module, plan: _UpdatePlan, 
                 logp, ent = _logprobs(model, mb.batch, mb.temperature, with_entropy=epoch == 0)
                 loss_of(slice(0, completions), logp, ent).backward()
             role_done = i + 1 == len(plan.micro_batches) or plan.micro_batches[i + 1].role != mb.role
-            if last and settings.role_stats and role_done:  # the gradient this role type's micro-batches added
+            if last and settings.role_grad_norms and role_done:  # the gradient this role type's micro-batches added
                 now = _flat_grad(params)
                 totals.by_role[f"grad_norm@{mb.role}"] = float((now - before).norm() if before is not None else now.norm())
                 before = now
