@@ -174,9 +174,9 @@ def test_a_size_beyond_memory_is_refused_before_anything_is_allocated(capsys, tm
 def test_max_new_tokens_beyond_the_models_context_is_refused_before_generating(capsys, tmp_path, command, monkeypatch):
     # a machine with memory enough for 1e9 tokens (the 128 GiB device): the model's context still bounds them;
     # old: RuntimeError from the allocator (DefaultCPUAllocator: 256000000000 bytes), a traceback
-    from teamrl.core import config
+    from teamrl.core import options
 
-    monkeypatch.setattr(config, "machine_memory", lambda: 1 << 50, raising=False)
+    monkeypatch.setattr(options, "machine_memory", lambda: 1 << 50)
     argv = tiny_train(tmp_path, "rollout.max_new_tokens=1000000000")
     if command == "eval":
         argv = ["eval", *argv[1:], "--method", "single", "--limit", "1"]

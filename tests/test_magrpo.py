@@ -2,8 +2,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from teamrl.algorithms.magrpo import (MAGRPO, MAGRPOConfig, completion_returns, discounted_return, group_key,
-                                      joint_indices)
+from teamrl.algorithms.magrpo import (completion_returns, discounted_return, joint_indices)
 from teamrl.core.config import load_config
 from teamrl.tasks import TASKS
 from teamrl.tasks.task import Problem, TeamTask

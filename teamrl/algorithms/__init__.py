@@ -44,7 +44,8 @@ def _one_call(algorithm: str, needs: str) -> Callable[[str, Workflow, Config], s
             return (f"{algorithm} branches episodes by replaying their calls; workflow {name!r} is registered with "
                     "replayable=False (not deterministic given its texts): use algorithm=grpo")
         if name == "single":
-            return f"{algorithm} needs {needs}; workflow 'single' is one agent's one call (branching it is GRPO): use algorithm=grpo"
+            return (f"{algorithm} needs {needs}; workflow 'single' is one agent's one call (branching it is GRPO): "
+                    "use algorithm=grpo")
         if spec.run is research:
             return (f"{algorithm} does not train the sub-agents of workflow {name!r} (its sub-episodes need m_grpo's "
                     "alignment and rewards flowing down): use algorithm=m_grpo")
@@ -56,8 +57,10 @@ def _grpo_refuse(name: str, spec: Workflow, cfg: Config) -> str | None:
     # The research team exists to call its sub-agent: refused before any model loads. Any other workflow is refused
     # only if it opens a sub-episode (ctx.sub_episode refuses then): declaring sub_roles alone trains.
     if spec.run is research:
-        return (f"grpo does not align the sub-agent calls of workflow {name!r} (the research environment's sub-episodes): "
-                "use algorithm=m_grpo (m_grpo.agents=single for one agent with the tools)")
+        return (
+            f"grpo does not align the sub-agent calls of workflow {name!r} (the research environment's sub-episodes): "
+            "use algorithm=m_grpo (m_grpo.agents=single for one agent with the tools)"
+        )
     return None
 
 
@@ -69,8 +72,13 @@ def _m_grpo_refuse(name: str, spec: Workflow, cfg: Config) -> str | None:
 
 
 def _build_grpo(cfg: Config, workflow: str | None, options: Any) -> Algorithm:
-    return GRPO(cfg.rollout.group_size, greedy_baseline=cfg.train.advantage == "max", workflow=workflow, options=options,
-                reward=cfg.workflow.reward)
+    return GRPO(
+        cfg.rollout.group_size,
+        greedy_baseline=cfg.train.advantage == "max",
+        workflow=workflow,
+        options=options,
+        reward=cfg.workflow.reward,
+    )
 
 
 def _build_magrpo(cfg: Config, workflow: str | None, options: Any) -> Algorithm:
@@ -113,9 +121,11 @@ def _reward_is_applied(cfg: Config) -> None:
     entry = ALGORITHMS.get(cfg.algorithm)
     if cfg.workflow.reward == "outcome" or entry is None or entry.credit is None:
         return
-    raise ConfigError(f"workflow.reward: {cfg.workflow.reward!r} is not applied by algorithm {cfg.algorithm} ({entry.credit}): "
-                      "use workflow.reward=outcome and report that reward from the workflow (ctx.reward(value) or "
-                      "EpisodeOutcome(team_reward=...)), which every algorithm reads, or algorithm=grpo, which applies it")
+    raise ConfigError(
+        f"workflow.reward: {cfg.workflow.reward!r} is not applied by algorithm {cfg.algorithm} ({entry.credit}): "
+        "use workflow.reward=outcome and report that reward from the workflow (ctx.reward(value) or "
+        "EpisodeOutcome(team_reward=...)), which every algorithm reads, or algorithm=grpo, which applies it"
+    )
 
 
 def workflow_name(cfg: Config, task: Any) -> str:
@@ -157,9 +167,26 @@ def configured_workflow_options(cfg: Config) -> Any:
     if spec.options is not None:  # the workflow's own options, validated like a task's
         return build_dataclass(spec.options, w.options, "workflow.options.")
     if w.options:
-        raise ConfigError(f"workflow.options: workflow {w.name!r} declares no options of its own; got {sorted(w.options)}")
+        raise ConfigError(
+            f"workflow.options: workflow {w.name!r} declares no options of its own; got {sorted(w.options)}"
+        )
     return None
 
 
-__all__ = ["ALGORITHMS", "ATGRPO", "ATGRPOConfig", "MAGRPOConfig", "MGRPOConfig", "Algorithm", "AlgorithmEntry", "GRPO", "MAGRPO",
-           "MGRPO", "WorkflowGRPO", "configured_workflow_options", "make_algorithm", "refusal", "workflow_name"]
+__all__ = [
+    "ALGORITHMS",
+    "ATGRPO",
+    "ATGRPOConfig",
+    "MAGRPOConfig",
+    "MGRPOConfig",
+    "Algorithm",
+    "AlgorithmEntry",
+    "GRPO",
+    "MAGRPO",
+    "MGRPO",
+    "WorkflowGRPO",
+    "configured_workflow_options",
+    "make_algorithm",
+    "refusal",
+    "workflow_name",
+]

@@ -42,7 +42,14 @@ from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Hashable, Sequence
 
 from teamrl.algorithms.base import Algorithm, FinishedEpisode
-from teamrl.algorithms.episodes import ContextFactory, bind, play_out, resolve_workflow, workflow_roles, workflow_options_or_defaults
+from teamrl.algorithms.episodes import (
+    ContextFactory,
+    bind,
+    play_out,
+    resolve_workflow,
+    workflow_roles,
+    workflow_options_or_defaults,
+)
 from teamrl.core.config import option, register_section
 from teamrl.core.sample import Sample
 from teamrl.tasks.task import Problem, batch_instances
@@ -83,9 +90,16 @@ class ATGRPOConfig:
 
     alpha: float = option(1.0, ge=0, doc="a candidate's reward = its local reward + alpha * team reward")
     select: str = option("greedy", choices=SELECT_MODES, doc="which of the K branches every later step continues from")
-    grouping: str = option("tree", choices=GROUPINGS,
-                           doc="tree: groups of K candidates per (problem, turn, agent); trajectory: K independent episodes (ablation)")
-    max_turns: int = option(0, ge=0, doc="turn limit (for a workflow with a max_turns option, e.g. env); 0 = the environment's own max_turns")
+    grouping: str = option(
+        "tree",
+        choices=GROUPINGS,
+        doc="tree: groups of K candidates per (problem, turn, agent); trajectory: K independent episodes (ablation)",
+    )
+    max_turns: int = option(
+        0,
+        ge=0,
+        doc="turn limit (for a workflow with a max_turns option, e.g. env); 0 = the environment's own max_turns",
+    )
 
 
 register_section("at_grpo", ATGRPOConfig)
@@ -97,7 +111,15 @@ class ATGRPO(Algorithm):
     name = "at_grpo"
     group_key = staticmethod(group_key)
 
-    def __init__(self, config: ATGRPOConfig, workflow: str | None = None, workflow_options: Any = None, *, k: int = 4, seed: int = 0) -> None:
+    def __init__(
+        self,
+        config: ATGRPOConfig,
+        workflow: str | None = None,
+        workflow_options: Any = None,
+        *,
+        k: int = 4,
+        seed: int = 0,
+    ) -> None:
         """``workflow``: a registered name (None: the task's default, ``env`` for an environment);
         ``workflow_options``: what its ``run`` receives (None: its defaults, ``max_turns`` from its config)."""
         if config.select not in SELECT_MODES:

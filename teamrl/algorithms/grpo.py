@@ -6,7 +6,8 @@ The three places where algorithms differ:
    is the configured one or the task's default adapter (``single``, ``team``, ``env``, ``research``);
 2. group key: (problem, role type, turn): a sample is compared with the samples of the same role
    type at the same call position of the same problem's episodes (three instances of one role
-   called at once, e.g. ``generator0..2``, over G episodes form one group of 3G). The single-agent default (``single`` on a task, no
+   called at once, e.g. ``generator0..2``, over G episodes form one group of 3G). The single-agent default
+   (``single`` on a task, no
    workflow named) keeps its key ``(problem,)``: the same grouping;
 3. reward assignment: a registered reward (``teamrl.workflows.REWARDS``, ``workflow.reward``):
    ``outcome``, the episode's team return for every sample, or ``per_role``, a sample's own
@@ -23,7 +24,13 @@ import dataclasses
 from typing import Any, Awaitable, Callable, Hashable, Sequence
 
 from teamrl.algorithms.base import Algorithm, FinishedEpisode, warn_once
-from teamrl.algorithms.episodes import ContextFactory, bind, resolve_workflow, workflow_roles, workflow_options_or_defaults
+from teamrl.algorithms.episodes import (
+    ContextFactory,
+    bind,
+    resolve_workflow,
+    workflow_roles,
+    workflow_options_or_defaults,
+)
 from teamrl.core.config import InputError
 from teamrl.core.sample import Sample
 from teamrl.policies.router import role_type
@@ -60,7 +67,8 @@ def calls_before(ctx: EpisodeContext) -> list[tuple[Sample, tuple[str, ...]]]:
 
 
 def mixed_group(ctxs: Sequence[EpisodeContext]) -> tuple[Sample, tuple, tuple] | None:
-    """A group that holds calls of two kinds (see :func:`calls_before`): one of its samples and the two kinds; None if none."""
+    """A group that holds calls of two kinds (see :func:`calls_before`): one of its samples and the two kinds; None
+    if none."""
     kinds: dict[Hashable, tuple] = {}
     for ctx in ctxs:
         for s, kind in calls_before(ctx):
@@ -76,7 +84,8 @@ def assign_rewards(samples: Sequence[Sample], outcome: EpisodeOutcome, mode: str
     reward = REWARDS.get_entry(mode, "workflow.reward")
     for s in samples:
         value = reward(s, outcome)
-        if isinstance(value, (str, bytes)) or not hasattr(type(value), "__float__"):  # a user's reward: named, as a task's is
+        # a user's reward: named, as a task's is
+        if isinstance(value, (str, bytes)) or not hasattr(type(value), "__float__"):
             raise InputError(f"workflow.reward {mode!r}: returned {value!r} for a {s.role!r} sample; expected a number")
         s.reward = float(value)
 
@@ -138,9 +147,12 @@ class GRPO(Algorithm):
         ctxs, results = self.episodes(problems, task, make_ctx, run, self.group_size, extra)
         per_problem = self.workflow is None and self._workflow_run == "single"
         self.finished = [FinishedEpisode(c.problem_id, c.episode, r) for c, r in zip(ctxs, results) if c.episode != -1]
-        if self.outcomes and all(o.stats.get("dropped") for o in self.outcomes):  # gateway episodes: none reported a reward in time
-            raise InputError(f"workflow {self._workflow_run!r}: all {len(self.outcomes)} episodes of this step were dropped (no "
-                             "reward within workflow.options.reward_timeout_s); nothing to train on")
+        # gateway episodes: none reported a reward in time
+        if self.outcomes and all(o.stats.get("dropped") for o in self.outcomes):
+            raise InputError(
+                f"workflow {self._workflow_run!r}: all {len(self.outcomes)} episodes of this step were dropped (no "
+                "reward within workflow.options.reward_timeout_s); nothing to train on"
+            )
         samples: list[Sample] = []
         for ctx, result in zip(ctxs, results):
             assign_rewards(ctx.samples, reward_view(result), self.reward_mode)
@@ -153,9 +165,13 @@ class GRPO(Algorithm):
         mixed = None if per_problem else mixed_group(ctxs)
         if mixed:  # a group of GRPO compares calls by position: say once when a position holds different calls
             s, one, other = mixed
-            warn_once(self, "mixed_group", f"grpo: workflow {self._workflow_run!r}: the group of role {role_type(s.role)!r} "
-                      f"turn {s.turn} (problem {s.problem_id!r}) holds different calls "
-                      f"({_kind(one)} vs {_kind(other)}); pass turn= to ctx.generate to give each kind of call its own group")
+            warn_once(
+                self,
+                "mixed_group",
+                f"grpo: workflow {self._workflow_run!r}: the group of role {role_type(s.role)!r} "
+                f"turn {s.turn} (problem {s.problem_id!r}) holds different calls "
+                f"({_kind(one)} vs {_kind(other)}); pass turn= to ctx.generate to give each kind of call its own group",
+            )
         return samples
 
     def evaluate(self, problems: Sequence[Problem], task: Any, make_ctx: ContextFactory,
@@ -176,7 +192,8 @@ class GRPO(Algorithm):
 
 
 class WorkflowGRPO(GRPO):
-    """GRPO on a named workflow (the workflow study's spelling): ``WorkflowGRPO(workflow, group_size, options, reward)``."""
+    """GRPO on a named workflow (the workflow study's spelling): ``WorkflowGRPO(workflow, group_size, options,
+    reward)``."""
 
     def __init__(self, workflow: str, group_size: int, options: Any, reward: str = "outcome") -> None:
         super().__init__(group_size, workflow=workflow, options=options, reward=reward)

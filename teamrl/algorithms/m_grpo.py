@@ -135,7 +135,9 @@ def prepare_sub_samples(sub: Sequence[Sample], outcomes: dict[tuple[Hashable, in
         trajs[(s.problem_id, s.tags["parent_episode"], s.tags["call"])].append(s)
     orphans = sorted({k[:2] for k in trajs} - set(outcomes), key=repr)
     if orphans:
-        raise ValueError(f"sub-agent samples of rollout(s) {orphans[:3]} have no main outcome; outcomes has {len(outcomes)} rollouts")
+        raise ValueError(
+            f"sub-agent samples of rollout(s) {orphans[:3]} have no main outcome; outcomes has {len(outcomes)} rollouts"
+        )
     episodes: dict[Hashable, list[int]] = defaultdict(list)
     for pid, ep in outcomes:
         episodes[pid].append(ep)
@@ -180,18 +182,34 @@ def prepare_sub_samples(sub: Sequence[Sample], outcomes: dict[tuple[Hashable, in
 class MGRPOConfig:
     """The ``m_grpo:`` config section."""
 
-    d_max: int = option(2, ge=1, doc="sub-trajectories per rollout after alignment (random duplicates when fewer calls, random drops when more)")
-    sub_agent: str = option("trained", choices=SUB_AGENT_MODES, doc="frozen: the sub-agent acts but gets no update (baseline)")
-    agents: str = option("team", choices=AGENT_MODES, doc="team: main + sub-agent; single: one agent with the tools (single-agent GRPO baseline)")
-    sub_reward: str = option("gated", choices=("gated", "outcome", "format"),
-                             doc="a sub-trajectory's reward: gated = main reward if its format is valid else 0; outcome = main reward; format = 1 if valid else 0")
+    d_max: int = option(
+        2,
+        ge=1,
+        doc="sub-trajectories per rollout after alignment (random duplicates when fewer calls, random drops when more)",
+    )
+    sub_agent: str = option(
+        "trained", choices=SUB_AGENT_MODES, doc="frozen: the sub-agent acts but gets no update (baseline)"
+    )
+    agents: str = option(
+        "team",
+        choices=AGENT_MODES,
+        doc="team: main + sub-agent; single: one agent with the tools (single-agent GRPO baseline)",
+    )
+    sub_reward: str = option(
+        "gated",
+        choices=("gated", "outcome", "format"),
+        doc="a sub-trajectory's reward: gated = main reward if its format is valid else 0; outcome = main reward; "
+        "format = 1 if valid else 0",
+    )
 
 
 register_section("m_grpo", MGRPOConfig)
 
 
 # the former decoupled trainer's keys: a placement now (docs/scale.md); a config that gives one fails, naming it
-register_moved_key("m_grpo.decoupled", "policy.mode=separate and policy.placement=ray (decoupled inprocess: policy.placement=local)")
+register_moved_key(
+    "m_grpo.decoupled", "policy.mode=separate and policy.placement=ray (decoupled inprocess: policy.placement=local)"
+)
 register_moved_key("m_grpo.ray_timeout_s", "policy.ray_timeout_s")
 register_moved_key("m_grpo.ray_address", "policy.ray_address")
 
@@ -213,11 +231,22 @@ class MGRPO(Algorithm):
     name = "m_grpo"
     group_key = staticmethod(group_key)
 
-    def __init__(self, config: MGRPOConfig, workflow: str | None = None, workflow_options: Any = None, *, k: int = 4, seed: int = 0) -> None:
+    def __init__(
+        self,
+        config: MGRPOConfig,
+        workflow: str | None = None,
+        workflow_options: Any = None,
+        *,
+        k: int = 4,
+        seed: int = 0,
+    ) -> None:
         """``workflow``: a registered workflow that opens sub-episodes (None: ``research``, or
         ``research_single`` with ``agents: single``); ``workflow_options``: what its ``run`` receives."""
-        for key, value, allowed in (("sub_agent", config.sub_agent, SUB_AGENT_MODES), ("agents", config.agents, AGENT_MODES),
-                                    ("sub_reward", config.sub_reward, SUB_REWARD_MODES)):
+        for key, value, allowed in (
+            ("sub_agent", config.sub_agent, SUB_AGENT_MODES),
+            ("agents", config.agents, AGENT_MODES),
+            ("sub_reward", config.sub_reward, SUB_REWARD_MODES),
+        ):
             if value not in allowed:
                 raise ValueError(f"m_grpo.{key} {value!r}: choose one of {list(allowed)}")
         if config.d_max < 1:
@@ -264,16 +293,22 @@ class MGRPO(Algorithm):
         for s in raw.sub:
             made[(s.problem_id, s.tags["parent_episode"])].add(s.tags["call"])
         counts = [len(calls) for calls in made.values()]
-        warn_once(self, "d_max", f"m_grpo: the rollouts made {min(counts)} to {max(counts)} sub-agent calls, not "
-                  f"m_grpo.d_max={self.config.d_max} each: sub-trajectories dropped untrained: {len(dropped)}, slots filled "
-                  f"with duplicates: {len(duplicated)}; set m_grpo.d_max to the number of calls a rollout makes")
+        warn_once(
+            self,
+            "d_max",
+            f"m_grpo: the rollouts made {min(counts)} to {max(counts)} sub-agent calls, not "
+            f"m_grpo.d_max={self.config.d_max} each: sub-trajectories dropped untrained: {len(dropped)}, slots filled "
+            f"with duplicates: {len(duplicated)}; set m_grpo.d_max to the number of calls a rollout makes",
+        )
 
     def rollout_raw(self, problems: Sequence[Problem], env: Any, make_ctx: ContextFactory,
                     run: Callable[[list[Awaitable]], list]) -> RawRollout:
         """Run the K rollouts per question; main samples get rewards, sub samples their format validity only."""
         self.calls += 1
         # a problem drawn twice is two instances (ids ``<id>#2``, ...): their outcomes and groups stay apart
-        jobs = [(p, make_ctx(inst, e, {})) for p, inst in zip(problems, batch_instances(problems)) for e in range(self.k)]
+        jobs = [
+            (p, make_ctx(inst, e, {})) for p, inst in zip(problems, batch_instances(problems)) for e in range(self.k)
+        ]
         results: list[EpisodeResult] = run([run_episode(self._episode(env, p), ctx) for p, ctx in jobs])
         main, sub, outcomes = [], [], {}
         for (p, ctx), res in zip(jobs, results):
@@ -293,7 +328,8 @@ class MGRPO(Algorithm):
         metrics = {
             "success_rate": sum(correct(r) for r in results) / len(results),
             "main_reward": sum(r.team_return for r in results) / len(results),
-            "main_valid": sum(bool(r.outcome.stats.get("valid", True)) if r.outcome else True for r in results) / len(results),
+            "main_valid": sum(bool(r.outcome.stats.get("valid", True)) if r.outcome else True for r in results)
+            / len(results),
             # the sub-episodes each rollout opened, whether or not its workflow reports stats["calls"]
             "sub_calls_per_rollout": sum(ctx.sub_episodes for _, ctx in jobs) / len(results),
         }
@@ -303,11 +339,13 @@ class MGRPO(Algorithm):
         return RawRollout(main, sub, outcomes, derive_seed(self.seed, self.calls, 17), metrics)
 
     def _episode(self, env: Any, problem: Problem) -> EpisodeFn:
-        """The episode of ``problem``: the configured workflow, or the research team (single: one agent with the tools)."""
+        """The episode of ``problem``: the configured workflow, or the research team (single: one agent with the
+        tools)."""
         if self.workflow is not None:
             spec = WORKFLOWS.get_entry(self.workflow, "workflow.name")
             return bind(spec, env, problem, workflow_options_or_defaults(spec, self.workflow_options))
-        workflow = research_team if self.config.agents == "team" else research_single  # looked up now: tests replace them
+        # looked up now: tests replace them
+        workflow = research_team if self.config.agents == "team" else research_single
 
         async def start(ctx: Any) -> EpisodeOutcome:
             return as_episode_outcome(await workflow(ctx, env, problem))

@@ -60,7 +60,14 @@ from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Hashable, Sequence
 
 from teamrl.algorithms.base import Algorithm, FinishedEpisode, warn_once
-from teamrl.algorithms.episodes import ContextFactory, bind, play_out, resolve_workflow, workflow_roles, workflow_options_or_defaults
+from teamrl.algorithms.episodes import (
+    ContextFactory,
+    bind,
+    play_out,
+    resolve_workflow,
+    workflow_roles,
+    workflow_options_or_defaults,
+)
 from teamrl.core.config import option, register_section
 from teamrl.core.sample import Sample
 from teamrl.tasks.task import Problem, batch_instances
@@ -119,14 +126,22 @@ def group_key(sample: Sample) -> Hashable:
 class MAGRPOConfig:
     """The ``magrpo:`` config section."""
 
-    joint_mode: str = option("aligned", choices=JOINT_MODES,
-                             doc="aligned: the j-th samples of the agents form G joint actions; cross: all G^N combinations")
-    num_turns: int = option(1, ge=1, doc="calls of each role branched: every step holding one of a role's first num_turns "
-                                         "calls samples G per call and forms joint actions, so every role that acts trains; "
-                                         "later steps play one untrained sample per call (the team workflow: its turns)")
+    joint_mode: str = option(
+        "aligned",
+        choices=JOINT_MODES,
+        doc="aligned: the j-th samples of the agents form G joint actions; cross: all G^N combinations",
+    )
+    num_turns: int = option(
+        1,
+        ge=1,
+        doc="calls of each role branched: every step holding one of a role's first num_turns "
+        "calls samples G per call and forms joint actions, so every role that acts trains; "
+        "later steps play one untrained sample per call (the team workflow: its turns)",
+    )
     gamma: float = option(1.0, ge=0, le=1, doc="discount: R_t = r_t + gamma * mean(children's returns)")
-    termination_threshold: float | None = option(None, ge=0, le=1,
-                                                 doc="stop expanding a joint action whose normalised reward reaches this; null: never")
+    termination_threshold: float | None = option(
+        None, ge=0, le=1, doc="stop expanding a joint action whose normalised reward reaches this; null: never"
+    )
 
 
 register_section("magrpo", MAGRPOConfig)
@@ -138,7 +153,9 @@ class MAGRPO(Algorithm):
     name = "magrpo"
     group_key = staticmethod(group_key)
 
-    def __init__(self, config: MAGRPOConfig, workflow: str | None = None, workflow_options: Any = None, *, group_size: int = 4) -> None:
+    def __init__(
+        self, config: MAGRPOConfig, workflow: str | None = None, workflow_options: Any = None, *, group_size: int = 4
+    ) -> None:
         """``workflow``: a registered name (None: the task's default, ``team`` for a team task);
         ``workflow_options``: what its ``run`` receives (None: its defaults, ``turns`` = ``num_turns``)."""
         if config.joint_mode not in JOINT_MODES:
@@ -173,9 +190,13 @@ class MAGRPO(Algorithm):
                 s.group = self.group_key(s)
         played = [s for s in samples if s.tags.get("rollout")]
         if played:  # acting calls that never train: say so, once
-            warn_once(self, "num_turns", f"magrpo: {len(played)} calls of role(s) {sorted({s.role for s in played})} came "
-                      f"after their role's first magrpo.num_turns={self.config.num_turns} call(s) and were played untrained "
-                      "(one sample, no group); raise magrpo.num_turns to train them")
+            warn_once(
+                self,
+                "num_turns",
+                f"magrpo: {len(played)} calls of role(s) {sorted({s.role for s in played})} came "
+                f"after their role's first magrpo.num_turns={self.config.num_turns} call(s) and were played untrained "
+                "(one sample, no group); raise magrpo.num_turns to train them",
+            )
         return samples
 
     def branched(self, branch: Branch, frontier: Sequence[Call]) -> bool:
@@ -187,7 +208,8 @@ class MAGRPO(Algorithm):
         branch = Branch(start, real)
         await branch.advance()
         returns, _ = await self._walk(real, branch, 0, (), deepest := [0])
-        returns(deepest[0])  # returns wait for the whole tree: a terminated joint action is credited down to its deepest level
+        # returns wait for the whole tree: a terminated joint action is credited down to its deepest level
+        returns(deepest[0])
 
     async def _walk(self, real: EpisodeContext, branch: Branch, depth: int, path: tuple,
                     deepest: list[int]) -> tuple[Callable[[int], list[float]], float]:
@@ -195,7 +217,9 @@ class MAGRPO(Algorithm):
         node, or the end of its episode. Returns the child returns it passes up (each of that node's joint
         returns plus the team rewards played before the node; those rewards alone when the episode ended
         first), as a function of the tree's number of levels, and the mean team return of the episodes below."""
-        played = total(await play_out(real, branch, {"path": path}, until=lambda frontier: self.branched(branch, frontier)))
+        played = total(
+            await play_out(real, branch, {"path": path}, until=lambda frontier: self.branched(branch, frontier))
+        )
         if branch.done:
             self._finish(real, branch, path)
             return (lambda levels: [played]), branch.cumulative_team_reward()
@@ -222,7 +246,8 @@ class MAGRPO(Algorithm):
             self._walk(real, copies[k], depth + 1, path + (k,), deepest) for k in range(len(joint)) if go_on[k]])
         below = iter(walked)
         children = [next(below) if go_on[k] else None for k in range(len(joint))]
-        team = [child[1] if child else copies[k].cumulative_team_reward()  # a terminated branch: the team rewards so far
+        # a terminated branch: the team rewards so far
+        team = [child[1] if child else copies[k].cumulative_team_reward()
                 for k, child in enumerate(children)]
         for k in range(len(joint)):
             if not go_on[k]:

@@ -9,10 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import math
-import os
-import types
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, TypeVar
@@ -20,61 +16,10 @@ from typing import Any, Callable, TypeVar
 
 
 from teamrl.core.errors import ConfigError, InputError, InputFileMissing  # noqa: F401  (their home before)
+from teamrl.core.options import (BYTES_PER_SAMPLE, BYTES_PER_TOKEN, MAX_NAME_BYTES, _coerce, build_dataclass,
+                                 check_fields, check_memory, option)
 from teamrl.core.yaml_io import (MAX_CONFIG_BYTES, MAX_YAML_REPEATS, _set_path, load_yaml,  # noqa: F401
                                  parse_overrides, read_yaml_mapping)
-
-
-# The least memory one unit of a size costs: lower bounds, so that a size refused for them cannot fit whatever the model
-BYTES_PER_TOKEN = 48  # a sampled token: its id in the engine (8) and in the sample (a list slot, 8), its log-prob (a float, 32)
-BYTES_PER_SAMPLE = 512  # a sample's object and its prompt, before any token of its completion
-BYTES_PER_PROBLEM = 256  # a task's problem: its object, id and text
-# sizes that the options of tasks and workflows declare without ``bytes_each``, by field name
-SIZE_BYTES = {"num_problems": BYTES_PER_PROBLEM}
-MAX_NAME_BYTES = 255  # a run name is a folder name (NAME_MAX)
-
-
-def machine_memory() -> int:
-    """Bytes of memory this process can have: the machine's physical memory, or its cgroup's limit when lower."""
-    total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    for limit in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
-        try:
-            text = Path(limit).read_text().strip()
-        except OSError:
-            continue
-        if text.isdigit():
-            total = min(total, int(text))
-    return total
-
-
-def _gib(n: float) -> str:
-    return f"{n / 2**30:.3g} GiB"
-
-
-def check_memory(what: str, need: int, how: str, at_most: str = "") -> None:
-    """Refuse, before anything is allocated, an input whose least memory ``need`` (bytes, ``how`` it was counted) is
-    over what this machine has: a :class:`ConfigError` naming ``what`` (and ``at_most``: the largest value that fits)."""
-    have = machine_memory()
-    if need > have:
-        raise ConfigError(f"{what} needs at least {_gib(need)} of memory ({how}), more than the {_gib(have)} of memory "
-                          f"this machine has" + (f"; at most {at_most}" if at_most else ""))
-
-
-def option(default: Any = dataclasses.MISSING, *, choices: tuple | None = None, ge: float | None = None,
-       gt: float | None = None, le: float | None = None, doc: str = "", factory: Any = None,
-       hints: dict[str, str] | None = None, bytes_each: int | None = None, internal: bool = False) -> Any:
-    """A config field with its allowed values or range and a one-line doc for the reference.
-
-    ``hints`` maps a value that is not allowed but likely meant (another tool's name) to a short
-    note appended to its error. ``bytes_each``: the field is a size, each unit of which costs at least
-    this many bytes of memory; a value whose cost is over the machine's memory is refused before
-    anything is allocated (:func:`check_memory`). ``internal``: not a config key (a value derived from others, set
-    in Python), still checked by :func:`check_fields`."""
-    meta = {"choices": choices, "ge": ge, "gt": gt, "le": le, "doc": doc, "hints": hints or {}, "bytes_each": bytes_each}
-    if internal:
-        meta["internal"] = True
-    if factory is not None:
-        return field(default_factory=factory, metadata=meta)
-    return field(default=default, metadata=meta)
 
 
 @dataclass
@@ -82,8 +27,10 @@ class LoraConfig:
     r: int = option(16, ge=1, doc="LoRA rank (at most the width of the model's targeted layers)")
     alpha: float = option(32.0, gt=0, doc="LoRA scaling numerator (scale = alpha / r)")
     dropout: float = option(0.0, ge=0, le=1, doc="dropout on the LoRA input")
-    target_modules: list[str] = option(factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
-                                   doc="module names that get adapters")
+    target_modules: list[str] = option(
+        factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        doc="module names that get adapters",
+    )
 
 
 PLACEMENTS = ("local", "ray")
@@ -93,29 +40,49 @@ WORKER_RESOURCES = ("num_cpus", "num_gpus", "memory", "resources")
 
 @dataclass
 class PolicyConfig:
-    mode: str = option("shared", choices=("shared", "lora_per_role", "separate"),
-                   doc="shared: one set of weights for every role; lora_per_role: one LoRA adapter per role type on one base; separate: one model per role")
-    lora: LoraConfig | None = option(factory=LoraConfig, doc="LoRA settings; null trains full weights (not allowed with lora_per_role)")
+    mode: str = option(
+        "shared",
+        choices=("shared", "lora_per_role", "separate"),
+        doc="shared: one set of weights for every role; lora_per_role: one LoRA adapter per role type on one base; "
+        "separate: one model per role",
+    )
+    lora: LoraConfig | None = option(
+        factory=LoraConfig, doc="LoRA settings; null trains full weights (not allowed with lora_per_role)"
+    )
     equalize_steps: bool = option(True, doc="one optimizer step per policy per iteration; false: one per role instance "
                                             "(generator0..2 then step the shared generator adapter three times)")
-    device: str = option("auto", doc="where the models live: auto (cuda when a GPU is visible, else cpu), cpu, cuda or cuda:N")
+    device: str = option(
+        "auto", doc="where the models live: auto (cuda when a GPU is visible, else cpu), cpu, cuda or cuda:N"
+    )
     dtype: str = option("auto", choices=("auto", "float32", "bfloat16", "float16"),
                         doc="model weights dtype; auto is bfloat16 on CUDA and float32 on CPU")
-    roles: dict[str, str] = option(factory=dict, doc="explicit role -> policy map, e.g. {critic: critic, critic2: critic} "
-                                                     "(lora_per_role / separate): every role must be listed, roles with one "
-                                                     "policy name share it; empty: each declared role has its own policy "
-                                                     "(critic2, gpt4 included) and numbered instances the workflow "
-                                                     "creates (generator0 of generator) share their role's")
-    placement: str = option("local", choices=PLACEMENTS,
-                            doc="where each policy's worker (model, adapters, optimizer) lives: local (the driver's process; "
-                                "the reference for correctness) or ray (one Ray actor per worker, see docs/scale.md)")
-    workers: dict[str, list[str]] = option(factory=dict, doc="ray: worker name -> the policies it holds (they share its "
-                                                             "base model), e.g. {base: [main, sub]}; empty: one worker per "
-                                                             "policy, named after it")
-    resources: dict[str, dict[str, Any]] = option(factory=dict, doc="ray: worker name -> Ray actor resources "
-                                                                    f"({', '.join(WORKER_RESOURCES)}), e.g. "
-                                                                    "{proposer: {num_gpus: 1}, critic: {resources: {node_b: 1}}}; "
-                                                                    "a worker not listed asks for num_cpus 1")
+    roles: dict[str, str] = option(
+        factory=dict,
+        doc="explicit role -> policy map, e.g. {critic: critic, critic2: critic} "
+        "(lora_per_role / separate): every role must be listed, roles with one "
+        "policy name share it; empty: each declared role has its own policy "
+        "(critic2, gpt4 included) and numbered instances the workflow "
+        "creates (generator0 of generator) share their role's",
+    )
+    placement: str = option(
+        "local",
+        choices=PLACEMENTS,
+        doc="where each policy's worker (model, adapters, optimizer) lives: local (the driver's process; "
+        "the reference for correctness) or ray (one Ray actor per worker, see docs/scale.md)",
+    )
+    workers: dict[str, list[str]] = option(
+        factory=dict,
+        doc="ray: worker name -> the policies it holds (they share its "
+        "base model), e.g. {base: [main, sub]}; empty: one worker per "
+        "policy, named after it",
+    )
+    resources: dict[str, dict[str, Any]] = option(
+        factory=dict,
+        doc="ray: worker name -> Ray actor resources "
+        f"({', '.join(WORKER_RESOURCES)}), e.g. "
+        "{proposer: {num_gpus: 1}, critic: {resources: {node_b: 1}}}; "
+        "a worker not listed asks for num_cpus 1",
+    )
     ray_address: str = option("", doc="ray: address of a running cluster (ray start --head prints it); empty: a Ray "
                                       "already initialised in this process, else a local one (ray.init)")
     ray_timeout_s: float = option(600.0, gt=0, doc="ray: seconds to wait for a worker's answer before failing with an "
@@ -129,11 +96,17 @@ VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the --max-lora-rank 
 class VllmConfig:
     """``rollout.engine=vllm``: the vLLM server teamrl starts for the run (teamrl/rollout/vllm_server.py)."""
 
-    python: str = option("", doc="the Python that has vLLM (runs -m vllm.entrypoints.openai.api_server); empty: "
-                                 ".venv-vllm/bin/python of the current folder, else of the teamrl checkout (make setup-vllm)")
-    command: list[str] = option(factory=list, doc="instead of python: the command that starts vLLM's OpenAI server, "
-                                                  "e.g. [vllm, serve] or [/opt/vllm/bin/python, -m, "
-                                                  "vllm.entrypoints.openai.api_server]; teamrl appends --model and the flags")
+    python: str = option(
+        "",
+        doc="the Python that has vLLM (runs -m vllm.entrypoints.openai.api_server); empty: "
+        ".venv-vllm/bin/python of the current folder, else of the teamrl checkout (make setup-vllm)",
+    )
+    command: list[str] = option(
+        factory=list,
+        doc="instead of python: the command that starts vLLM's OpenAI server, "
+        "e.g. [vllm, serve] or [/opt/vllm/bin/python, -m, "
+        "vllm.entrypoints.openai.api_server]; teamrl appends --model and the flags",
+    )
     host: str = option("127.0.0.1", doc="address the server binds (and teamrl connects to)")
     port: int = option(0, ge=0, le=65535, doc="the server's port; 0: a free one")
     max_loras: int = option(0, ge=0, doc="--max-loras, adapters decoded together; 0: the run's number of policies "
@@ -170,37 +143,70 @@ class RolloutConfig:
     top_k: int = option(0, ge=0, doc="keep the k most likely tokens; 0 keeps all")
     stop: list[str] = option(factory=list, doc="stop strings (the completion is cut after the first one)")
     ignore_eos: bool = option(False, doc="generate exactly max_new_tokens, ignoring EOS (benchmarks)")
-    min_new_tokens: int = option(0, ge=0, doc="EOS cannot be drawn before this many tokens (HF min_new_tokens, vLLM min_tokens)")
-    max_staleness: int = option(0, ge=0, doc="k: the rollouts of the next k steps are sampled while a step trains, each with "
-                                             "weights at most k updates behind the ones it is trained against; 0: rollout, "
-                                             "update and weight sync one after another (docs/rollout_and_serving.md)")
-    engine: str = option("hf", choices=("hf", "http", "vllm"),
-                         doc="hf: generate in this process; http: send rollouts to an OpenAI-compatible server (teamrl serve, vLLM, "
-                             "SGLang) at server_url; vllm: start a vLLM server for the run (rollout.vllm), stop it with the run")
+    min_new_tokens: int = option(
+        0, ge=0, doc="EOS cannot be drawn before this many tokens (HF min_new_tokens, vLLM min_tokens)"
+    )
+    max_staleness: int = option(
+        0,
+        ge=0,
+        doc="k: the rollouts of the next k steps are sampled while a step trains, each with "
+        "weights at most k updates behind the ones it is trained against; 0: rollout, "
+        "update and weight sync one after another (docs/rollout_and_serving.md)",
+    )
+    engine: str = option(
+        "hf",
+        choices=("hf", "http", "vllm"),
+        doc="hf: generate in this process; http: send rollouts to an OpenAI-compatible server (teamrl serve, vLLM, "
+        "SGLang) at server_url; vllm: start a vLLM server for the run (rollout.vllm), stop it with the run",
+    )
     server_url: str = option("http://127.0.0.1:8000", doc="base URL of the server used by engine http")
     server_urls: list[str] = option(factory=list, doc="engine http: several servers' base URLs (a pool: each policy's "
                                                       "requests spread over them, every one synced after each update); "
                                                       "when given, server_url is not used")
-    on_endpoint_failure: str = option("continue", choices=("continue", "stop"),
-                                      doc="a pool endpoint that stops answering (refused, reset, timed out, its process "
-                                          "gone): continue on the others (its requests re-sent), or stop the run; "
-                                          "either way one line names it")
-    request_deadline_s: float = option(900.0, gt=0, doc="engine http/vllm: the longest one request to a rollout server may "
-                                                         "take, first byte to last (the read timeout is per read: an answer "
-                                                         "dribbled a byte at a time never trips it); past it the endpoint "
-                                                         "counts as failed (rollout.on_endpoint_failure)")
-    adapter_dir: str = option("", doc="engine http: folder the server can read where adapters are saved after each update; empty: RUN_DIR/served_adapters")
-    server_dialect: str = option("auto", choices=("auto", "vllm", "sglang", "teamrl"),
-                                 doc="engine http: the server's API (paths, seeding, limits); auto reads owned_by of /v1/models")
-    server_check: bool = option(True, doc="engine http: before training, sample one group of a probe prompt and refuse to train if "
-                                          "its samples are identical or the server's log-probs differ from the trainer's "
-                                          "(under the run's temperature, top-k and top-p)")
-    server_sync_check: bool = option(True, doc="engine http: after every adapter load, check on a short greedy probe that the server's "
-                                               "log-probs equal the trainer's for that version; a mismatch fails the step naming "
-                                               "the policy and version")
-    server_check_tolerance: float = option(1e-3, gt=0, doc="engine http: the largest absolute difference of one token's log-prob "
-                                                           "between server and trainer that the start-up and sync checks accept "
-                                                           "(fp32 vLLM on CPU measured <= 6e-5; raise it for bf16)")
+    on_endpoint_failure: str = option(
+        "continue",
+        choices=("continue", "stop"),
+        doc="a pool endpoint that stops answering (refused, reset, timed out, its process "
+        "gone): continue on the others (its requests re-sent), or stop the run; "
+        "either way one line names it",
+    )
+    request_deadline_s: float = option(
+        900.0,
+        gt=0,
+        doc="engine http/vllm: the longest one request to a rollout server may "
+        "take, first byte to last (the read timeout is per read: an answer "
+        "dribbled a byte at a time never trips it); past it the endpoint "
+        "counts as failed (rollout.on_endpoint_failure)",
+    )
+    adapter_dir: str = option(
+        "",
+        doc="engine http: folder the server can read where adapters are saved after each update; empty: "
+        "RUN_DIR/served_adapters",
+    )
+    server_dialect: str = option(
+        "auto",
+        choices=("auto", "vllm", "sglang", "teamrl"),
+        doc="engine http: the server's API (paths, seeding, limits); auto reads owned_by of /v1/models",
+    )
+    server_check: bool = option(
+        True,
+        doc="engine http: before training, sample one group of a probe prompt and refuse to train if "
+        "its samples are identical or the server's log-probs differ from the trainer's "
+        "(under the run's temperature, top-k and top-p)",
+    )
+    server_sync_check: bool = option(
+        True,
+        doc="engine http: after every adapter load, check on a short greedy probe that the server's "
+        "log-probs equal the trainer's for that version; a mismatch fails the step naming "
+        "the policy and version",
+    )
+    server_check_tolerance: float = option(
+        1e-3,
+        gt=0,
+        doc="engine http: the largest absolute difference of one token's log-prob "
+        "between server and trainer that the start-up and sync checks accept "
+        "(fp32 vLLM on CPU measured <= 6e-5; raise it for bf16)",
+    )
     vllm: VllmConfig = option(factory=VllmConfig, doc="engine vllm: the server teamrl starts and stops")
 
 
@@ -218,13 +224,21 @@ class LossConfig:
     eps_high: float = option(0.2, ge=0, doc="upper PPO clip: ratio <= 1 + eps_high (DAPO clip-higher when > eps_low)")
     dual_clip: float | None = option(None, gt=1, doc="dual-clip constant c > 1 for negative advantages; null disables")
     kl_coef: float = option(0.0, ge=0, doc="weight of the k3 KL to the reference (base with adapters off)")
-    kl_bias_correction: bool = option(False, doc="multiply k3 by the importance ratio (unbiased KL gradient; TRL 1.16's "
-                                                 "use_bias_correction_kl, default true there); false: plain k3")
-    aggregation: str = option("token_mean", choices=("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "dr_grpo"),
-                          doc="how token losses become one number (token_mean is TRL's dapo, seq_mean_token_mean TRL's grpo)",
-                          hints={"dapo": "TRL's 'dapo' is 'token_mean' here", "grpo": "TRL's 'grpo' is 'seq_mean_token_mean' here",
-                                 "bnpo": "TRL's 'bnpo' (mean of each micro-batch's token mean) is not offered; "
-                                         "'token_mean' is TRL's 'dapo'"})
+    kl_bias_correction: bool = option(
+        False,
+        doc="multiply k3 by the importance ratio (unbiased KL gradient; TRL 1.16's "
+        "use_bias_correction_kl, default true there); false: plain k3",
+    )
+    aggregation: str = option(
+        "token_mean",
+        choices=("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "dr_grpo"),
+        doc="how token losses become one number (token_mean is TRL's dapo, seq_mean_token_mean TRL's grpo)",
+        hints={
+            "dapo": "TRL's 'dapo' is 'token_mean' here",
+            "grpo": "TRL's 'grpo' is 'seq_mean_token_mean' here",
+            "bnpo": "TRL's 'bnpo' (mean of each micro-batch's token mean) is not offered; 'token_mean' is TRL's 'dapo'",
+        },
+    )
     importance_correction: str = option(
         "auto", choices=("auto", "token", "sequence", "none"),
         doc="multiply each token's clipped policy loss (not the KL) by the truncated importance weight "
@@ -251,7 +265,11 @@ class LossConfig:
         mode = self.importance_correction
         if mode == "auto":
             mode = "token" if max_staleness > 0 else "none"
-        length = max_new_tokens if self.aggregation == "dr_grpo" and max_new_tokens is not None else self.max_completion_length
+        length = (
+            max_new_tokens
+            if self.aggregation == "dr_grpo" and max_new_tokens is not None
+            else self.max_completion_length
+        )
         return dataclasses.replace(self, importance_correction=mode, max_completion_length=length)
 
 
@@ -262,36 +280,58 @@ class TrainConfig:
     weight_decay: float = option(0.0, ge=0, doc="AdamW weight decay")
     max_grad_norm: float = option(1.0, gt=0, doc="gradient clipping norm per policy")
     ppo_epochs: int = option(1, ge=1, doc="passes over each batch; with 1, old log-probs are the detached current ones")
-    micro_batch_size: int = option(16, ge=1, doc="completions per forward/backward pass (gradient accumulation, "
-                                   "the same gradient); a prompt with more completions runs once, its completions in passes")
-    advantage: str = option("group", choices=("group", "mean", "batch", "none", "rloo", "max"), doc="group normalisation mode")
+    micro_batch_size: int = option(
+        16,
+        ge=1,
+        doc="completions per forward/backward pass (gradient accumulation, "
+        "the same gradient); a prompt with more completions runs once, its completions in passes",
+    )
+    advantage: str = option(
+        "group", choices=("group", "mean", "batch", "none", "rloo", "max"), doc="group normalisation mode"
+    )
     advantage_eps: float = option(1e-4, gt=0, doc="epsilon added to the std")
-    nonfinite_reward: str = option("error", choices=("error", "drop_group"),
-                                   doc="a NaN/inf reward: error (names task, problem and role) or drop_group (its comparison "
-                                       "group is left out of the update and counted in nonfinite_groups_dropped)")
+    nonfinite_reward: str = option(
+        "error",
+        choices=("error", "drop_group"),
+        doc="a NaN/inf reward: error (names task, problem and role) or drop_group (its comparison "
+        "group is left out of the update and counted in nonfinite_groups_dropped)",
+    )
     loss: LossConfig = option(factory=LossConfig)
     role_grad_norms: bool = option(False, doc="log each role type's loss, entropy and gradient norm on a shared policy "
                                               "(role capture); costs a gradient copy per role")
     eval_every: int = option(0, ge=0, doc="evaluate greedy accuracy on the held-out split every N steps; 0: never")
     eval_problems: int = option(16, ge=1, doc="held-out problems per evaluation")
-    cliff_points: float = option(10.0, gt=0, doc="an evaluation this many accuracy points under the running peak is a cliff: warn")
+    cliff_points: float = option(
+        10.0, gt=0, doc="an evaluation this many accuracy points under the running peak is a cliff: warn"
+    )
     cliff_stop: bool = option(False, doc="stop training at an accuracy cliff (the best checkpoint is kept either way)")
-    final_eval_problems: int = option(0, ge=0, doc="after training, evaluate the untrained and the trained team greedily on "
-                                                   "this many held-out problems, side by side with a paired comparison; 0: off")
+    final_eval_problems: int = option(
+        0,
+        ge=0,
+        doc="after training, evaluate the untrained and the trained team greedily on "
+        "this many held-out problems, side by side with a paired comparison; 0: off",
+    )
 
 
 @dataclass
 class WorkflowConfig:
-    name: str = option("", doc="a registered workflow (teamrl.api.WORKFLOWS; yours with @register_workflow and --plugin) "
-                               "or package.module:object, trained by any algorithm that does not refuse it (docs/algorithm_matrix.md); "
-                               "empty: the task's default workflow")
-    reward: str = option("outcome", doc="a registered reward (teamrl.api.REWARDS) of each sample, applied by algorithm grpo: "
-                                        "outcome (every sample gets the episode's team return), per_role (a sample's own "
-                                        "role_reward where the workflow sets one), or yours (@register_reward); magrpo, "
-                                        "at_grpo and m_grpo credit the rewards the workflow reports their own way and "
-                                        "accept outcome only")
-    options: dict[str, Any] = option(factory=dict, doc="the options of a workflow that declares its own Options dataclass "
-                                                       "(validated against it)")
+    name: str = option(
+        "",
+        doc="a registered workflow (teamrl.api.WORKFLOWS; yours with @register_workflow and --plugin) "
+        "or package.module:object, trained by any algorithm that does not refuse it (docs/algorithm_matrix.md); "
+        "empty: the task's default workflow",
+    )
+    reward: str = option(
+        "outcome",
+        doc="a registered reward (teamrl.api.REWARDS) of each sample, applied by algorithm grpo: "
+        "outcome (every sample gets the episode's team return), per_role (a sample's own "
+        "role_reward where the workflow sets one), or yours (@register_reward); magrpo, "
+        "at_grpo and m_grpo credit the rewards the workflow reports their own way and "
+        "accept outcome only",
+    )
+    options: dict[str, Any] = option(
+        factory=dict, doc="the options of a workflow that declares its own Options dataclass (validated against it)"
+    )
 
 
 @dataclass
@@ -313,7 +353,10 @@ S = TypeVar("S")
 class Config:
     name: str = option("run", doc="run name; the run directory is run.dir/name")
     seed: int = option(0, ge=0, le=2**63 - 1, doc="seed for data order, sampling and initialisation")
-    model: str = option("smollm2-135m", doc="alias (smollm2-135m, tiny-random, random:smollm2-135m, random:qwen3-1.7b), local folder, or hub id")
+    model: str = option(
+        "smollm2-135m",
+        doc="alias (smollm2-135m, tiny-random, random:smollm2-135m, random:qwen3-1.7b), local folder, or hub id",
+    )
     threads: int = option(0, ge=0, doc="torch CPU threads; 0 keeps torch's default")
     algorithm: str = option("grpo", doc="training algorithm: a registered one (teamrl.algorithms.ALGORITHMS); its own "
                                          "options are the top-level section of its name")
@@ -327,7 +370,8 @@ class Config:
     sections: dict[str, Any] = field(default_factory=dict, repr=False, metadata={"internal": True})
 
     def section(self, cls: type[S]) -> S:
-        """A registered section (:func:`register_section`) by its dataclass (an algorithm's, e.g.), typed: as loaded, or its
+        """A registered section (:func:`register_section`) by its dataclass (an algorithm's, e.g.), typed: as loaded,
+        or its
         defaults."""
         names = [name for name, c in SECTIONS.items() if c is cls]
         if not names:
@@ -385,121 +429,6 @@ def _load_section_providers() -> None:
         importlib.import_module(module)
 
 
-def _type_name(tp: Any) -> str:
-    return getattr(tp, "__name__", str(tp)).replace("typing.", "")
-
-
-def _coerce(value: Any, tp: Any, key: str) -> Any:
-    """Check ``value`` against annotation ``tp``; build nested dataclasses."""
-    if tp is Any:
-        return value
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        args = typing.get_args(tp)
-        if value is None and type(None) in args:
-            return None
-        errors = []
-        for a in args:
-            if a is type(None):
-                continue
-            try:
-                return _coerce(value, a, key)
-            except ConfigError as e:
-                errors.append(str(e))
-        raise ConfigError(errors[0] if len(errors) == 1 else f"{key}: got {value!r}, expected one of {[_type_name(a) for a in args]}")
-    if dataclasses.is_dataclass(tp):
-        if isinstance(value, tp):
-            return value
-        if not isinstance(value, dict):
-            raise ConfigError(f"{key}: expected a mapping of {[f.name for f in dataclasses.fields(tp)]}, got {value!r}")
-        return build_dataclass(tp, value, key + ".")
-    if origin is list:
-        (inner,) = typing.get_args(tp)
-        if not isinstance(value, list):
-            raise ConfigError(f"{key}: expected a list of {_type_name(inner)}, got {value!r}")
-        return [_coerce(v, inner, f"{key}[{i}]") for i, v in enumerate(value)]
-    if origin is dict:  # a free-form mapping: its keys and values are checked against the annotation too
-        key_tp, value_tp = typing.get_args(tp) or (Any, Any)
-        if not isinstance(value, dict):
-            raise ConfigError(f"{key}: expected a mapping of {_type_name(key_tp)} to {_type_name(value_tp)}, got {value!r}")
-        out = {}
-        for k, v in value.items():
-            if key_tp is str and not isinstance(k, str):
-                raise ConfigError(f"{key}: key {k!r} is not a string; expected a mapping of str to {_type_name(value_tp)} "
-                                  "(quote the key)")
-            out[k] = _coerce(v, value_tp, f"{key}.{k}")
-        return out
-    if tp is float:
-        if isinstance(value, str):  # YAML 1.1 reads "1e-3" (no dot) as a string
-            try:
-                value = float(value)
-            except ValueError:
-                pass
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{key}: expected a number, got {value!r}")
-        if not math.isfinite(value):  # .inf / .nan would reach the weights (lr, eps, coefficients)
-            raise ConfigError(f"{key}: expected a finite number, got {value!r}")
-        return float(value)
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{key}: expected an integer, got {value!r}")
-        return value
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(f"{key}: expected true or false, got {value!r}")
-        return value
-    if tp is str:
-        if not isinstance(value, str):
-            raise ConfigError(f"{key}: expected a string, got {value!r}")
-        return value
-    raise ConfigError(f"{key}: unsupported type {tp}")  # a schema bug, not a user error
-
-
-def _check_range(f: dataclasses.Field, value: Any, key: str) -> None:
-    m = f.metadata
-    if value is None:
-        return
-    if m.get("choices") and value not in m["choices"]:
-        hint = m.get("hints", {}).get(value) if isinstance(value, str) else None
-        raise ConfigError(f"{key}: {value!r} is not allowed; choose one of {list(m['choices'])}" + (f" ({hint})" if hint else ""))
-    for bound, ok, word in (("ge", lambda v, b: v >= b, ">="), ("gt", lambda v, b: v > b, ">"), ("le", lambda v, b: v <= b, "<=")):
-        b = m.get(bound)
-        if b is not None and not ok(value, b):
-            raise ConfigError(f"{key}: {value!r} is out of range; must be {word} {b}")
-    each = m.get("bytes_each") or SIZE_BYTES.get(f.name)
-    if each and isinstance(value, int) and not isinstance(value, bool):
-        check_memory(f"{key}={value}", value * each, f"{each} bytes each", str(machine_memory() // each))
-
-
-def build_dataclass(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
-    """Validate ``data`` against the dataclass ``cls`` (same rules as the config) and build it."""
-    hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls) if not f.metadata.get("internal")}
-    unknown = [k for k in data if k not in fields]
-    if unknown:
-        raise ConfigError(f"{prefix}{unknown[0]}: unknown key; allowed keys are {sorted(fields)}")
-    kwargs = {}
-    for name, value in data.items():
-        key = prefix + name
-        v = _coerce(value, hints[name], key)
-        _check_range(fields[name], v, key)
-        kwargs[name] = v
-    return cls(**kwargs)
-
-
-def check_fields(obj: Any, prefix: str = "") -> None:
-    """Check a dataclass instance built in Python by the config's own rules (each field's type, choices and range,
-    :func:`option`), with the config's one-line messages, ``prefix`` naming it (``LossConfig.``): the one mechanism
-    for a section that is also built directly (call it from ``__post_init__``). Numbers are stored as the field's
-    type (an int given for a float field becomes a float)."""
-    hints = typing.get_type_hints(type(obj))
-    for f in dataclasses.fields(obj):
-        key = prefix + f.name
-        value = _coerce(getattr(obj, f.name), hints[f.name], key)
-        _check_range(f, value, key)
-        object.__setattr__(obj, f.name, value)
-
-
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
     """Read a YAML config (or the defaults), apply overrides, validate, and return a :class:`Config`."""
     data: dict[str, Any] = read_yaml_mapping(path) if path is not None else {}
@@ -512,7 +441,14 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         cfg = build_dataclass(Config, data)
     except ConfigError as e:
         if str(e).endswith("]") and "unknown key; allowed keys are" in str(e):  # name the registered sections too
-            raise ConfigError(str(e)[:str(e).rindex("[")] + str(sorted([f.name for f in dataclasses.fields(Config) if not f.metadata.get("internal")] + list(SECTIONS)))) from None
+            raise ConfigError(
+                str(e)[: str(e).rindex("[")]
+                + str(
+                    sorted(
+                        [f.name for f in dataclasses.fields(Config) if not f.metadata.get("internal")] + list(SECTIONS)
+                    )
+                )
+            ) from None
         raise
     for name, cls in SECTIONS.items():
         cfg.sections[name] = sections.get(name) or cls()
@@ -523,19 +459,27 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
 def validate(cfg: Config) -> None:
     """Checks that span several fields."""
     if not cfg.name or cfg.name in (".", "..") or "/" in cfg.name or "\\" in cfg.name:
-        raise ConfigError(f"name: {cfg.name!r} is not allowed; the run directory is run.dir/name, so give one folder name "
-                          "without '/' (and not '.' or '..'), e.g. name=lr1e-4")
+        raise ConfigError(
+            f"name: {cfg.name!r} is not allowed; the run directory is run.dir/name, so give one folder name "
+            "without '/' (and not '.' or '..'), e.g. name=lr1e-4"
+        )
     if len(cfg.name.encode()) > MAX_NAME_BYTES:
         raise ConfigError(f"name: {len(cfg.name.encode())} bytes long ({cfg.name[:20]!r}...); the run directory is "
                           f"run.dir/name, and a folder name is at most {MAX_NAME_BYTES} bytes")
     r = cfg.rollout
     samples = r.batch_size * r.group_size
-    check_memory(f"rollout.batch_size={r.batch_size} x rollout.group_size={r.group_size} x rollout.max_new_tokens="
-                 f"{r.max_new_tokens}: one step's rollout", samples * (BYTES_PER_SAMPLE + r.max_new_tokens * BYTES_PER_TOKEN),
-                 f"{samples} samples of up to {r.max_new_tokens} tokens, {BYTES_PER_SAMPLE} bytes a sample and "
-                 f"{BYTES_PER_TOKEN} a token", "a product that fits: lower them")
+    check_memory(
+        f"rollout.batch_size={r.batch_size} x rollout.group_size={r.group_size} x rollout.max_new_tokens="
+        f"{r.max_new_tokens}: one step's rollout",
+        samples * (BYTES_PER_SAMPLE + r.max_new_tokens * BYTES_PER_TOKEN),
+        f"{samples} samples of up to {r.max_new_tokens} tokens, {BYTES_PER_SAMPLE} bytes a sample and "
+        f"{BYTES_PER_TOKEN} a token",
+        "a product that fits: lower them",
+    )
     if cfg.policy.mode == "lora_per_role" and cfg.policy.lora is None:
-        raise ConfigError("policy.lora: lora_per_role needs LoRA settings, got null; use mode shared or separate for full weights")
+        raise ConfigError(
+            "policy.lora: lora_per_role needs LoRA settings, got null; use mode shared or separate for full weights"
+        )
     if cfg.policy.roles:
         if cfg.policy.mode == "shared":
             raise ConfigError("policy.roles: mode shared has one policy for every role; give a role map with "
@@ -558,14 +502,20 @@ def validate(cfg: Config) -> None:
         if not torch.cuda.is_available():
             raise ConfigError(f"policy.device: {dev!r}, but torch sees no CUDA GPU (torch {torch.__version__}, "
                               f"CUDA build {torch.version.cuda}); use auto or cpu")
-    if cfg.rollout.engine == "http" and not cfg.rollout.server_urls and not cfg.rollout.server_url.startswith(("http://", "https://")):
+    if (
+        cfg.rollout.engine == "http"
+        and not cfg.rollout.server_urls
+        and not cfg.rollout.server_url.startswith(("http://", "https://"))
+    ):
         raise ConfigError(f"rollout.server_url: {cfg.rollout.server_url!r} must start with http:// or https://")
     if cfg.rollout.engine == "http":
         _check_server_urls(cfg.rollout.server_urls)
     if cfg.rollout.engine in ("http", "vllm"):
         if cfg.policy.lora is None:
-            raise ConfigError(f"rollout.engine: {cfg.rollout.engine} sends LoRA adapters to the server after each update; "
-                              "policy.lora is null (full weights). Use engine hf, or train LoRA adapters")
+            raise ConfigError(
+                f"rollout.engine: {cfg.rollout.engine} sends LoRA adapters to the server after each update; "
+                "policy.lora is null (full weights). Use engine hf, or train LoRA adapters"
+            )
     if cfg.rollout.engine == "vllm":
         _check_vllm(cfg)
     for key, names in CHOICES.items():
@@ -575,14 +525,19 @@ def validate(cfg: Config) -> None:
     if "name" not in cfg.task:
         raise ConfigError("task.name: missing; name a task, e.g. word_count")
     if not isinstance(cfg.task["name"], str):
-        raise ConfigError(f"task.name: expected a string (a registered task or package.module:object), got {cfg.task['name']!r}")
+        raise ConfigError(
+            f"task.name: expected a string (a registered task or package.module:object), got {cfg.task['name']!r}"
+        )
     if cfg.workflow.name and cfg.train.advantage == "max":
         raise ConfigError("train.advantage: max (greedy baseline) is not supported with a study workflow; use group")
     for check in CHECKS:
         check(cfg)
     _check_placement(cfg.policy)
     if cfg.train.advantage in ("group", "rloo", "batch", "mean", "none") and cfg.rollout.group_size < 2:
-        raise ConfigError(f"rollout.group_size: {cfg.rollout.group_size} gives groups of one, whose advantage is 0; must be >= 2 (or use train.advantage=max)")
+        raise ConfigError(
+            f"rollout.group_size: {cfg.rollout.group_size} gives groups of one, whose advantage is 0; must be >= 2 "
+            "(or use train.advantage=max)"
+        )
 
 
 def _check_server_urls(urls: list[str]) -> None:
@@ -610,8 +565,10 @@ def _check_vllm(cfg: Config) -> None:
                           f"{list(VLLM_LORA_RANKS)} or 0 (policy.lora.r rounded up)")
     r = cfg.policy.lora.r if cfg.policy.lora is not None else 0
     if v.max_lora_rank and r > v.max_lora_rank:
-        raise ConfigError(f"rollout.vllm.max_lora_rank: {v.max_lora_rank} is smaller than the adapters' rank policy.lora.r="
-                          f"{r}, so the server would refuse to load them; give at least {r} or 0 (follows policy.lora.r)")
+        raise ConfigError(
+            f"rollout.vllm.max_lora_rank: {v.max_lora_rank} is smaller than the adapters' rank policy.lora.r="
+            f"{r}, so the server would refuse to load them; give at least {r} or 0 (follows policy.lora.r)"
+        )
     if r > VLLM_LORA_RANKS[-1]:
         raise ConfigError(f"policy.lora.r: {r} is over the largest LoRA rank vLLM serves ({VLLM_LORA_RANKS[-1]}); "
                           "lower it or use rollout.engine=hf")
@@ -654,7 +611,9 @@ def _check_ray_resources(key: str, res: Any) -> None:
         if k == "resources":
             if not isinstance(v, dict) or not all(isinstance(x, (int, float)) and not isinstance(x, bool) and x >= 0
                                                   for x in v.values()):
-                raise ConfigError(f"{key}.resources: expected a mapping of custom resource name -> amount >= 0, got {v!r}")
+                raise ConfigError(
+                    f"{key}.resources: expected a mapping of custom resource name -> amount >= 0, got {v!r}"
+                )
         elif isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
             raise ConfigError(f"{key}.{k}: expected a number >= 0, got {v!r}")
 
@@ -663,7 +622,11 @@ def config_to_dict(cfg: Any) -> Any:
     """The resolved config as plain data (for ``config.yaml`` in the run directory), registered sections included;
     internal fields (not config keys: ``Config.sections``, ``train.loss.max_completion_length``) left out."""
     if dataclasses.is_dataclass(cfg) and not isinstance(cfg, type):
-        out = {f.name: config_to_dict(getattr(cfg, f.name)) for f in dataclasses.fields(cfg) if not f.metadata.get("internal")}
+        out = {
+            f.name: config_to_dict(getattr(cfg, f.name))
+            for f in dataclasses.fields(cfg)
+            if not f.metadata.get("internal")
+        }
         if isinstance(cfg, Config):
             for name, cls in SECTIONS.items():
                 out[name] = config_to_dict(cfg.section(cls))

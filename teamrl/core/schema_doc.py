@@ -9,7 +9,8 @@ from teamrl.core.config import SECTIONS, Config, _load_section_providers
 
 
 def describe_schema(cls: type = Config, prefix: str = "") -> list[tuple[str, str, str, str]]:
-    """(key, type, default, doc) rows for the config reference (docs/config.md) (the registered sections after the built-in keys)."""
+    """(key, type, default, doc) rows for the config reference (docs/config.md) (the registered sections after the
+    built-in keys)."""
     rows = _describe_fields(cls, prefix)
     if cls is Config and not prefix:
         _load_section_providers()
@@ -27,7 +28,11 @@ def _describe_fields(cls: type, prefix: str) -> list[tuple[str, str, str, str]]:
         tp = hints[f.name]
         inner = [a for a in typing.get_args(tp) if dataclasses.is_dataclass(a)]
         sub = tp if dataclasses.is_dataclass(tp) else (inner[0] if inner else None)
-        default = f.default if f.default is not dataclasses.MISSING else (f.default_factory() if f.default_factory is not dataclasses.MISSING else "")
+        default = (
+            f.default
+            if f.default is not dataclasses.MISSING
+            else (f.default_factory() if f.default_factory is not dataclasses.MISSING else "")
+        )
         if sub is not None:
             if f.metadata.get("doc"):
                 rows.append((prefix + f.name, "mapping or null" if inner else "mapping", "", f.metadata["doc"]))
@@ -36,7 +41,14 @@ def _describe_fields(cls: type, prefix: str) -> list[tuple[str, str, str, str]]:
         doc = f.metadata.get("doc", "")
         if f.metadata.get("choices"):
             doc += f" (one of {', '.join(f.metadata['choices'])})"
-        rows.append((prefix + f.name, str(tp).replace("typing.", "").replace("<class '", "").replace("'>", ""), repr(default), doc))
+        rows.append(
+            (
+                prefix + f.name,
+                str(tp).replace("typing.", "").replace("<class '", "").replace("'>", ""),
+                repr(default),
+                doc,
+            )
+        )
     return rows
 
 

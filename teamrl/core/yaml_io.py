@@ -23,7 +23,8 @@ class _DuplicateKey(yaml.constructor.ConstructorError):
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
-    """The safe loader, except that a key given twice in one mapping is an error (PyYAML keeps the last one silently)."""
+    """The safe loader, except that a key given twice in one mapping is an error (PyYAML keeps the last one
+    silently)."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         first_line: dict[Any, int] = {}
@@ -109,7 +110,9 @@ def load_yaml(text: str, what: str) -> Any:
     except yaml.YAMLError as e:
         raise ConfigError(f"{what}: {_yaml_problem(e)}") from None
     except RecursionError:
-        raise ConfigError(f"{what}: nested too deeply to read; a config is a few levels of mappings and lists") from None
+        raise ConfigError(
+            f"{what}: nested too deeply to read; a config is a few levels of mappings and lists"
+        ) from None
 
 
 def read_yaml_mapping(path: str | Path, what: str = "config file") -> dict[str, Any]:
@@ -128,7 +131,9 @@ def read_yaml_mapping(path: str | Path, what: str = "config file") -> dict[str, 
     except OSError as e:
         raise ConfigError(f"{what} {str(p)!r} cannot be read ([Errno {e.errno}] {e.strerror})") from None
     if len(data) > MAX_CONFIG_BYTES:  # grew while being read
-        raise ConfigError(f"{what} {str(p)!r} is over {MAX_CONFIG_BYTES >> 20} MiB; at most {MAX_CONFIG_BYTES >> 20} MiB is read")
+        raise ConfigError(
+            f"{what} {str(p)!r} is over {MAX_CONFIG_BYTES >> 20} MiB; at most {MAX_CONFIG_BYTES >> 20} MiB is read"
+        )
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:

@@ -203,8 +203,10 @@ def policy_loss(
     if cfg.importance_correction == "auto":
         cfg = cfg.resolve()  # no rollout to ask: on-policy samples, no correction
     if cfg.aggregation == "dr_grpo" and cfg.max_completion_length is None:
-        raise ValueError("LossConfig.max_completion_length: required by aggregation 'dr_grpo' (its constant denominator); "
-                         "LossConfig.resolve sets it to rollout.max_new_tokens")
+        raise ValueError(
+            "LossConfig.max_completion_length: required by aggregation 'dr_grpo' (its constant denominator); "
+            "LossConfig.resolve sets it to rollout.max_new_tokens"
+        )
     if cfg.kl_coef > 0 and ref_logprobs is None:
         raise ValueError(f"LossConfig.kl_coef={cfg.kl_coef} > 0 needs ref_logprobs")
     weighted = cfg.importance_correction != "none"

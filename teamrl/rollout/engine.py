@@ -43,7 +43,9 @@ class SamplingParams:
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens={self.max_new_tokens}: must be >= 1")
         if not 0 <= self.min_new_tokens <= self.max_new_tokens:
-            raise ValueError(f"min_new_tokens={self.min_new_tokens}: must be in [0, max_new_tokens={self.max_new_tokens}]")
+            raise ValueError(
+                f"min_new_tokens={self.min_new_tokens}: must be in [0, max_new_tokens={self.max_new_tokens}]"
+            )
         if self.temperature < 0:
             raise ValueError(f"temperature={self.temperature}: must be >= 0 (0 is greedy)")
         if not 0 < self.top_p <= 1:
@@ -97,10 +99,14 @@ class Engine(ABC):
     """Generates for all pending requests of one policy in one call."""
 
     @abstractmethod
-    def generate(self, policy: str, requests: Sequence[GenerationRequest], seed: int | None = None) -> list[list[Completion]]:
+    def generate(
+        self, policy: str, requests: Sequence[GenerationRequest], seed: int | None = None
+    ) -> list[list[Completion]]:
         """Return, for each request, its ``n`` completions. Same seed and inputs, same outputs."""
 
-    def generate_many(self, calls: Sequence[tuple[str, Sequence[GenerationRequest], int | None]]) -> list[list[list[Completion]]]:
+    def generate_many(
+        self, calls: Sequence[tuple[str, Sequence[GenerationRequest], int | None]]
+    ) -> list[list[list[Completion]]]:
         """``generate(policy, requests, seed)`` for each ``(policy, requests, seed)`` of one scheduler flush.
 
         Each policy gets what its own ``generate`` call would return. This default runs the calls one

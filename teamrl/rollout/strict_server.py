@@ -68,7 +68,9 @@ class StrictBehaviour:
             raise ValueError(f"logprobs_mode {self.logprobs_mode!r}: choose one of {list(LOGPROBS_MODES)}")
         unknown = [k for k in self.generation_defaults if k not in GENERATION_DEFAULT_FIELDS]
         if unknown:
-            raise ValueError(f"generation config key {unknown[0]!r}: the server reads only {list(GENERATION_DEFAULT_FIELDS)}")
+            raise ValueError(
+                f"generation config key {unknown[0]!r}: the server reads only {list(GENERATION_DEFAULT_FIELDS)}"
+            )
 
 
 def generation_defaults(model: torch.nn.Module) -> tuple[dict[str, Any], tuple[int, ...]]:
@@ -155,7 +157,9 @@ def decode_row(model: torch.nn.Module, tokenizer: Any, prompt: Sequence[int], s:
     return RowOutput(out_ids, logps, "length", None)
 
 
-def _penalised(logits: torch.Tensor, prompt_set: torch.Tensor, out_ids: list[int], s: RowSamplingParams) -> torch.Tensor:
+def _penalised(
+    logits: torch.Tensor, prompt_set: torch.Tensor, out_ids: list[int], s: RowSamplingParams
+) -> torch.Tensor:
     """Repetition (prompt and output tokens), frequency and presence (output tokens) penalties."""
     if s.repetition_penalty == 1 and s.presence_penalty == 0 and s.frequency_penalty == 0:
         return logits
@@ -165,7 +169,9 @@ def _penalised(logits: torch.Tensor, prompt_set: torch.Tensor, out_ids: list[int
     if s.repetition_penalty != 1:
         seen = counts > 0
         seen[prompt_set] = True
-        logits = torch.where(seen, torch.where(logits > 0, logits / s.repetition_penalty, logits * s.repetition_penalty), logits)
+        logits = torch.where(
+            seen, torch.where(logits > 0, logits / s.repetition_penalty, logits * s.repetition_penalty), logits
+        )
     return logits - s.frequency_penalty * counts - s.presence_penalty * (counts > 0).float()
 
 

@@ -118,7 +118,9 @@ def with_prompt_helpers(snippet: str, entry_point: str, prompt: str) -> str:
         tree = _parse(prompt)
     except SyntaxError:
         return snippet
-    defined = {n.name: n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name != entry_point}
+    defined = {
+        n.name: n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name != entry_point
+    }
     wanted = [name for name in program_names(snippet) if name in defined]
     taken: list[str] = []
     while wanted:  # a helper may call another helper of the prompt
@@ -222,9 +224,14 @@ def load_humaneval(path: str | Path | None = None) -> list[CodeProblem]:
                 task_id=row["task_id"],
                 prompt=row["prompt"],
                 entry_point=row["entry_point"],
-                tests=tuple(with_prompt_helpers(against_reference(t, row["entry_point"], row["prompt"] + row["canonical_solution"]),
-                                                row["entry_point"], row["prompt"])
-                            for t in split_check_tests(row["test"], row["entry_point"])),
+                tests=tuple(
+                    with_prompt_helpers(
+                        against_reference(t, row["entry_point"], row["prompt"] + row["canonical_solution"]),
+                        row["entry_point"],
+                        row["prompt"],
+                    )
+                    for t in split_check_tests(row["test"], row["entry_point"])
+                ),
                 canonical_solution=row["prompt"] + row["canonical_solution"],
                 source="humaneval",
             )
@@ -324,7 +331,11 @@ def load_humanevalplus(path: str | Path, chunk_size: int = 50) -> list[CodeProbl
         for label, inputs in groups:
             for start in range(0, len(inputs), chunk_size):
                 chunk = inputs[start : start + chunk_size]
-                tests.append(reference_check_source(entry, reference, chunk, float(row.get("atol") or 0), first=start, label=label))
+                tests.append(
+                    reference_check_source(
+                        entry, reference, chunk, float(row.get("atol") or 0), first=start, label=label
+                    )
+                )
         if not tests:
             raise InputError(f"{file}: line {i + 1} ({row['task_id']}) has no test, base_input or plus_input")
         problems.append(
@@ -384,7 +395,8 @@ def load_code_problems(source: str, path: str | Path | None = None, limit: int |
     if path is None:
         if source != "humaneval":
             raise ValueError(
-                f"load_code_problems: source {source!r} needs path= (see docs/data.md); only 'humaneval' has a built-in copy"
+                f"load_code_problems: source {source!r} needs path= (see docs/data.md); only 'humaneval' has a "
+                "built-in copy"
             )
         problems = load_humaneval()
     else:

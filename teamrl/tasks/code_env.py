@@ -109,7 +109,11 @@ class CodeEnv(Environment):
     def observe(self, state: CodeState, role: str) -> list[dict[str, str]]:
         self._check_role(role)
         c: CodeProblem = state.problem.data["code"]
-        parts = [_INTRO[role], f"Problem:\n{c.prompt}", f"Turn {min(state.turn + 1, self.max_turns)} of {self.max_turns}."]
+        parts = [
+            _INTRO[role],
+            f"Problem:\n{c.prompt}",
+            f"Turn {min(state.turn + 1, self.max_turns)} of {self.max_turns}.",
+        ]
         if role == "coder":
             if state.coded:
                 parts.append(f"Your current code:\n```python\n{state.code}\n```")

@@ -6,7 +6,8 @@ paper family, max 4.0; the normalised return is reward / 4):
 | level | points | rule |
 |---|---|---|
 | aux | +0.4 | the helper defines ``aux`` with a ``return <value>`` |
-| main | +0.6 | the main agent defines the entry point with a ``return <value>``; **required**: otherwise the reward stops here |
+| main | +0.6 | the main agent defines the entry point with a ``return <value>``; **required**: otherwise the reward
+stops here |
 | parses | +0.5 | helper + main parse as one program; **required** |
 | tests | +1.0 x fraction | fraction of the problem's tests passed in the sandbox |
 | collaboration | +0.5 | main calls ``aux`` and at least one test passes |
@@ -36,7 +37,15 @@ from teamrl.sandbox import ExecutionResult, SandboxLimits, SandboxPool
 from teamrl.tasks.code_data import CODE_SOURCES, CodeProblem, extract_code, load_code_problems, prompt_imports
 from teamrl.tasks.task import SPLITS, Problem, TeamTask, split_problems
 
-LEVELS = {"aux": 0.4, "main": 0.6, "parses": 0.5, "tests": 1.0, "collaboration": 0.5, "not_wrapper": 1.0, "ignored": -0.5}
+LEVELS = {
+    "aux": 0.4,
+    "main": 0.6,
+    "parses": 0.5,
+    "tests": 1.0,
+    "collaboration": 0.5,
+    "not_wrapper": 1.0,
+    "ignored": -0.5,
+}
 
 
 @dataclass
@@ -60,7 +69,9 @@ class CodeTeamOptions(CodeProblemsOptions):
     problems as before the split existed."""
 
     num_problems: int = option(0, ge=0, doc="first N training problems (the held-out ones excluded); 0 = all of them")
-    split: str = option("train", choices=SPLITS, doc="train: all but the last test_size problems of the data set; test: those")
+    split: str = option(
+        "train", choices=SPLITS, doc="train: all but the last test_size problems of the data set; test: those"
+    )
     test_size: int = option(16, ge=0, doc="problems held out for evaluation: the last test_size of the data set")
 
 
@@ -159,7 +170,9 @@ class CodeTeamTask(CodeProblems, TeamTask):
         text = f"Problem:\n{c.prompt}\n\n{self.request(c, role)}"
         if history:
             previous = "\n\n".join(f"{r.capitalize()}:\n{history[-1].get(r, '')}" for r in self.roles)
-            text += f"\n\nPrevious attempt.\n{previous}\n\nFeedback: {feedback}\nWrite an improved version of your part."
+            text += (
+                f"\n\nPrevious attempt.\n{previous}\n\nFeedback: {feedback}\nWrite an improved version of your part."
+            )
         return [{"role": "user", "content": text}]
 
 
@@ -185,7 +198,13 @@ class CodeHelperMain(CodeTeamTask):
     def program(self, problem: Problem, outputs: dict[str, str]) -> str:
         """The combined program: the prompt's imports, the helper's code, the main code."""
         c: CodeProblem = problem.data["code"]
-        return prompt_imports(c.prompt) + extract_code(outputs.get("helper", "")) + "\n\n" + extract_code(outputs.get("main", "")) + "\n"
+        return (
+            prompt_imports(c.prompt)
+            + extract_code(outputs.get("helper", ""))
+            + "\n\n"
+            + extract_code(outputs.get("main", ""))
+            + "\n"
+        )
 
     def _static(self, problem: Problem, outputs: dict[str, str]) -> tuple[dict[str, float], str | None]:
         """Points of the levels that need no execution, and the program to run (None: a gate failed)."""
@@ -254,7 +273,8 @@ class CodeHelperMain(CodeTeamTask):
             res = self.pool.submit(prog, c.tests).result()
         if res.status == "ok":
             return "All tests passed."
-        return f"{res.tests_passed}/{res.tests_total} tests passed; status {res.status}; first failure: {res.first_failure}"
+        return (f"{res.tests_passed}/{res.tests_total} tests passed; status {res.status}; "
+                f"first failure: {res.first_failure}")
 
     def single_prompt(self, problem: Problem) -> list[dict[str, str]]:
         c: CodeProblem = problem.data["code"]

@@ -32,7 +32,9 @@ _FLIP = {ast.Lt: ast.GtE, ast.LtE: ast.Gt, ast.Gt: ast.LtE, ast.GtE: ast.Lt, ast
 @dataclass
 class CoderTesterOptions(CodeTeamOptions):
     name: str = "code.coder_tester"
-    source: str = option("humaneval", choices=("humaneval", "mbpp", "humanevalplus"), doc="a data set with reference solutions")
+    source: str = option(
+        "humaneval", choices=("humaneval", "mbpp", "humanevalplus"), doc="a data set with reference solutions"
+    )
 
 
 def assertions(text: str) -> tuple[str, list[str]]:

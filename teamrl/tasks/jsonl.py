@@ -13,7 +13,8 @@ from teamrl.core.config import InputError, InputFileMissing
 def read_jsonl_lines(path: str | Path, what: str, hint: str = "") -> list[tuple[int, dict[str, Any]]]:
     """(line number, object) for every non-blank line of a JSONL file (``.gz`` read transparently).
 
-    A missing file raises :class:`InputFileMissing` (a ``FileNotFoundError``) naming ``what`` and the path (plus ``hint``); a
+    A missing file raises :class:`InputFileMissing` (a ``FileNotFoundError``) naming ``what`` and the path (plus
+    ``hint``); a
     line that is not a JSON object raises :class:`InputError` (a ``ValueError``) naming the file and line.
     """
     p = Path(path).expanduser()

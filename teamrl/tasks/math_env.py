@@ -87,11 +87,19 @@ class MathOptions:
     num_problems: int = option(0, ge=0, doc="first N problems of a file (0 = all); generators make N (0 = 64)")
     max_turns: int = option(2, ge=1, doc="turns (reasoner and tool) per episode")
     seed: int = option(0, doc="seed of the generators")
-    max_operand: int = option(20, ge=2, le=1000, doc="generated_easy: the largest operand of a sum or difference (a "
-                                                     "difficulty knob; a product's factors go up to 9 * max_operand // 20, at least 2)")
+    max_operand: int = option(
+        20,
+        ge=2,
+        le=1000,
+        doc="generated_easy: the largest operand of a sum or difference (a "
+        "difficulty knob; a product's factors go up to 9 * max_operand // 20, at least 2)",
+    )
     wall_seconds: float = option(5.0, gt=0, doc="sandbox wall-clock (and CPU) limit per tool program")
-    final: str = option("agreed", choices=("agreed", "reasoner"),
-                        doc="team reward without agreement: agreed = 0; reasoner = the reasoner's latest answer decides")
+    final: str = option(
+        "agreed",
+        choices=("agreed", "reasoner"),
+        doc="team reward without agreement: agreed = 0; reasoner = the reasoner's latest answer decides",
+    )
 
 
 # --- answers -------------------------------------------------------------------------------------
@@ -124,8 +132,10 @@ def last_boxed(text: str) -> str | None:
 
 # "answer is" may be followed by its own colon or equals sign ("The final answer is: 42", "**answer is**: 42"),
 # which is punctuation, not part of the answer
-_ANSWER_LINE = re.compile(r"(?im)(?:^|[\s.,;:])[*_#>\- \t]*(?:the[^\S\n]+)?(?:final[^\S\n]+)?answer[^\S\n]*[*_]*[^\S\n]*"
-                          r"(?:is\b[*_]*[^\S\n]*[:=]?|[:=])[*_]*[^\S\n]*(.*)$")
+_ANSWER_LINE = re.compile(
+    r"(?im)(?:^|[\s.,;:])[*_#>\- \t]*(?:the[^\S\n]+)?(?:final[^\S\n]+)?answer[^\S\n]*[*_]*[^\S\n]*"
+    r"(?:is\b[*_]*[^\S\n]*[:=]?|[:=])[*_]*[^\S\n]*(.*)$"
+)
 
 
 def extract_answer(text: str) -> str | None:
@@ -157,7 +167,9 @@ _NUMBER_AND_WORD = re.compile(r"^([-+]?[\d,]*\.?\d+)\s+[a-zA-Z]+\.?$")  # "18 do
 # LaTeX that latex2sympy evaluates while parsing (\binom{10^6}{500000} would run for minutes)
 _EAGER = re.compile(r"\\(?:[dt]?binom|choose|gcd|lcm)\b|\\operatorname\s*\{\s*(?:gcd|lcm)")
 _CALCULUS = frozenset({"Sum", "Product", "Integral", "Limit", "Derivative"})
-_FACTORIALS = frozenset({"factorial", "factorial2", "subfactorial", "binomial", "gamma", "RisingFactorial", "FallingFactorial"})
+_FACTORIALS = frozenset(
+    {"factorial", "factorial2", "subfactorial", "binomial", "gamma", "RisingFactorial", "FallingFactorial"}
+)
 
 
 def answer_text(value: Any) -> str:
@@ -180,7 +192,8 @@ def _verify_input(answer: Any) -> str:
 
 def _bounded(expr: Any, scale: float = 1.0) -> bool:
     """Whether verifying ``expr`` (math-verify's parse, not evaluated) stays cheap: the product of
-    the numeric exponents above a term stays within ``MAX_EXPONENT``, integer literals have at most ``MAX_DIGITS`` digits, factorials and binomials
+    the numeric exponents above a term stays within ``MAX_EXPONENT``, integer literals have at most ``MAX_DIGITS``
+    digits, factorials and binomials
     have arguments up to ``MAX_FACTORIAL``, and no sum, product, integral, limit or derivative is
     left to evaluate. math-verify bounds this work with ``signal.alarm``, which works only on the
     main thread, so teamrl refuses such expressions on every thread (same grades everywhere)."""
@@ -293,7 +306,9 @@ def load_gsm8k(path: str | Path, limit: int | None = None) -> list[Problem]:
     problems = []
     for i, row in enumerate(rows[:limit] if limit else rows):
         if "question" not in row or "answer" not in row or "####" not in str(row["answer"]):
-            raise InputError(f"{path}: line {i + 1} needs `question` and an `answer` with `#### <final>`; found {sorted(row)}")
+            raise InputError(
+                f"{path}: line {i + 1} needs `question` and an `answer` with `#### <final>`; found {sorted(row)}"
+            )
         final = answer_text(str(row["answer"]).rsplit("####", 1)[1])
         problems.append(Problem(f"gsm8k/{stem}/{i}", {"question": row["question"], "answer": final, "source": "gsm8k"}))
     return problems
@@ -312,7 +327,22 @@ def load_math(path: str | Path, limit: int | None = None) -> list[Problem]:
     return problems
 
 
-_NAMES = ("Ava", "Ben", "Chloe", "Dev", "Emma", "Farid", "Grace", "Hugo", "Iris", "Jonas", "Kemi", "Liam", "Mira", "Noah")
+_NAMES = (
+    "Ava",
+    "Ben",
+    "Chloe",
+    "Dev",
+    "Emma",
+    "Farid",
+    "Grace",
+    "Hugo",
+    "Iris",
+    "Jonas",
+    "Kemi",
+    "Liam",
+    "Mira",
+    "Noah",
+)
 _ITEMS = ("apples", "pencils", "stickers", "marbles", "cookies", "books", "shells", "cards")
 
 
@@ -402,16 +432,22 @@ def load_reasoning_gym(dataset: str, n: int, seed: int = 0) -> list[Problem]:
         raise ImportError(f"task.source 'reasoning_gym:{dataset}' needs the optional package reasoning-gym "
                           "(pip install reasoning-gym==0.1.25)") from None
     data = reasoning_gym.create_dataset(dataset, size=n, seed=seed)
-    return [Problem(f"math/reasoning_gym/{dataset}/{seed}/{i}",
-                    {"question": e["question"], "answer": answer_text(e["answer"]), "source": f"reasoning_gym:{dataset}"})
-            for i, e in enumerate(data)]
+    return [
+        Problem(
+            f"math/reasoning_gym/{dataset}/{seed}/{i}",
+            {"question": e["question"], "answer": answer_text(e["answer"]), "source": f"reasoning_gym:{dataset}"},
+        )
+        for i, e in enumerate(data)
+    ]
 
 
 def load_math_problems(opts: MathOptions) -> list[Problem]:
     """The problems ``opts`` names (see :class:`MathOptions`)."""
     src, n = opts.source, opts.num_problems
     if src in ("generated", "generated_easy"):
-        return generate_arithmetic(n or GENERATED_DEFAULT, opts.seed, easy=src == "generated_easy", max_operand=opts.max_operand)
+        return generate_arithmetic(
+            n or GENERATED_DEFAULT, opts.seed, easy=src == "generated_easy", max_operand=opts.max_operand
+        )
     if src.startswith("reasoning_gym:") and src.split(":", 1)[1]:
         return load_reasoning_gym(src.split(":", 1)[1], n or GENERATED_DEFAULT, opts.seed)
     if src in ("gsm8k", "math"):
@@ -445,9 +481,9 @@ class MathState(TurnState):
 
 _INTRO = {
     "reasoner": "You are the reasoning agent of a two-agent team solving a math problem with a tool agent who writes "
-                "Python. The episode ends when your answers agree.",
+    "Python. The episode ends when your answers agree.",
     "tool": "You are the tool agent of a two-agent team solving a math problem with a reasoning agent. You write a "
-            "Python program; it runs, and the last line it prints is your answer. The episode ends when your answers agree.",
+    "Python program; it runs, and the last line it prints is your answer. The episode ends when your answers agree.",
 }
 _ASK = {
     "reasoner": "Reason step by step, then end with one line `Answer: <value>` (a number or a simplified expression).",
@@ -472,7 +508,9 @@ class MathEnv(Environment):
         if self.opts.final not in ("agreed", "reasoner"):
             raise ConfigError(f"task.final={self.opts.final!r}: choose agreed or reasoner")
         self.max_turns = self.opts.max_turns
-        self.limits = SandboxLimits(wall_seconds=float(self.opts.wall_seconds), cpu_seconds=float(self.opts.wall_seconds))
+        self.limits = SandboxLimits(
+            wall_seconds=float(self.opts.wall_seconds), cpu_seconds=float(self.opts.wall_seconds)
+        )
         self._problems = load_math_problems(self.opts)
 
     def problems(self) -> list[Problem]:
@@ -487,13 +525,21 @@ class MathEnv(Environment):
 
     def observe(self, state: MathState, role: str) -> list[dict[str, str]]:
         self._check_role(role)
-        parts = [_INTRO[role], f"Problem:\n{state.question}", f"Turn {min(state.turn + 1, self.max_turns)} of {self.max_turns}."]
+        parts = [
+            _INTRO[role],
+            f"Problem:\n{state.question}",
+            f"Turn {min(state.turn + 1, self.max_turns)} of {self.max_turns}.",
+        ]
         if role == "tool" and state.reasoner_turn >= 0:
             said = state.reasoner_answer if state.reasoner_answer is not None else "(no readable answer)"
-            parts.append(f"The reasoning agent's previous answer: {said}\nIts reasoning (may be wrong):\n{state.reasoner_text}")
+            parts.append(
+                f"The reasoning agent's previous answer: {said}\nIts reasoning (may be wrong):\n{state.reasoner_text}"
+            )
         if role == "reasoner" and state.tool_turn >= 0:
             said = state.tool_answer if state.tool_answer is not None else "(no answer)"
-            parts.append(f"The tool agent's previous answer: {said}\nIts program's output (may be wrong):\n{state.tool_output}")
+            parts.append(
+                f"The tool agent's previous answer: {said}\nIts program's output (may be wrong):\n{state.tool_output}"
+            )
         parts.append(_ASK[role])
         return [{"role": "user", "content": "\n\n".join(parts)}]
 

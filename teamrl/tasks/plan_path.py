@@ -46,7 +46,16 @@ from typing import ClassVar
 
 from teamrl.core.config import ConfigError, option
 from teamrl.tasks.task import Problem
-from teamrl.tasks.tool_planner import DIRS, TOOL_RAN, TOOL_SOLVED, Pos, ToolPlannerEnvironment, TurnState, parse_moves, show_moves
+from teamrl.tasks.tool_planner import (
+    DIRS,
+    TOOL_RAN,
+    TOOL_SOLVED,
+    Pos,
+    ToolPlannerEnvironment,
+    TurnState,
+    parse_moves,
+    show_moves,
+)
 
 # --- plan_path ---------------------------------------------------------------------------------
 
@@ -148,7 +157,9 @@ def walk(grid: tuple[str, ...], pos: Pos, goal: Pos, moves: str) -> tuple[Pos, s
     return pos, "".join(done), None
 
 
-def generate_grid(rng: random.Random, size: int, wall_density: float, tries: int = 1000) -> tuple[tuple[str, ...], Pos, Pos, int]:
+def generate_grid(
+    rng: random.Random, size: int, wall_density: float, tries: int = 1000
+) -> tuple[tuple[str, ...], Pos, Pos, int]:
     """(grid, start, goal, BFS distance): a ``size`` x ``size`` grid whose goal is reachable,
     at least ``max(2, size // 2)`` moves from the start."""
     min_dist = max(2, size // 2)
@@ -163,8 +174,10 @@ def generate_grid(rng: random.Random, size: int, wall_density: float, tries: int
         if far:
             goal = rng.choice(far)
             return grid, start, goal, dist[goal]
-    raise RuntimeError(f"plan_path: no {size}x{size} grid with a start and goal {min_dist}+ moves apart in {tries} tries "
-                       f"at wall_density={wall_density}; lower task.wall_density")
+    raise RuntimeError(
+        f"plan_path: no {size}x{size} grid with a start and goal {min_dist}+ moves apart in {tries} tries "
+        f"at wall_density={wall_density}; lower task.wall_density"
+    )
 
 
 # The tool's demonstration (warm start): a breadth-first search from the prelude's variables.

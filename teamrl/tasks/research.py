@@ -22,7 +22,8 @@ main (single agent, the baseline)
 
 Rewards (options): main ``reward_correct`` (1.0) for a correct answer, ``reward_wrong`` (0.1)
 for a well-formed wrong one, ``reward_invalid`` (0.0) when a reply has no action tag, the main
-agent asks for one sub-agent call more than allowed, or no answer came within the turns. A sub-trajectory is *format-valid* when every reply had exactly one known action
+agent asks for one sub-agent call more than allowed, or no answer came within the turns. A sub-trajectory is
+*format-valid* when every reply had exactly one known action
 tag and it ended with ``<result>``; how that gates the main outcome is M-GRPO's
 ``m_grpo.sub_reward`` (see :func:`sub_reward`).
 """
@@ -66,7 +67,9 @@ class ResearchOptions:
     kinds: str = option("city,country,age", doc="generated: the question kinds, comma-separated, asked in turn (a "
                         "difficulty knob): city (2 hops), country (3 hops), age (2 hops and a subtraction)")
     max_sub_calls: int = option(2, ge=0, doc="sub-agent calls the main agent may make per episode")
-    max_sub_turns: int = option(3, ge=1, doc="replies per sub-agent call (tool loop length); also the single agent's limit")
+    max_sub_turns: int = option(
+        3, ge=1, doc="replies per sub-agent call (tool loop length); also the single agent's limit"
+    )
     reward_correct: float = option(1.0, doc="main reward for a correct answer")
     reward_wrong: float = option(0.1, doc="main reward for a well-formed wrong answer")
     reward_invalid: float = option(0.0, doc="main reward when a reply has no action or no answer came")
@@ -171,11 +174,17 @@ def generate_corpus(num_people: int, seed: int) -> tuple[dict[str, Page], list[d
     for kind, e in order:
         pid = ids[id(e)]
         if kind == "city":
-            pages[pid] = Page(pid, e["name"], f"{e['name']} is a city in {e['country']} with {e['population']} inhabitants.")
+            pages[pid] = Page(
+                pid, e["name"], f"{e['name']} is a city in {e['country']} with {e['population']} inhabitants."
+            )
         elif kind == "person":
             city = cities[e["city"]]
-            pages[pid] = Page(pid, e["name"], f"{e['name']} was born in {e['born']} in {city['name']} (page {ids[id(city)]}).",
-                              (ids[id(city)],))
+            pages[pid] = Page(
+                pid,
+                e["name"],
+                f"{e['name']} was born in {e['born']} in {city['name']} (page {ids[id(city)]}).",
+                (ids[id(city)],),
+            )
         else:
             founder = people[e["founder"]]
             pages[pid] = Page(pid, e["name"], f"{e['name']} was founded in {e['founded']} by {founder['name']} "
@@ -189,7 +198,9 @@ def generate_corpus(num_people: int, seed: int) -> tuple[dict[str, Page], list[d
 QUESTION_KINDS = ("city", "country", "age")
 
 
-def generate_questions(facts: list[dict[str, Any]], n: int, seed: int, kinds: Sequence[str] = QUESTION_KINDS) -> list[Problem]:
+def generate_questions(
+    facts: list[dict[str, Any]], n: int, seed: int, kinds: Sequence[str] = QUESTION_KINDS
+) -> list[Problem]:
     """``n`` multi-hop questions with exact answers (city: 2 hops; country: 3; age at founding: 2 + arithmetic),
     of ``kinds`` in turn."""
     rng = random.Random(seed + 1)
@@ -207,7 +218,10 @@ def generate_questions(facts: list[dict[str, Any]], n: int, seed: int, kinds: Se
         elif kind == "country":
             q, a = f"In which country was the founder of {f['company']} born?", f["country"]
         else:
-            q, a = f"How old was the founder of {f['company']} in the year {f['company']} was founded?", str(f["founded"] - f["born"])
+            q, a = (
+                f"How old was the founder of {f['company']} in the year {f['company']} was founded?",
+                str(f["founded"] - f["born"]),
+            )
         out.append(Problem(f"research-{i:04d}", {"question": q, "answer": a, "kind": kind}))
     return out
 
@@ -226,7 +240,9 @@ def load_corpus(path: str) -> dict[str, Page]:
     for n, row in enumerate(_read_jsonl(path, "corpus_path"), 1):
         missing = [k for k in ("id", "title", "text") if not isinstance(row.get(k), str)]
         if missing:
-            raise ConfigError(f"task.corpus_path: {path} row {n} lacks string field(s) {missing}; each page needs id, title, text")
+            raise ConfigError(
+                f"task.corpus_path: {path} row {n} lacks string field(s) {missing}; each page needs id, title, text"
+            )
         pages[row["id"]] = Page(row["id"], row["title"], row["text"], tuple(row.get("links", ())))
     if not pages:
         raise ConfigError(f"task.corpus_path: {path} has no pages")
@@ -239,7 +255,9 @@ def load_questions(path: str, limit: int) -> list[Problem]:
     for n, row in enumerate(_read_jsonl(path, "qa_path"), 1):
         if not isinstance(row.get("question"), str) or "answer" not in row:
             raise ConfigError(f"task.qa_path: {path} row {n} needs a string 'question' and an 'answer'")
-        out.append(Problem(str(row.get("id", f"qa-{n:05d}")), {"question": row["question"], "answer": str(row["answer"])}))
+        out.append(
+            Problem(str(row.get("id", f"qa-{n:05d}")), {"question": row["question"], "answer": str(row["answer"])})
+        )
         if len(out) >= limit:
             break
     if not out:
@@ -307,19 +325,35 @@ class ResearchEnv:
     # -- prompts --------------------------------------------------------------------------
     def main_prompt(self, problem: Problem) -> list[dict[str, str]]:
         """The main agent's first message (team mode)."""
-        return [{"role": "user", "content": (
-            "You are the main agent. Answer the question using a helper agent that can search and read an encyclopedia. "
-            f"Each reply holds one tag: <subtask>what the helper should find</subtask> (at most {self.opts.max_sub_calls} times) "
-            "or <answer>the final answer</answer>.\n"
-            "Example reply: <subtask>Find who founded Acme Works and where that person was born.</subtask>\n"
-            f"Question: {problem.data['question']}")}]
+        return [
+            {
+                "role": "user",
+                "content": (
+                    "You are the main agent. Answer the question using a helper agent that can search and read an "
+                    "encyclopedia. "
+                    "Each reply holds one tag: <subtask>what the helper should find</subtask> (at most "
+                    f"{self.opts.max_sub_calls} times) "
+                    "or <answer>the final answer</answer>.\n"
+                    "Example reply: <subtask>Find who founded Acme Works and where that person was born.</subtask>\n"
+                    f"Question: {problem.data['question']}"
+                ),
+            }
+        ]
 
     def sub_prompt(self, problem: Problem, subtask: str) -> list[dict[str, str]]:
         """The sub-agent's first message for one call."""
-        return [{"role": "user", "content": (
-            "You are a research helper with an encyclopedia. Each reply holds one tag: <search>words</search>, "
-            "<open>page id</open>, <python>code that prints</python>, or <result>what you found</result> to finish "
-            f"(within {self.opts.max_sub_turns} replies).\nExample reply: <search>Acme Works</search>\nTask: {subtask}")}]
+        return [
+            {
+                "role": "user",
+                "content": (
+                    "You are a research helper with an encyclopedia. Each reply holds one tag: <search>words</search>, "
+                    "<open>page id</open>, <python>code that prints</python>, or <result>what you found</result> "
+                    "to finish "
+                    f"(within {self.opts.max_sub_turns} replies).\nExample reply: <search>Acme "
+                    f"Works</search>\nTask: {subtask}"
+                ),
+            }
+        ]
 
     def single_prompt(self, problem: Problem) -> list[dict[str, str]]:
         """The single agent's first message (the baseline: one agent with the tools)."""
@@ -343,7 +377,8 @@ class ResearchEnv:
         return parse_action(text, (*SUB_TOOLS, "answer"))
 
     def valid(self, problem: Problem, text: str) -> bool:
-        """Format validity (``teamrl eval``): exactly one action tag of any agent's (subtask, answer, a tool, result)."""
+        """Format validity (``teamrl eval``): exactly one action tag of any agent's (subtask, answer, a tool,
+        result)."""
         return well_formed(text, ("subtask", "answer", *SUB_TOOLS, "result"))
 
     def sub_well_formed(self, text: str) -> bool:

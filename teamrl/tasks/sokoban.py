@@ -86,7 +86,9 @@ _PULL_CHANCE = 0.75  # in reverse play, how often the player drags a box it walk
 @dataclass
 class SokobanOptions:
     name: str = "sokoban"
-    source: str = option("generated", choices=("generated", "boxoban"), doc="generated levels, or Boxoban files at path")
+    source: str = option(
+        "generated", choices=("generated", "boxoban"), doc="generated levels, or Boxoban files at path"
+    )
     path: str = option("", doc="source=boxoban: a Boxoban .txt file or a folder of them (read recursively, sorted)")
     num_problems: int = option(64, ge=1, doc="levels to generate, or the first N Boxoban levels")
     height: int = option(7, ge=4, le=16, doc="generated room height, outer walls included")
@@ -94,7 +96,9 @@ class SokobanOptions:
     min_boxes: int = option(1, ge=1, le=6, doc="fewest boxes in a generated level")
     max_boxes: int = option(2, ge=1, le=6, doc="most boxes in a generated level")
     wall_density: float = option(0.1, ge=0, le=0.4, doc="chance that an inner cell of a generated room is a wall")
-    reverse_steps: int = option(40, ge=1, doc="random reverse moves (with pulls) that scatter the boxes off their goals")
+    reverse_steps: int = option(
+        40, ge=1, doc="random reverse moves (with pulls) that scatter the boxes off their goals"
+    )
     min_moves: int = option(3, ge=1, doc="fewest moves a generated level must need (drops trivial levels)")
     solver_budget: int = option(100_000, ge=100, doc="states the BFS solver may visit to confirm a generated level")
     max_turns: int = option(3, ge=1, doc="turns (tool then planner) per episode")
@@ -137,7 +141,9 @@ def parse_level(lines: tuple[str, ...] | list[str], where: str = "level") -> tup
     if len(players) != 1:
         raise ValueError(f"{where}: {len(players)} players ('@' or '+'); a level needs exactly one")
     if not boxes or len(boxes) != len(goals):
-        raise ValueError(f"{where}: {len(boxes)} boxes and {len(goals)} goals; a level needs as many of each, at least one")
+        raise ValueError(
+            f"{where}: {len(boxes)} boxes and {len(goals)} goals; a level needs as many of each, at least one"
+        )
     return Level(len(lines), width, frozenset(walls), frozenset(goals)), players[0], frozenset(boxes)
 
 
@@ -313,7 +319,9 @@ def load_boxoban(path: str | Path, limit: int | None = None) -> list[tuple[str, 
     """
     root = Path(path)
     if not root.exists():
-        raise InputFileMissing(f"load_boxoban: {str(path)!r} does not exist; give a Boxoban .txt file or a folder of them")
+        raise InputFileMissing(
+            f"load_boxoban: {str(path)!r} does not exist; give a Boxoban .txt file or a folder of them"
+        )
     files = [root] if root.is_file() else sorted(root.rglob("*.txt"))
     if not files:
         raise InputError(f"load_boxoban: no .txt files under {str(path)!r}")
@@ -425,8 +433,9 @@ class Sokoban(ToolPlannerEnvironment):
             for i in range(o.num_problems):
                 rng = random.Random(f"sokoban:{o.seed}:{i}")  # problem i does not depend on num_problems
                 n = rng.randint(o.min_boxes, o.max_boxes)
-                rows, fewest = generate_level(rng, o.height, o.width, n, o.wall_density, o.reverse_steps, o.solver_budget,
-                                              o.min_moves)
+                rows, fewest = generate_level(
+                    rng, o.height, o.width, n, o.wall_density, o.reverse_steps, o.solver_budget, o.min_moves
+                )
                 self._problems.append(Problem(f"sokoban/{o.seed}/{i}", {"rows": rows, "optimal": fewest}))
         else:
             raise ConfigError(f"task.source={o.source!r}: choose 'generated' or 'boxoban'")

@@ -109,8 +109,13 @@ class MathSolve(SolveTask):
 
     def __init__(self, opts: MathSolveOptions | None = None) -> None:
         self.opts = opts or MathSolveOptions()
-        data = MathOptions(source=self.opts.source, path=self.opts.path, num_problems=self.opts.num_problems, seed=self.opts.seed,
-                           max_operand=self.opts.max_operand)
+        data = MathOptions(
+            source=self.opts.source,
+            path=self.opts.path,
+            num_problems=self.opts.num_problems,
+            seed=self.opts.seed,
+            max_operand=self.opts.max_operand,
+        )
         self._problems = split_problems(load_math_problems(data), self.opts.split, self.opts.test_size, "math.solve")
 
     def problems(self) -> list[Problem]:
@@ -179,7 +184,9 @@ class CodeSolve(CodeProblems, SolveTask):
         except (SyntaxError, ValueError):  # ValueError: a NUL byte in the text
             return False
         entry = problem.data["code"].entry_point
-        return any(isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == entry for node in ast.walk(tree))
+        return any(
+            isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == entry for node in ast.walk(tree)
+        )
 
     def correct_many(self, problem: Problem, answers: Sequence[str | None]) -> list[bool]:
         """Distinct programs run once each, in parallel, in the sandbox."""

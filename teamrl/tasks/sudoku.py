@@ -80,7 +80,9 @@ def _unit_of(i: int, n: int, b: int) -> tuple[int, int, int]:
     return r, c, (r // b) * b + c // b
 
 
-def count_solutions(cells: list[int], n: int, limit: int = 2, rng: random.Random | None = None) -> tuple[int, list[int] | None]:
+def count_solutions(
+    cells: list[int], n: int, limit: int = 2, rng: random.Random | None = None
+) -> tuple[int, list[int] | None]:
     """(number of solutions up to ``limit``, the first one found) of a grid of ints (0 = empty),
     by backtracking on the most constrained cell; ``rng`` shuffles the values tried."""
     b = isqrt(n)

@@ -37,11 +37,15 @@ def checked_reward(task_name: str, call: str, value: Any) -> float:
     string, a list) is an :class:`InputError` naming the task, the call and the value (``float``
     would turn the string "0.5" into 0.5 silently, and fail on None deep inside the trainer)."""
     if isinstance(value, (str, bytes)) or not hasattr(type(value), "__float__"):
-        raise InputError(f"task {task_name!r}: {call} returned {value!r} ({type(value).__name__}); expected a number (int or float)")
+        raise InputError(
+            f"task {task_name!r}: {call} returned {value!r} ({type(value).__name__}); expected a number (int or float)"
+        )
     try:
         return float(value)
     except (TypeError, ValueError) as e:  # e.g. a tensor of several values
-        raise InputError(f"task {task_name!r}: {call} returned {value!r}; expected a number (int or float): {e}") from None
+        raise InputError(
+            f"task {task_name!r}: {call} returned {value!r}; expected a number (int or float): {e}"
+        ) from None
 
 
 def checked_rewards(task_name: str, call: str, values: Any, expected: int, per: str = "answer") -> list[float]:
@@ -49,7 +53,9 @@ def checked_rewards(task_name: str, call: str, values: Any, expected: int, per: 
     floats; a count other than ``expected`` or a value that is not a number is an :class:`InputError`
     naming the task."""
     if isinstance(values, (str, bytes, dict)) or not hasattr(values, "__len__"):
-        raise InputError(f"task {task_name!r}: {call} returned {values!r}; expected a list of {expected} numbers, one per {per}")
+        raise InputError(
+            f"task {task_name!r}: {call} returned {values!r}; expected a list of {expected} numbers, one per {per}"
+        )
     if len(values) != expected:
         raise InputError(f"task {task_name!r}: {call} returned {len(values)} values for {expected} {per}s; "
                          f"expected {expected}, one per {per}, in order")
@@ -78,7 +84,9 @@ def reply_valid(task: Any, problem: Problem, text: str, role: str | None = None,
         return None
     value = hook(problem, text)
     if value is not None and not isinstance(value, bool):
-        raise InputError(f"task {task.name!r}: valid(problem {problem.id!r}) returned {value!r}; expected True, False or None")
+        raise InputError(
+            f"task {task.name!r}: valid(problem {problem.id!r}) returned {value!r}; expected True, False or None"
+        )
     return value
 
 

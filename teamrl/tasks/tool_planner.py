@@ -205,8 +205,12 @@ class ToolPlannerEnvironment(Environment):
     def observe(self, state: Any, role: str) -> list[dict[str, str]]:
         self._check_role(role)
         solo = "tool" not in self.roles  # the planner alone: no team, no tool output
-        parts = [_ROLE_INTRO["solo" if solo else role], self.rules(), f"Turn {min(state.turn + 1, self.max_turns)} of {self.max_turns}.",
-                 self.render(state)]
+        parts = [
+            _ROLE_INTRO["solo" if solo else role],
+            self.rules(),
+            f"Turn {min(state.turn + 1, self.max_turns)} of {self.max_turns}.",
+            self.render(state),
+        ]
         if state.history:
             parts.append(f"Last turn: {state.history[-1]}")
         if role == "tool":

@@ -149,7 +149,10 @@ def _load_aclsum(split: str | None) -> list[dict[str, Any]]:
     except ImportError as e:  # pragma: no cover - aclsum is a declared dependency
         raise ImportError("source 'aclsum' needs the aclsum package (pip install aclsum==0.1.2)") from e
     if split is not None and split not in ACLSUM_SPLITS:
-        raise ConfigError(f"task.split: {split!r} is not an aclsum split; choose one of {list(ACLSUM_SPLITS)} or None for all 250 papers")
+        raise ConfigError(
+            f"task.split: {split!r} is not an aclsum split; choose one of {list(ACLSUM_SPLITS)} or None for all "
+            "250 papers"
+        )
     out = []
     for s in ACLSUM_SPLITS if split is None else (split,):
         for doc in ACLSum(s):  # the package's loader reads the JSONL shipped inside it: offline
@@ -160,7 +163,12 @@ def _load_aclsum(split: str | None) -> list[dict[str, Any]]:
 
 
 def _load_jsonl(path: Path) -> list[dict[str, Any]]:
-    return [_record(row, f"{path} line {n}") for n, row in read_jsonl_lines(path, "task.source", "give 'aclsum', a .jsonl file of papers, or a Hugging Face data set name")]
+    return [
+        _record(row, f"{path} line {n}")
+        for n, row in read_jsonl_lines(
+            path, "task.source", "give 'aclsum', a .jsonl file of papers, or a Hugging Face data set name"
+        )
+    ]
 
 
 def _load_hf(name: str, split: str | None) -> list[dict[str, Any]]:
@@ -190,7 +198,10 @@ def load_papers(source: str = "aclsum", split: str | None = None, limit: int | N
         papers = _load_aclsum(split)
     elif source.lower().endswith(".jsonl"):
         if split is not None:
-            raise ConfigError(f"task.split={split!r} applies to aclsum and Hugging Face sources, not to the JSONL file {source!r}; leave it empty (task.split=)")
+            raise ConfigError(
+                f"task.split={split!r} applies to aclsum and Hugging Face sources, not to the JSONL file "
+                f"{source!r}; leave it empty (task.split=)"
+            )
         papers = _load_jsonl(Path(source))
     else:
         papers = _load_hf(source, split)
@@ -317,7 +328,9 @@ class WritingTLDROptions:
     source: str = option("aclsum", doc="'aclsum' (offline, 250 papers), a .jsonl path, or a Hugging Face data set name")
     split: str = option("", doc="aclsum: train, val or test ('' = all 250); Hugging Face: a split name ('' = train)")
     num_problems: int = option(0, ge=0, doc="papers to use, a seeded sample kept in data order; 0 = all")
-    max_source_words: int = option(300, ge=10, doc="words of introduction + conclusion shown (the conclusion gets at most half)")
+    max_source_words: int = option(
+        300, ge=10, doc="words of introduction + conclusion shown (the conclusion gets at most half)"
+    )
     tldr_min_words: int = option(5, ge=1, doc="level 1: fewest words of the TL;DR")
     tldr_max_words: int = option(40, ge=1, doc="level 1: most words of the TL;DR")
     summary_min_words: int = option(60, ge=1, doc="level 1: fewest words of the summary")
@@ -362,16 +375,22 @@ class _WritingTask(TeamTask):
         for role in self.roles:
             lo, hi = getattr(opts, f"{role}_min_words"), getattr(opts, f"{role}_max_words")
             if lo > hi:
-                raise ConfigError(f"{p}{role}_min_words={lo} > {p}{role}_max_words={hi}; the minimum must not exceed the maximum")
+                raise ConfigError(
+                    f"{p}{role}_min_words={lo} > {p}{role}_max_words={hi}; the minimum must not exceed the maximum"
+                )
             self.bounds[role] = (lo, hi)
         if opts.ratio_min > opts.ratio_max:
             raise ConfigError(f"{p}ratio_min={opts.ratio_min} > {p}ratio_max={opts.ratio_max}; give a band lo <= hi")
         if opts.overlap_min > opts.overlap_max:
-            raise ConfigError(f"{p}overlap_min={opts.overlap_min} > {p}overlap_max={opts.overlap_max}; give a band lo <= hi")
+            raise ConfigError(
+                f"{p}overlap_min={opts.overlap_min} > {p}overlap_max={opts.overlap_max}; give a band lo <= hi"
+            )
         papers = load_papers(opts.source, opts.split or None)
         if opts.num_problems > len(papers):
-            raise ConfigError(f"{p}num_problems={opts.num_problems} but source {opts.source!r} has {len(papers)} papers; "
-                             f"give at most {len(papers)}, or 0 for all")
+            raise ConfigError(
+                f"{p}num_problems={opts.num_problems} but source {opts.source!r} has {len(papers)} papers; "
+                f"give at most {len(papers)}, or 0 for all"
+            )
         if 0 < opts.num_problems < len(papers):
             keep = sorted(random.Random(opts.seed).sample(range(len(papers)), opts.num_problems))
             papers = [papers[i] for i in keep]
@@ -416,9 +435,14 @@ class _WritingTask(TeamTask):
     def single_prompt(self, problem: Problem) -> list[dict[str, str]]:
         """Baseline ``single``: one agent writes both parts under the role markers."""
         a, b = self.roles
-        parts = "\n".join(f"{self.markers[r]}: <{self.labels[r]}, {self.bounds[r][0]}-{self.bounds[r][1]} words>" for r in self.roles)
-        text = (f"{self._source_block(problem)}\n\nWrite two parts.\n1. {self._instruction(a)}\n2. {self._instruction(b)}\n\n"
-                f"Answer in exactly this format:\n{parts}")
+        parts = "\n".join(
+            f"{self.markers[r]}: <{self.labels[r]}, {self.bounds[r][0]}-{self.bounds[r][1]} words>" for r in self.roles
+        )
+        text = (
+            f"{self._source_block(problem)}\n\nWrite two parts.\n1. {self._instruction(a)}\n2. "
+            f"{self._instruction(b)}\n\n"
+            f"Answer in exactly this format:\n{parts}"
+        )
         return [{"role": "user", "content": text}]
 
     def split_single(self, text: str) -> dict[str, str]:
@@ -541,8 +565,10 @@ class _WritingTask(TeamTask):
             if d["transitions"] <= d["overlap_credit"]:
                 return "Link the ideas with transition words such as 'however', 'moreover' or 'as a result'."
             if d["overlap"] > o.overlap_max:
-                return (f"The two parts share {d['overlap']:.0%} of their content words; "
-                        f"say new things instead of repeating each other (aim for {o.overlap_min:.0%}-{o.overlap_max:.0%}).")
+                return (
+                    f"The two parts share {d['overlap']:.0%} of their content words; "
+                    f"say new things instead of repeating each other (aim for {o.overlap_min:.0%}-{o.overlap_max:.0%})."
+                )
             return (f"The two parts share only {d['overlap']:.0%} of their content words; "
                     f"keep both about the paper's key terms (aim for {o.overlap_min:.0%}-{o.overlap_max:.0%}).")
         return (f"The abstract covers little of the paper's content (overlap {d['f1']:.2f} of 1 with the real one); "

@@ -15,9 +15,17 @@ from teamrl.core.config import Config, InputError, LossConfig, TrainConfig
 from teamrl.core.memory import trim_freed_memory
 from teamrl.core.sample import Sample
 from teamrl.losses import completion_mask, policy_loss
-from teamrl.policies.logprobs import (SharedPrefixBatch, Temperature, TokenBatch, build_shared_prefix_batch,
-                                     build_token_batch, completion_logprobs, shared_prefix_backward, shared_prefix_logprobs,
-                                     to_device)
+from teamrl.policies.logprobs import (
+    SharedPrefixBatch,
+    Temperature,
+    TokenBatch,
+    build_shared_prefix_batch,
+    build_token_batch,
+    completion_logprobs,
+    shared_prefix_backward,
+    shared_prefix_logprobs,
+    to_device,
+)
 from teamrl.policies.policy import Policy
 from teamrl.policies.router import declared_role, role_type
 
@@ -64,9 +72,11 @@ def nonfinite_reward_groups(samples: Sequence[Sample], task: str, mode: str) -> 
     bad = [s for s in samples if isinstance(s.reward, (int, float)) and not math.isfinite(s.reward)]
     if bad and mode == "error":
         s = bad[0]
-        raise NonFiniteReward(f"task {task!r}: reward {s.reward} for problem {s.problem_id!r}, role {s.role!r} (episode "
-                              f"{s.episode}, turn {s.turn}); rewards must be finite ({len(bad)} of {len(samples)} are not); "
-                              "train.nonfinite_reward=drop_group leaves their groups out of the update instead")
+        raise NonFiniteReward(
+            f"task {task!r}: reward {s.reward} for problem {s.problem_id!r}, role {s.role!r} (episode "
+            f"{s.episode}, turn {s.turn}); rewards must be finite ({len(bad)} of {len(samples)} are not); "
+            "train.nonfinite_reward=drop_group leaves their groups out of the update instead"
+        )
     return {s.group for s in bad}
 
 
@@ -83,11 +93,14 @@ def check_sampling_logprobs(samples: Sequence[Sample], mode: str) -> None:
         lp = s.sampling_logprobs
         where = (f"policy {s.policy!r}: the sample of problem {s.problem_id!r}, role {s.role!r} (episode {s.episode}, "
                  f"turn {s.turn}, branch {s.branch})")
-        fix = (f"train.loss.importance_correction={mode} weighs each token by exp(old - sampling log-prob), so it needs "
-               "the engine's finite log-prob of every generated token; importance_correction=none trains without it")
+        fix = (
+            f"train.loss.importance_correction={mode} weighs each token by exp(old - sampling log-prob), so it needs "
+            "the engine's finite log-prob of every generated token; importance_correction=none trains without it"
+        )
         if len(lp) != len(s.completion_ids):
-            raise SamplingLogprobsError(f"{where} has {len(lp)} sampling log-probs for {len(s.completion_ids)} completion "
-                                        f"tokens; {fix}")
+            raise SamplingLogprobsError(
+                f"{where} has {len(lp)} sampling log-probs for {len(s.completion_ids)} completion tokens; {fix}"
+            )
         bad = next((i for i, x in enumerate(lp) if not math.isfinite(x)), None)
         if bad is not None:
             raise SamplingLogprobsError(f"{where} has sampling log-prob {lp[bad]} at token {bad} of "
@@ -173,7 +186,9 @@ def _loss_mask(completions: Sequence[Sequence[int]], eos_ids: Sequence[int], pad
     """The completion tokens that carry loss (up to and including the first EOS), ``[B, T]``."""
     rows = [torch.tensor(c, dtype=torch.long) for c in completions]
     ids = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True, padding_value=pad_id)
-    real = torch.nn.utils.rnn.pad_sequence([torch.ones(len(c), dtype=torch.bool) for c in completions], batch_first=True)
+    real = torch.nn.utils.rnn.pad_sequence(
+        [torch.ones(len(c), dtype=torch.bool) for c in completions], batch_first=True
+    )
     return completion_mask(ids, list(eos_ids), real)
 
 
@@ -213,7 +228,9 @@ def _logprobs(model, batch, temperature: Temperature, with_entropy: bool = False
     return completion_logprobs(model, batch, temperature, with_entropy)
 
 
-def policy_logprobs(policy: Policy, samples: Sequence[Sample], settings: UpdateParams, pad_id: int) -> list[torch.Tensor]:
+def policy_logprobs(
+    policy: Policy, samples: Sequence[Sample], settings: UpdateParams, pad_id: int
+) -> list[torch.Tensor]:
     """Each sample's completion log-probs under ``policy``'s current weights (1-D, no gradient).
 
     Taken before a policy's first optimizer step of an iteration, they are the sampling
@@ -343,7 +360,9 @@ class _UpdatePlan:
     zero_roles: dict[str, float]
 
 
-def _given_old_logprobs(samples: Sequence[Sample], old_logprobs: Sequence[torch.Tensor] | None) -> dict[int, torch.Tensor]:
+def _given_old_logprobs(
+    samples: Sequence[Sample], old_logprobs: Sequence[torch.Tensor] | None
+) -> dict[int, torch.Tensor]:
     """``old_logprobs`` by sample id, checked against the samples (one tensor per sample, one value per token)."""
     if old_logprobs is None:
         return {}
@@ -365,7 +384,9 @@ def _plan_update(samples: list[Sample], settings: UpdateParams, pad_id: int, eos
     role_of = ((lambda s: declared_role(s.role, settings.roles) if settings.roles else role_type(s.role))
                if settings.role_grad_norms else (lambda s: ""))
     # a role whose samples all have advantage 0 has no gradient: its norm and loss share are 0
-    zero_roles = {f"{k}@{role_of(s)}": 0.0 for s in samples for k in ("grad_norm", "loss")} if settings.role_grad_norms else {}
+    zero_roles = (
+        {f"{k}@{role_of(s)}": 0.0 for s in samples for k in ("grad_norm", "loss")} if settings.role_grad_norms else {}
+    )
     # ... but only those that add to it are computed (GRPO groups whose samples all scored alike do not)
     samples = [s for s in samples if _contributes(s, cfg)]
     # Keep completions of one prompt together so that micro-batches can share the prompt's pass,
@@ -482,7 +503,10 @@ def _micro_batch_loss(mb: _MicroBatch, plan: _UpdatePlan, settings: UpdateParams
             totals.is_n += n
             totals.is_sum += st["is_weight_mean"] * n
             totals.is_truncated += st["is_truncated_frac"] * n
-            totals.is_max, totals.is_min = max(totals.is_max, st["is_weight_max"]), min(totals.is_min, st["is_weight_min"])
+            totals.is_max, totals.is_min = (
+                max(totals.is_max, st["is_weight_max"]),
+                min(totals.is_min, st["is_weight_min"]),
+            )
     if ent is not None:
         totals.entropy += float((ent * mr).sum()) / plan.computed_tokens
         if settings.role_grad_norms:
@@ -515,7 +539,9 @@ def _optimizer_steps(policy: Policy, model: torch.nn.Module, plan: _UpdatePlan, 
             role_done = i + 1 == len(plan.micro_batches) or plan.micro_batches[i + 1].role != mb.role
             if last and settings.role_grad_norms and role_done:  # the gradient this role type's micro-batches added
                 now = _flat_grad(params)
-                totals.by_role[f"grad_norm@{mb.role}"] = float((now - before).norm() if before is not None else now.norm())
+                totals.by_role[f"grad_norm@{mb.role}"] = float(
+                    (now - before).norm() if before is not None else now.norm()
+                )
                 before = now
         grad_norm = float(torch.nn.utils.clip_grad_norm_(policy.parameters(), settings.max_grad_norm))
         if not (totals.finite and math.isfinite(grad_norm)):

@@ -68,7 +68,8 @@ class Workflow:
     task_kind: type | None = None  # the task class it runs on (None: any)
     summary: Summary | None = None
     # roles that do not give the task's answer (teamrl eval's valid replies): role -> check of a reply, None = free text
-    formats: Mapping[str, Callable[[str], bool] | None] | None = field(default=None, compare=False)  # a dict: not hashed
+    # a dict: not hashed
+    formats: Mapping[str, Callable[[str], bool] | None] | None = field(default=None, compare=False)
 
     def roles_for(self, task: Any) -> tuple[str, ...]:
         """The role types acting on ``task``: the workflow's own, or (default adapters) the task's."""
@@ -97,9 +98,17 @@ WORKFLOWS.register("voting", Workflow(voting, ("generator", "aggregator"), optio
 # the study workflows' options were top-level workflow keys before: a config that gives one fails, naming its place
 for _key in ("max_iterations", "num_generators", "max_subtasks"):
     register_moved_key(f"workflow.{_key}", f"workflow.options.{_key}")
-WORKFLOWS.register("orch_workers", Workflow(orch_workers, ("orchestrator", "worker", "synthesizer"), options=StudyOptions,
-                                            task_kind=SolveTask, summary=orch_workers_module.summary,
-                                            formats=orch_workers_module.FORMATS))
+WORKFLOWS.register(
+    "orch_workers",
+    Workflow(
+        orch_workers,
+        ("orchestrator", "worker", "synthesizer"),
+        options=StudyOptions,
+        task_kind=SolveTask,
+        summary=orch_workers_module.summary,
+        formats=orch_workers_module.FORMATS,
+    ),
+)
 
 TASK_KINDS = {Task: "a one-role task", TeamTask: "a team task (roles acting together)",
               Environment: "a multi-turn environment (plan_path, sokoban, sudoku, ...)",
@@ -125,20 +134,26 @@ def register_workflow(name: str, roles: tuple[str, ...], options: type | None = 
     The function is returned unchanged, with the :class:`Workflow` in ``fn.teamrl_workflow``."""
     if isinstance(roles, str) or not roles or not all(isinstance(r, str) and r for r in roles):
         raise ConfigError(f"register_workflow {name!r}: roles must be a tuple of role names, got {roles!r}")
-    if formats is not None and (not isinstance(formats, Mapping)
-                                or not all(isinstance(r, str) and (c is None or callable(c)) for r, c in formats.items())):
+    if formats is not None and (
+        not isinstance(formats, Mapping)
+        or not all(isinstance(r, str) and (c is None or callable(c)) for r, c in formats.items())
+    ):
         raise ConfigError(f"register_workflow {name!r}: formats must map role names to a check(text) -> bool or None, "
                           f"got {formats!r}")
     if summary is not None and not callable(summary):
-        raise ConfigError(f"register_workflow {name!r}: summary must be callable (outcomes -> {{metric: number}}) or None, "
-                          f"got {summary!r}")
+        raise ConfigError(
+            f"register_workflow {name!r}: summary must be callable (outcomes -> {{metric: number}}) or None, "
+            f"got {summary!r}"
+        )
 
     def add(fn: Callable[..., Awaitable[EpisodeOutcome]]) -> Callable[..., Awaitable[EpisodeOutcome]]:
         # a plain def would fail only at the first episode (EpisodeOutcome can't be used in 'await' expression);
         # a decorator that keeps functools.wraps' __wrapped__ of an async def is fine
         if not (inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(inspect.unwrap(fn))):
-            raise ConfigError(f"register_workflow {name!r}: {getattr(fn, '__qualname__', fn)!r} is not a coroutine "
-                              "function; write it as async def run(ctx, task, problem, settings) and await ctx.generate")
+            raise ConfigError(
+                f"register_workflow {name!r}: {getattr(fn, '__qualname__', fn)!r} is not a coroutine "
+                "function; write it as async def run(ctx, task, problem, settings) and await ctx.generate"
+            )
         spec = Workflow(fn, tuple(roles), options, tuple(sub_roles), replayable, summary=summary, formats=formats)
         fn.teamrl_workflow = WORKFLOWS.register(name, spec)  # type: ignore[attr-defined]
         return fn
@@ -209,25 +224,49 @@ class Baseline:
 
 _SINGLE = Baseline("single", WORKFLOWS.get("single"), doc="one agent answers the task's prompt, base model")
 _BASELINES: dict[str, dict[str, Baseline]] = {
-    "single": {"single": Baseline("single", WORKFLOWS.get("single"), by_default=False, doc="the untrained agent itself")},
+    "single": {
+        "single": Baseline("single", WORKFLOWS.get("single"), by_default=False, doc="the untrained agent itself")
+    },
     "team": {
-        "single": Baseline("single", Workflow(team_baselines.scored(team_baselines.single), (), task_kind=TeamTask), widen=True,
-                           doc="one agent writes every part in one answer (the task splits it), the team's token budget"),
-        "concat": Baseline("concat", Workflow(team_baselines.scored(team_baselines.parallel), (), task_kind=TeamTask),
-                           by_default=False, doc="the roles answer at once without coordination (the untrained team of one turn)"),
-        "sequential": Baseline("sequential", Workflow(team_baselines.scored(team_baselines.sequential), (), task_kind=TeamTask),
-                               doc="the roles answer in order, each seeing the earlier roles' outputs"),
-        "discussion": Baseline("discussion", Workflow(team_baselines.scored(team_baselines.discussion), (), task_kind=TeamTask),
-                               doc="parallel drafts, then each role revises after seeing the others'"),
+        "single": Baseline(
+            "single",
+            Workflow(team_baselines.scored(team_baselines.single), (), task_kind=TeamTask),
+            widen=True,
+            doc="one agent writes every part in one answer (the task splits it), the team's token budget",
+        ),
+        "concat": Baseline(
+            "concat",
+            Workflow(team_baselines.scored(team_baselines.parallel), (), task_kind=TeamTask),
+            by_default=False,
+            doc="the roles answer at once without coordination (the untrained team of one turn)",
+        ),
+        "sequential": Baseline(
+            "sequential",
+            Workflow(team_baselines.scored(team_baselines.sequential), (), task_kind=TeamTask),
+            doc="the roles answer in order, each seeing the earlier roles' outputs",
+        ),
+        "discussion": Baseline(
+            "discussion",
+            Workflow(team_baselines.scored(team_baselines.discussion), (), task_kind=TeamTask),
+            doc="parallel drafts, then each role revises after seeing the others'",
+        ),
     },
     "env": {
-        "single": Baseline("single", Workflow(adapters.env_last_role, (), task_kind=Environment),
-                           doc="only the environment's last role acts (one agent doing the task alone)"),
+        "single": Baseline(
+            "single",
+            Workflow(adapters.env_last_role, (), task_kind=Environment),
+            doc="only the environment's last role acts (one agent doing the task alone)",
+        ),
         "swapped": Baseline("env", None, weights="swapped", doc="each role acts with the next role's trained policy"),
     },
-    "research": {"single": Baseline("research_single", WORKFLOWS.get("research_single"), doc="one agent with the tools")},
-    "research_single": {"single": Baseline("research_single", WORKFLOWS.get("research_single"), by_default=False,
-                                           doc="the untrained agent itself")},
+    "research": {
+        "single": Baseline("research_single", WORKFLOWS.get("research_single"), doc="one agent with the tools")
+    },
+    "research_single": {
+        "single": Baseline(
+            "research_single", WORKFLOWS.get("research_single"), by_default=False, doc="the untrained agent itself"
+        )
+    },
 }
 
 
@@ -260,5 +299,17 @@ def per_role_reward(sample: Sample, outcome: EpisodeOutcome) -> float:
     return own if own is not None else outcome.reward
 
 
-__all__ = ["REWARDS", "WORKFLOWS", "Baseline", "EpisodeOutcome", "Workflow", "StudyOptions", "check_task", "default_workflow", "eval_baselines",
-           "outcome_metrics", "register_reward", "register_workflow"]
+__all__ = [
+    "REWARDS",
+    "WORKFLOWS",
+    "Baseline",
+    "EpisodeOutcome",
+    "Workflow",
+    "StudyOptions",
+    "check_task",
+    "default_workflow",
+    "eval_baselines",
+    "outcome_metrics",
+    "register_reward",
+    "register_workflow",
+]

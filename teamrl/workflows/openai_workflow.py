@@ -124,7 +124,9 @@ def openai_workflow(name: str, roles: tuple[str, ...]) -> Callable[[Callable], C
     Its options (``workflow.options``) are :class:`~teamrl.rollout.gateway.GatewayOptions`."""
 
     def add(episode_fn: Callable) -> Callable:
-        async def run(ctx: EpisodeContext, task: SolveTask, problem: Problem, settings: GatewayOptions) -> GatewayOutcome:
+        async def run(
+            ctx: EpisodeContext, task: SolveTask, problem: Problem, settings: GatewayOptions
+        ) -> GatewayOutcome:
             return await run_gateway_episode(name, episode_fn, tuple(roles), ctx, task, problem, settings)
 
         register_workflow(name, roles, options=GatewayOptions, replayable=False)(run)

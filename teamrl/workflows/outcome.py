@@ -32,7 +32,8 @@ class EpisodeOutcome:
     """One episode of a workflow: its final text and answer, whether that answer is correct,
     and the workflow's own statistics (verdicts, votes, plans) for the diagnostics.
 
-    Samples that earn a per-role reward carry it (``sample.role_reward``, read by :func:`own_reward`; set it directly, or report
+    Samples that earn a per-role reward carry it (``sample.role_reward``, read by :func:`own_reward`; set it
+    directly, or report
     it with ``ctx.reward(value, role=...)``); the algorithm uses it when ``workflow.reward`` is
     ``per_role``. ``team_reward``: the final team reward, when it is not 1/0 by correctness.
     """
