@@ -146,6 +146,27 @@ def test_scheduler_propagates_episode_errors(tiny_engine):
         sched.run([bad()])
 
 
+def test_an_interrupt_inside_an_episode_logs_nothing_after_it(tiny_engine, caplog):
+    """A Ctrl-C or SIGTERM landing inside one episode's coroutine ends the run with the interrupt alone: asyncio
+    logged 'Task exception was never retrieved' (and its traceback) when that task was collected, after teamrl's one
+    line."""
+    import gc
+    import logging
+
+    sched = GenerationScheduler(tiny_engine)
+
+    async def interrupted():
+        raise KeyboardInterrupt
+
+    async def waits():
+        await asyncio.sleep(30)
+
+    with caplog.at_level(logging.ERROR, logger="asyncio"), pytest.raises(KeyboardInterrupt):
+        sched.run([waits(), interrupted()])
+    gc.collect()
+    assert not [r for r in caplog.records if "never retrieved" in r.getMessage()], caplog.text
+
+
 def test_prefill_grouped_by_length_equals_one_padded_prefill(tiny, tiny_engine, monkeypatch):
     import teamrl.rollout.hf_engine as hf
 

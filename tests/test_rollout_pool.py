@@ -162,6 +162,32 @@ def test_stop_and_no_endpoint_left_are_one_line():
     assert "\n" not in msg and "no rollout endpoint is left" in msg and "http://a" in msg and "http://b" in msg
 
 
+class SlowRecorder(Recorder):
+    """A Recorder whose answers take ``seconds``."""
+
+    def __init__(self, name: str, seconds: float) -> None:
+        super().__init__(name)
+        self.seconds = seconds
+
+    def generate(self, policy, requests, seed=None):
+        time.sleep(self.seconds)
+        return super().generate(policy, requests, seed)
+
+
+def test_close_waits_for_the_calls_still_in_flight_when_the_pool_stopped():
+    """A stop leaves the live endpoints' calls running on their threads; teamrl then exits. A daemon thread still
+    inside native code when the interpreter ends takes the process down ('terminate called without an active
+    exception', exit -6, seen in CI): close() lets them end first."""
+    refused = ServerUnreachable("x", reason="POST /v1/completions: [Errno 111] Connection refused")
+    slow = SlowRecorder("a", 1.0)
+    pool = EnginePool([slow, Recorder("b", fail=refused)], names=["http://a", "http://b"], on_failure="stop")
+    with pytest.raises(EndpointFailed):
+        pool.generate("p", _requests(4, 1), seed=0)
+    assert any(t.name == "teamrl-pool-endpoint1" for t in threading.enumerate())  # the slow call still runs
+    pool.close()
+    assert not [t.name for t in threading.enumerate() if t.name.startswith("teamrl-pool-endpoint")]
+
+
 @pytest.mark.parametrize("answer", [b"", b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{\"status\""])
 def test_an_answer_cut_off_is_an_unreachable_server(answer):
     """A server killed while answering closes the connection, with no answer or half of one. Half an answer raised

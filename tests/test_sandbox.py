@@ -592,26 +592,32 @@ def test_signals_to_the_sandbox_from_outside_are_reported_as_killed():
 COLLIDING = ("class I(int):\n    def __hash__(self):\n        return id(self)\n"
              "S = {I(k * (2**61 - 1)) for k in range(33_000)}\n"
              "def f():\n    return S\n")
-BIG = "L = [None] * 100_000\ndef f():\n    return L\n"  # 800,000 characters to parse, each time
+# 800,000 characters to parse, each time. Read as JSON this takes about 1 s for all 16 on an idle machine (a wrong
+# answer, 'failed'), and past the limit on a loaded one ('timeout'): either way within the limit, never passing. The
+# deadline itself is tested on its own, machine-free (test_a_value_not_read_by_the_runs_deadline_does_not_pass).
+BIG = "L = [None] * 100_000\ndef f():\n    return L\n"
+WRONG_OR_LATE = {"failed": "AssertionError: returned [None, None", "timeout": "wall-clock limit"}
 
 
 @pytest.mark.parametrize(
-    "code, tests, status, why",
+    "code, tests, outcomes",
     [
-        (COLLIDING, ["assert f() == {1}"] * 3, "failed", "hash alike"),
-        (COLLIDING, ["for _ in range(3):\n    assert f() == {1}\n"], "failed", "hash alike"),  # judged whole: relayed
-        (BIG, ["assert f() == [1]"] * 16, "timeout", "wall-clock limit"),
+        (COLLIDING, ["assert f() == {1}"] * 3, {"failed": "hash alike"}),
+        # judged whole: relayed
+        (COLLIDING, ["for _ in range(3):\n    assert f() == {1}\n"], {"failed": "hash alike"}),
+        (BIG, ["assert f() == [1]"] * 16, WRONG_OR_LATE),
     ],
     ids=["colliding-set-split", "colliding-set-relayed", "16-large-values"],
 )
-def test_decoding_what_the_program_returned_is_bounded_by_the_wall_clock_limit(code, tests, status, why):
+def test_decoding_what_the_program_returned_is_bounded_by_the_wall_clock_limit(code, tests, outcomes):
+    """``outcomes``: each status the run may end with, and what its first failure then says."""
     limits = SandboxLimits(wall_seconds=5.0, cpu_seconds=5.0, memory_mb=512)
     start, cpu = time.monotonic(), time.process_time()
     r = run_program(code, tests, limits)
     wall, cpu = time.monotonic() - start, time.process_time() - cpu
     assert wall < limits.wall_seconds + 2.5, f"run_program took {wall:.1f}s at a {limits.wall_seconds:g}s limit ({cpu:.1f}s of the caller's CPU): {r}"
-    assert (r.status, r.tests_passed) == (status, 0), r
-    assert why in (r.first_failure or ""), r.first_failure
+    assert r.status in outcomes and r.tests_passed == 0, r
+    assert outcomes[r.status] in (r.first_failure or ""), r.first_failure
 
 
 def test_a_value_not_read_by_the_runs_deadline_does_not_pass():

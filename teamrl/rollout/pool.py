@@ -57,6 +57,7 @@ PROBE_AFTER_S = 2.0     # a call that waits longer than this on an endpoint has 
 PROBE_EVERY_S = 2.0     # ... this often ...
 PROBE_FAILURES = 2      # ... and this many probes failing in a row mark it dead
 WAIT_SLICE_S = 0.25     # how often a waiting call looks at its endpoints' processes and probes
+CLOSE_WAIT_S = 30.0     # how long close() waits for calls still in flight (a stopped pool's other endpoints)
 
 
 class EndpointFailed(ServerError):
@@ -146,6 +147,7 @@ class EnginePool(Engine):
         self._state = threading.Lock()
         self._reference = threading.Lock()
         self._reference_cache: dict[tuple, list[list[float]]] = {}
+        self._threads: list[threading.Thread] = []  # the calls' threads; close() waits for those still running
         for ep in self.endpoints:  # the endpoints share the trainer's model: one forward at a time, each done once
             verify = getattr(ep.engine, "verify_logprobs", None)
             if verify is not None:
@@ -232,8 +234,11 @@ class EnginePool(Engine):
             except BaseException as e:  # handed to the waiting thread
                 answers.put((k, False, e))
 
+        self._threads = [t for t in self._threads if t.is_alive()]
         for k, (ep, fn) in enumerate(jobs):
-            threading.Thread(target=work, args=(k, fn), daemon=True, name=f"teamrl-pool-endpoint{ep.index}").start()
+            thread = threading.Thread(target=work, args=(k, fn), daemon=True, name=f"teamrl-pool-endpoint{ep.index}")
+            thread.start()
+            self._threads.append(thread)
         out: list[tuple[bool, Any]] = [(False, None)] * len(jobs)
         pending = set(range(len(jobs)))
         since = time.monotonic()
@@ -351,7 +356,18 @@ class EnginePool(Engine):
             return fn(*args)
 
     def close(self) -> None:
-        """Close every live endpoint (unload this run's adapters); a dead one is left as it is."""
+        """Wait (up to :data:`CLOSE_WAIT_S`) for the calls still in flight, then close every live endpoint (unload this
+        run's adapters); a dead one is left as it is."""
+        # a stop leaves the other endpoints' calls running; a daemon thread still inside native code (torch, the
+        # tokenizer) when the interpreter ends aborts the process ('terminate called without an active exception')
+        ends = time.monotonic() + CLOSE_WAIT_S
+        for thread in self._threads:
+            thread.join(max(0.0, ends - time.monotonic()))
+        left = [t.name for t in self._threads if t.is_alive()]
+        if left:
+            self._say(f"{len(left)} rollout call(s) still running after {CLOSE_WAIT_S:g} s are abandoned "
+                      f"({', '.join(left)})")
+        self._threads = []
         errors = []
         for ep in self.live:
             close = getattr(ep.engine, "close", None)

@@ -72,6 +72,10 @@ class GenerationScheduler:
             for t in tasks:
                 if not t.done():
                     t.cancel()
+                elif not t.cancelled():
+                    # retrieved here: an interrupt raised inside one episode leaves its task holding it, which asyncio
+                    # would log ("never retrieved", with a traceback) when the task is collected, after the run ended
+                    t.exception()
             self._pending = []
         return [t.result() for t in tasks]
 
