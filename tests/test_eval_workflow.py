@@ -87,7 +87,7 @@ def test_eval_says_when_rows_are_scored_by_different_measures(tmp_path, monkeypa
     results = json.loads((write_results(rows, tmp_path / "ev", cfg, ["teamrl", "eval"]) / "results.json").read_text())
     assert results["methods"]["single"]["scored_by"] == by["single"].scored_by
     assert results["comparisons"][0]["same_measure"] is False and results["measures_differ"] is True
-    from teamrl.trainer.report import _eval_table
+    from teamrl.trainer.report_html import _eval_table
 
     assert "<th>scored by</th>" in _eval_table(results) and "different measures" in _eval_table(results)  # the HTML report
 
