@@ -390,7 +390,7 @@ def _main(argv: list[str]) -> int:
         return _eval(cfg, ns, argv)
     if ns.command == "sft":
         return _sft(cfg, ns)
-    from teamrl.rollout.http_engine import ServerError
+    from teamrl.rollout.completions_api import ServerError
     from teamrl.trainer.learner import WorkerFailed
     from teamrl.trainer.trainer import RunExists, make_trainer
     from teamrl.trainer.update import NonFiniteReward

@@ -16,8 +16,9 @@ from typing import Any, Iterator
 
 import pytest
 
+from teamrl.rollout.completions_api import ServerError
 from teamrl.rollout.engine import GenerationRequest
-from teamrl.rollout.http_engine import HTTPEngine, ServerError
+from teamrl.rollout.http_engine import HTTPEngine
 from teamrl.rollout.pool import EndpointFailed, EnginePool
 from tests.test_rollout_pool import Recorder, _requests
 

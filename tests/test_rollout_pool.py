@@ -22,8 +22,9 @@ from pathlib import Path
 import pytest
 
 from teamrl.core.config import ConfigError, load_config
+from teamrl.rollout.completions_api import ServerUnreachable
 from teamrl.rollout.engine import Completion, Engine, GenerationRequest
-from teamrl.rollout.http_engine import HTTPEngine, ServerUnreachable
+from teamrl.rollout.http_engine import HTTPEngine
 from teamrl.rollout.pool import EndpointFailed, EnginePool, spread
 from teamrl.tasks import TASKS
 from tests.test_magrpo import ToyTeam
@@ -443,7 +444,7 @@ def local_ray():
 
 @pytest.mark.ray
 def test_spread_needs_as_many_nodes_as_servers(tmp_path, local_ray):
-    from teamrl.rollout.http_engine import ServerError
+    from teamrl.rollout.completions_api import ServerError
     from teamrl.rollout.vllm_server import start_ray_servers
 
     cfg = load_config(None, ["policy.placement=ray", "policy.ray_timeout_s=2", "rollout.engine=vllm", "rollout.vllm.servers=3",

@@ -18,9 +18,10 @@ import torch
 from teamrl.core.config import LoraConfig, load_config
 from teamrl.policies.chat import encode_chat
 from teamrl.policies.router import PolicyRouter
+from teamrl.rollout.completions_api import ServerError, _completion
 from teamrl.rollout.engine import GenerationRequest, SamplingParams
 from teamrl.rollout.hf_engine import HFEngine
-from teamrl.rollout.http_engine import HTTPEngine, ServerError, _completion
+from teamrl.rollout.http_engine import HTTPEngine
 from teamrl.rollout.server import ModelServer, TeamrlHTTPServer
 
 REPO = Path(__file__).resolve().parents[1]

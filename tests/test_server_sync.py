@@ -15,8 +15,9 @@ import torch
 from teamrl.core.config import load_config
 from teamrl.policies.chat import encode_chat
 from teamrl.policies.logprobs import truncated_token_logprobs
+from teamrl.rollout.completions_api import ServerError
 from teamrl.rollout.engine import SamplingParams
-from teamrl.rollout.http_engine import HTTPEngine, ServerError
+from teamrl.rollout.http_engine import HTTPEngine
 from teamrl.rollout.strict_server import _top_k_top_p
 from tests.test_vllm_contract import _trainer_logprobs, strict_server
 

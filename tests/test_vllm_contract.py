@@ -15,8 +15,9 @@ from teamrl.core.config import LoraConfig, load_config
 from teamrl.policies.chat import encode_chat
 from teamrl.policies.logprobs import build_token_batch, completion_logprobs
 from teamrl.policies.router import PolicyRouter
+from teamrl.rollout.completions_api import ServerError
 from teamrl.rollout.engine import GenerationRequest, SamplingParams
-from teamrl.rollout.http_engine import HTTPEngine, ServerError
+from teamrl.rollout.http_engine import HTTPEngine
 from teamrl.rollout.server import ModelServer, TeamrlHTTPServer
 from teamrl.rollout.strict_server import StrictBehaviour
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from teamrl.core.config import ConfigError, VllmConfig, load_config
-from teamrl.rollout.http_engine import ServerError
+from teamrl.rollout.completions_api import ServerError
 from teamrl.rollout.vllm_server import (ManagedVLLMServer, check_lora_slots, check_served_model, death_reason,
                                         explain_lora_error, lora_rank_for, served_model_path)
 

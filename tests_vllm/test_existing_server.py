@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from teamrl.core.config import VllmConfig, load_config
-from teamrl.rollout.http_engine import ServerError
+from teamrl.rollout.completions_api import ServerError
 from teamrl.rollout.vllm_server import ManagedVLLMServer, served_model_path
 from teamrl.trainer.trainer import Trainer
 from tests_vllm.helpers import REPO, assert_server_gone

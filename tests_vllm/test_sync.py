@@ -16,7 +16,7 @@ import pytest
 
 from teamrl.core.config import VllmConfig, load_config
 from teamrl.policies.chat import encode_chat
-from teamrl.rollout.http_engine import ServerError
+from teamrl.rollout.completions_api import ServerError
 from teamrl.rollout.vllm_server import ManagedVLLMServer
 from teamrl.rollout.engine_setup import STARTUP_PROBE
 from teamrl.trainer.trainer import Trainer

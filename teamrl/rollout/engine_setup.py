@@ -72,7 +72,8 @@ def make_engine(cfg: Config, router: PolicyRouter, eos_ids: list[int], run_dir: 
                         extra_eos_ids=eos_ids, row_models=SharedBaseAdapters(router.policies)), []
     from tqdm import tqdm
 
-    from teamrl.rollout.http_engine import HTTPEngine, ServerError
+    from teamrl.rollout.completions_api import ServerError
+    from teamrl.rollout.http_engine import HTTPEngine
     from teamrl.rollout.pool import EnginePool
     from teamrl.rollout.vllm_server import check_lora_slots, check_served_model, explain_lora_error
 

@@ -20,11 +20,12 @@ lock). ``sync_figures[policy]`` holds the worst figures over the endpoints (larg
 so the trainer's ``sync/<policy>/*`` metrics cover every endpoint.
 
 **A failed endpoint.** A connection refused or reset, no answer within the read timeout or no complete one within
-``rollout.request_deadline_s`` (:class:`~teamrl.rollout.http_engine.ServerUnreachable`, ``ConnectionError``,
-``TimeoutError``), or a 200 answer that is no completions answer (:class:`~teamrl.rollout.http_engine.MalformedAnswer`)
-marks the endpoint dead; so does its process exiting (``exited``: a managed server) or its ``/health`` not answering
-:data:`PROBE_FAILURES` times in a row within :data:`HEALTH_TIMEOUT_S` while a call waits on it (a host that
-is gone: nothing refuses, the request would wait for its whole timeout). One line names it
+``rollout.request_deadline_s`` (:class:`~teamrl.rollout.completions_api.ServerUnreachable`, ``ConnectionError``,
+``TimeoutError``), or a 200 answer that is no completions answer
+(:class:`~teamrl.rollout.completions_api.MalformedAnswer`) marks the endpoint dead; so does its process exiting
+(``exited``: a managed server) or its ``/health`` not answering :data:`PROBE_FAILURES` times in a row within
+:data:`HEALTH_TIMEOUT_S` while a call waits on it (a host that is gone: nothing refuses, the request would wait
+for its whole timeout). One line names it
 (``rollout endpoint 2 of 2 (URL) failed: <reason>; continuing on 1 endpoint``) and its share of the
 call is re-sent to the live ones, spread the same way (seeds derived from the chunk's seed and the
 round). With ``on_failure="stop"``, or when no endpoint is left, :class:`EndpointFailed` is raised
@@ -44,8 +45,8 @@ from functools import partial
 from typing import Any, Callable, Sequence
 
 from teamrl.core.seeding import derive_seed
+from teamrl.rollout.completions_api import MalformedAnswer, ServerError, ServerUnreachable
 from teamrl.rollout.engine import Completion, Engine, GenerationRequest
-from teamrl.rollout.http_engine import MalformedAnswer, ServerError, ServerUnreachable
 
 ON_FAILURE = ("continue", "stop")
 # What marks an endpoint dead: it cannot be reached, or gave no complete answer within rollout.request_deadline_s

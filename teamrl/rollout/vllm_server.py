@@ -51,7 +51,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from teamrl.core.config import VLLM_LORA_RANKS, Config, ConfigError, VllmConfig
-from teamrl.rollout.http_engine import HTTPEngine, ServerError
+from teamrl.rollout.completions_api import ServerError
+from teamrl.rollout.http_engine import HTTPEngine
 
 VLLM_MODULE = "vllm.entrypoints.openai.api_server"
 VENV_PYTHON = Path(".venv-vllm") / "bin" / "python"
