@@ -228,7 +228,7 @@ def test_config_errors_are_one_line():
 
 
 def test_servers_on_other_machines_need_a_shared_absolute_adapter_dir():
-    from teamrl.rollout.vllm_server import check_shared_adapter_dir
+    from teamrl.rollout.vllm_placement import check_shared_adapter_dir
 
     check_shared_adapter_dir("", "10.0.0.1", ["10.0.0.1", "10.0.0.1"])  # one machine: the default works
     check_shared_adapter_dir("/shared/adapters", "10.0.0.1", ["10.0.0.2"])
@@ -445,7 +445,7 @@ def local_ray():
 @pytest.mark.ray
 def test_spread_needs_as_many_nodes_as_servers(tmp_path, local_ray):
     from teamrl.rollout.completions_api import ServerError
-    from teamrl.rollout.vllm_server import start_ray_servers
+    from teamrl.rollout.vllm_placement import start_ray_servers
 
     cfg = load_config(None, ["policy.placement=ray", "policy.ray_timeout_s=2", "rollout.engine=vllm", "rollout.vllm.servers=3",
                              "rollout.vllm.spread=true", "rollout.vllm.resources={num_cpus: 0.5}"])

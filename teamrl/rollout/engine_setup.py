@@ -85,7 +85,7 @@ def make_engine(cfg: Config, router: PolicyRouter, eos_ids: list[int], run_dir: 
     exited: list = [None] * len(urls)
     servers: list[Any] = []
     if r.engine == "vllm":
-        from teamrl.rollout.vllm_server import start_servers
+        from teamrl.rollout.vllm_placement import start_servers
 
         servers = start_servers(cfg, run_dir, len(router.policies), log=lambda line: tqdm.write(line, file=sys.stderr))
         urls, dialect = [s.url for s in servers], "vllm"
