@@ -21,10 +21,12 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-_SANDBOX_FILES = ("__init__.py", "_harness.py", "_judge_runtime.py", "_setup.py", "jail.py", "judge.py", "limits.py", "pool.py",
+_SANDBOX_FILES = ("__init__.py", "_harness.py", "_harness_guards.py", "_judge_runtime.py", "_setup.py", "jail.py", "judge.py", "limits.py", "pool.py",
                   "records.py", "relay.py", "result.py", "sandbox.py", "users.py")
-# files later revisions added (sandbox.py was split into jail, users, records and relay)
-_LATER_FILES = ("judge.py", "_judge_runtime.py", "_setup.py", "jail.py", "records.py", "relay.py", "users.py")
+# files later revisions added (sandbox.py was split into jail, users, records and relay; _harness.py into _harness.py
+# and _harness_guards.py)
+_LATER_FILES = ("judge.py", "_judge_runtime.py", "_setup.py", "jail.py", "records.py", "relay.py", "users.py",
+                "_harness_guards.py")
 
 
 def load_sandbox_at(rev: str, into: Path):

@@ -21,16 +21,17 @@ not). With them, and with ctypes, this stage:
 4. installs a seccomp filter: memfd_create and shmget (memory that no rlimit counts) kill the
    process, io_uring is refused, and in the "seccomp" network mode so are sockets other than
    AF_UNIX;
-5. execs the harness (``_harness.py``) from the execute-only interpreter. The program's process
-   therefore never had ctypes loaded (none of its types is left to find from ``object``), holds
-   no capability, and can undo none of the above; the harness checks it all before the program.
+5. execs the harness (``_harness_guards.py`` then ``_harness.py``, one program) from the
+   execute-only interpreter. The program's process therefore never had ctypes loaded (none of its
+   types is left to find from ``object``), holds no capability, and can undo none of the above;
+   the harness checks it all before the program.
 
 Any failure before the exec is reported as a setup-error record on the results fd and the
 process exits 70: the run is refused, never run with less isolation.
 """
 
 # Modules that call native code or start a subinterpreter: hidden here, refused by the
-# harness's audit hook under any dotted name (the same set is in _harness.py).
+# harness's audit hook under any dotted name (the same set is in _harness_guards.py).
 NATIVE_MODULES = frozenset(
     {
         "ctypes", "_ctypes", "_ctypes_test", "cffi", "_cffi_backend",

@@ -26,9 +26,14 @@ _setup_source: str | None = None
 
 
 def _harness() -> str:
+    """The harness's program: ``_harness_guards.py``'s text (the isolation check and the audit hook, globals of
+    the harness), then ``_harness.py``'s (which ends by calling the harness); one ``-c`` argument."""
     global _harness_source
     if _harness_source is None:
-        _harness_source = (Path(__file__).with_name("_harness.py")).read_text(encoding="utf-8")
+        here = Path(__file__)
+        _harness_source = "\n".join(
+            here.with_name(name).read_text(encoding="utf-8") for name in ("_harness_guards.py", "_harness.py")
+        )
     return _harness_source
 
 
