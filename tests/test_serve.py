@@ -200,6 +200,26 @@ def test_bad_requests_get_clear_json_errors(server, tmp_path):
         HTTPEngine(url).check_base_model("smollm2-135m")
 
 
+def test_reload_weights_refuses_what_does_not_fit_the_base_model(server, tmp_path):
+    """POST /collective_rpc reload_weights (vLLM's full-weight reload): a folder without safetensors, weights of
+    another shape or name, another method: 400 naming the field; the base model is left as it was."""
+    from safetensors.torch import save_file
+
+    url, base = server.url + "/collective_rpc", server.model_server.base
+    before = {n: p.clone() for n, p in base.named_parameters()}
+    save_file({"model.not_a_layer.weight": torch.zeros(2)}, str(tmp_path / "model.safetensors"))
+    cases = [({"method": "reload_weights", "kwargs": {"weights_path": str(tmp_path / "empty")}}, "weights_path",
+              "not a folder holding *.safetensors"),
+             ({"method": "reload_weights", "kwargs": {"weights_path": str(tmp_path)}}, "weights_path",
+              "does not fit base model 'tiny-random' (unknown ['model.not_a_layer.weight']"),
+             ({"method": "sleep"}, "method", "only reload_weights")]
+    for body, param, words in cases:
+        status, err = _post(url, body)
+        assert status == 400 and err["error"]["param"] == param and words in err["error"]["message"], err
+    assert all(torch.equal(p, before[n]) for n, p in base.named_parameters())
+    assert _post(server.url + "/reset_prefix_cache", {}) == (200, {"success": True})
+
+
 def test_unreachable_server_is_named():
     with socket.socket() as s:  # a port that nothing listens on
         s.bind(("127.0.0.1", 0))
@@ -237,11 +257,14 @@ def test_training_through_the_server_equals_training_in_process(server, tmp_path
     assert served == {"tiny-random"}
 
 
-def test_http_engine_needs_lora_and_a_url():
+def test_http_engine_full_weights_need_one_model_and_a_url():
     from teamrl.core.config import ConfigError
 
-    with pytest.raises(ConfigError, match="policy.lora is null"):
-        load_config(None, ["rollout.engine=http", "policy.lora=null"])
+    assert load_config(None, ["rollout.engine=http", "policy.lora=null"]).policy.lora is None  # one model: reloaded
+    with pytest.raises(ConfigError, match=r"^rollout.engine: http serves one model, .* policy.mode separate"):
+        load_config(None, ["rollout.engine=http", "policy.lora=null", "policy.mode=separate"])
+    with pytest.raises(ConfigError, match=r"^rollout.server_dialect: sglang cannot reload full weights"):
+        load_config(None, ["rollout.engine=http", "policy.lora=null", "rollout.server_dialect=sglang"])
     with pytest.raises(ConfigError, match="rollout.server_url"):
         load_config(None, ["rollout.engine=http", "rollout.server_url=localhost:8000"])
 

@@ -237,3 +237,32 @@ def test_min_new_tokens_reaches_a_vllm_server(server):
 
     http.generate("tiny-random", [GenerationRequest(encode_chat(ms.tokenizer, "x"), SamplingParams(max_new_tokens=5, min_new_tokens=5))])
     assert [b["min_tokens"] for b in sent if b and "prompt" in b] == [5]
+
+
+# ---- full weights (policy.lora: null): the server reloads them after each update -----------------
+
+def test_full_weights_train_through_the_server_each_reload_checked_and_a_stale_one_caught(tmp_path):
+    """A full-weight policy is served as the base model; each sync writes the whole model and the server reloads it
+    (vLLM's POST /collective_rpc reload_weights); the sync check then compares the served log-probs with the
+    trainer's. A reload of the first version's weights after two updates fails the step in one line. Its own server:
+    the reload changes the base model every other test serves."""
+    with strict_server("vllm", logprobs_mode="processed_logprobs") as own:
+        trainer = _trainer(own, tmp_path, "full", "policy.lora=null")
+        first = tmp_path / "v1"
+        trainer.router.policies["shared"].save_weights(first)
+        try:
+            for step in (1, 2):
+                rec = trainer.train_step()
+                assert rec["sync/shared/max_logprob_gap"] < 1e-4, rec
+                assert rec["sync/shared/moved"] > 1e-3  # the update moved the probe: a stale reload would show
+            folders = sorted((tmp_path / "full" / "served_adapters").glob("*/v*"))
+            assert [f.name for f in folders] == ["v000003"] and (folders[0] / "model.safetensors").is_file()
+            trainer.engine.save_weights = lambda name, folder: shutil.copytree(first, folder)
+            with pytest.raises(ServerError) as e:
+                trainer.train_step()
+            message = str(e.value)
+            assert "\n" not in message and message.startswith(
+                f"sync check: policy 'shared' version 4 (full weights 'tiny-random' at {own.url}): "), message
+            assert "the server is not sampling from the full weights just loaded" in message
+        finally:
+            trainer.shutdown()

@@ -94,6 +94,38 @@ def test_magrpo_two_roles_two_steps_through_a_managed_vllm_server(tmp_path):
     _train_two_steps("magrpo_writing_tldr.yaml", tmp_path, "vllm-magrpo")
 
 
+def test_grpo_full_weights_two_steps_through_a_managed_vllm_server_and_a_stale_reload_is_caught(tmp_path):
+    """policy.lora: null: the server (in dev mode) reloads the whole model after each update from the folder the
+    trainer wrote (vLLM's reload_weights); the sync check passes after each one, and a reload of the first version's
+    weights after the updates fails the step in one line."""
+    import shutil
+
+    from teamrl.rollout.completions_api import ServerError
+
+    overrides = [*run_overrides(tmp_path, "vllm-full"), "policy.lora=null", "train.lr=1e-5"]
+    trainer = Trainer(load_config(REPO / "configs" / "grpo_word_count.yaml", overrides))
+    server = trainer.vllm_server
+    assert "--enable-lora" not in server.command() and server.environment()["VLLM_SERVER_DEV_MODE"] == "1"
+    first = tmp_path / "v1"
+    trainer.router.policies["shared"].save_weights(first)
+    tol = trainer.cfg.rollout.server_check_tolerance
+    try:
+        for step in (1, 2):
+            rec = trainer.train_step()
+            sync = {k: v for k, v in rec.items() if k.startswith("sync/")}
+            print(f"[test-vllm] vllm-full step {step}: rollout {rec['rollout_s']:.1f} s, update {rec['update_s']:.1f} s; "
+                  f"sync check after the full-weight reload: {json.dumps(sync)}", flush=True)
+            assert sync["sync/shared/max_logprob_gap"] <= tol and sync["sync/shared/moved"] > tol, sync
+        trainer.engine.save_weights = lambda name, folder: shutil.copytree(first, folder)
+        with pytest.raises(ServerError) as e:
+            trainer.train_step()
+        print(f"[test-vllm] vllm-full stale reload: {e.value}", flush=True)
+        assert "\n" not in str(e.value) and str(e.value).startswith("sync check: policy 'shared' version 4 (full weights")
+    finally:
+        trainer.shutdown()
+    assert_server_gone(server.server_pid, server.port)
+
+
 def _start_cli_run(tmp_path: Path, name: str) -> tuple[subprocess.Popen, Path, int, int]:
     """``teamrl train`` (MAGRPO, managed server) in a subprocess, returned once its server is ready: (process, stderr
     file, server pid, port)."""

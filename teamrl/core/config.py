@@ -510,12 +510,16 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"rollout.server_url: {cfg.rollout.server_url!r} must start with http:// or https://")
     if cfg.rollout.engine == "http":
         _check_server_urls(cfg.rollout.server_urls)
-    if cfg.rollout.engine in ("http", "vllm"):
-        if cfg.policy.lora is None:
+    if cfg.rollout.engine in ("http", "vllm") and cfg.policy.lora is None:
+        # a server holds one model: the full weights of one policy, reloaded after each update
+        if cfg.policy.mode != "shared":
             raise ConfigError(
-                f"rollout.engine: {cfg.rollout.engine} sends LoRA adapters to the server after each update; "
-                "policy.lora is null (full weights). Use engine hf, or train LoRA adapters"
+                f"rollout.engine: {cfg.rollout.engine} serves one model, and policy.lora is null (full weights) "
+                f"with policy.mode {cfg.policy.mode}: one model per role; use mode shared, engine hf, or LoRA adapters"
             )
+        if cfg.rollout.engine == "http" and cfg.rollout.server_dialect == "sglang":
+            raise ConfigError("rollout.server_dialect: sglang cannot reload full weights here (policy.lora is null); "
+                              "serve with vLLM or teamrl serve, or train LoRA adapters")
     if cfg.rollout.engine == "vllm":
         _check_vllm(cfg)
     for key, names in CHOICES.items():

@@ -98,6 +98,24 @@ class Policy:
         self.model.peft_config[self.adapter].save_pretrained(str(folder))
         return folder
 
+    def save_weights(self, folder: str | Path) -> Path:
+        """Write this full-weight policy's model as a Hugging Face model folder at ``folder`` (``config.json`` and
+        safetensors, the names vLLM's loader reads) and return it: what a server reloads its weights from
+        (vLLM's ``reload_weights``, ``teamrl serve``). A LoRA policy sends its adapter instead (:meth:`save_adapter`).
+        """
+        if self.adapter is not None:
+            raise ValueError(
+                f"policy {self.name!r} trains the LoRA adapter {self.adapter!r}; save it with save_adapter"
+            )
+        from safetensors.torch import save_model
+
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        self.model.config.save_pretrained(str(folder))
+        # save_model writes a tensor tied to another (the output embedding) once, as loaders expect
+        save_model(self.model, str(folder / "model.safetensors"), metadata={"format": "pt"})
+        return folder
+
     @contextlib.contextmanager
     def generation_model(self) -> Iterator[nn.Module]:
         """A model for sampling with this policy's current weights.

@@ -28,12 +28,15 @@ class Dialect:
     max_stop_strings: int | None
     max_prompts: int           # prompts per request
     explicit_fields: bool      # send penalties, min_p, return_token_ids ... (teamrl serve 400s on fields it lacks)
+    # full weights reloaded in place from a model folder: POST /collective_rpc {"method": "reload_weights", ...}
+    # (vLLM with VLLM_SERVER_DEV_MODE=1, teamrl serve), then POST /reset_prefix_cache (keys/values of old weights)
+    reloads_weights: bool = False
 
 
 DIALECT_SPECS = {
-    "vllm": Dialect("vllm", "/v1", True, True, 4, 1024, True),
+    "vllm": Dialect("vllm", "/v1", True, True, 4, 1024, True, reloads_weights=True),
     "sglang": Dialect("sglang", "", True, False, None, 1024, True),
-    "teamrl": Dialect("teamrl", "/v1", False, True, None, 2**31, False),
+    "teamrl": Dialect("teamrl", "/v1", False, True, None, 2**31, False, reloads_weights=True),
 }
 # Sampling fields that must not be left to the server's generation_config defaults.
 NEUTRAL_FIELDS = {"repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0, "min_p": 0.0,

@@ -105,6 +105,8 @@ def make_engine(cfg: Config, router: PolicyRouter, eos_ids: list[int], run_dir: 
             request_deadline_s=r.request_deadline_s,
             vocab_size=max(vocab, len(router.tokenizer)),
             save_adapter=lambda name, folder: router.policies[name].save_adapter(folder),
+            save_weights=lambda name, folder: router.policies[name].save_weights(folder),
+            full_weights=[name for name, p in router.policies.items() if p.adapter is None],
             adapter_tag=tag if len(urls) == 1 else f"{tag}_e{i + 1}",
             verify_logprobs=verify if r.server_sync_check else None,
             verify_tolerance=r.server_check_tolerance,

@@ -79,7 +79,9 @@ class HTTPEngine(Engine):
     """
 
     def __init__(self, base_url: str, tokenizer: Any = None, adapter_dir: str | Path | None = None,
-                 save_adapter: Callable[[str, Path], Any] | None = None, timeout: float = 600.0,
+                 save_adapter: Callable[[str, Path], Any] | None = None,
+                 save_weights: Callable[[str, Path], Any] | None = None, full_weights: Sequence[str] = (),
+                 timeout: float = 600.0,
                  request_deadline_s: float = REQUEST_DEADLINE_S, vocab_size: int | None = None,
                  api_key: str | None = None, dialect: str = "auto", max_concurrent: int = 64,
                  adapter_tag: str | None = None,
@@ -93,6 +95,8 @@ class HTTPEngine(Engine):
         self.tokenizer = tokenizer
         self.adapter_dir = Path(adapter_dir) if adapter_dir is not None else None
         self.save_adapter = save_adapter
+        self.save_weights = save_weights
+        self.full_weights = set(full_weights)  # policies trained as whole models: served as the base model, reloaded
         self.timeout = timeout  # per read (and connect)
         self.request_deadline_s = request_deadline_s  # the whole request
         # token ids an answer may hold: [0, vocab_size) (the trainer indexes its embedding with them)
@@ -219,7 +223,10 @@ class HTTPEngine(Engine):
         return f"{policy}@{self.adapter_tag}" if self.adapter_tag else policy
 
     def served_name(self, policy: str) -> str:
-        """The server's model for ``policy``: its loaded adapter's name, or ``policy`` itself (the base model)."""
+        """The server's model for ``policy``: its loaded adapter's name, the base model for a full-weight policy (the
+        server's weights are that policy's), or ``policy`` itself (the base model)."""
+        if policy in self.full_weights:
+            return self._base_model or policy
         return self.served.get(policy, policy)
 
     def _model_field(self, policy: str) -> str:
@@ -352,7 +359,14 @@ class HTTPEngine(Engine):
 
     def sync_weights(self, policy: str) -> None:
         """Save ``policy``'s adapter to a new version folder and have the server load it under the policy's
-        served name (:meth:`adapter_name`); then, with ``verify_logprobs``, check it (:meth:`verify_sync`)."""
+        served name (:meth:`adapter_name`), or for a full-weight policy (``full_weights``) save the whole model and
+        have the server reload its weights from it (:meth:`_reload_weights`); then, with ``verify_logprobs``, check
+        it (:meth:`verify_sync`)."""
+        if policy in self.full_weights:
+            self._reload_weights(policy)
+            if self.verify_logprobs is not None:
+                self.verify_sync(policy)
+            return
         if self.save_adapter is None or self.adapter_dir is None:
             raise ValueError(
                 "HTTPEngine.sync_weights needs save_adapter and adapter_dir (a folder the server can read)"
@@ -373,6 +387,35 @@ class HTTPEngine(Engine):
                 shutil.rmtree(old, ignore_errors=True)
         if self.verify_logprobs is not None:
             self.verify_sync(policy)
+
+    def _reload_weights(self, policy: str) -> None:
+        """The full-weight sync: ``save_weights`` writes the model to ``adapter_dir/<adapter name>/v<N>``, the server
+        reloads its weights from that folder in place (vLLM's ``reload_weights``, through ``POST /collective_rpc``:
+        vLLM needs ``VLLM_SERVER_DEV_MODE=1``), then drops the keys/values its prefix cache computed with the old
+        weights. Older version folders are deleted."""
+        if self.save_weights is None or self.adapter_dir is None:
+            raise ValueError("HTTPEngine.sync_weights of a full-weight policy needs save_weights and adapter_dir (a "
+                             "folder the server can read)")
+        if not self.spec.reloads_weights:
+            raise ServerError(f"server {self.base_url} ({self.dialect} dialect) cannot reload full weights; train "
+                              "LoRA adapters (policy.lora), or serve with vLLM or teamrl serve")
+        name = self.adapter_name(policy)
+        version = self.versions.get(policy, 0) + 1
+        folder = self.adapter_dir / name / f"v{version:06d}"
+        self.save_weights(policy, folder)
+        try:
+            self.request("POST", "/collective_rpc",
+                         {"method": "reload_weights", "kwargs": {"weights_path": str(folder.resolve())}})
+        except ServerError as e:
+            if "HTTP 404" not in str(e):
+                raise
+            raise ServerError(f"{e}; the server has no weight reloading endpoint: start vLLM with the environment "
+                              "variable VLLM_SERVER_DEV_MODE=1 (its POST /collective_rpc reloads full weights)") from None
+        self.request("POST", "/reset_prefix_cache")
+        self.versions[policy] = version
+        for old in (self.adapter_dir / name).glob("v*"):
+            if old != folder:
+                shutil.rmtree(old, ignore_errors=True)
 
     def verify_sync(self, policy: str) -> dict[str, float]:
         """Check that the server samples from ``policy``'s version just loaded; raise :class:`ServerError` (one
@@ -415,10 +458,11 @@ class HTTPEngine(Engine):
                 )
                 if same <= self.verify_tolerance:
                     stale = f"; it still answers as version {version - 1} did (to {same:.1e})"
+            what = "full weights" if policy in self.full_weights else "adapter"
             raise ServerError(
-                f"sync check: policy {policy!r} version {version} (adapter {name!r} at {self.base_url}): the "
+                f"sync check: policy {policy!r} version {version} ({what} {name!r} at {self.base_url}): the "
                 f"server's log-probs differ from the trainer's by up to {gap:.3g} on {len(gaps)} probe tokens "
-                f"(tolerance {self.verify_tolerance:g}){stale}; the server is not sampling from the adapter "
+                f"(tolerance {self.verify_tolerance:g}){stale}; the server is not sampling from the {what} "
                 "just loaded"
             )
         self._probes[policy] = answers

@@ -153,9 +153,10 @@ class EnginePool(Engine):
             verify = getattr(ep.engine, "verify_logprobs", None)
             if verify is not None:
                 ep.engine.verify_logprobs = partial(self._shared_reference, verify)
-            save = getattr(ep.engine, "save_adapter", None)
-            if save is not None:
-                ep.engine.save_adapter = partial(self._locked, save)
+            for saver in ("save_adapter", "save_weights"):
+                save = getattr(ep.engine, saver, None)
+                if save is not None:
+                    setattr(ep.engine, saver, partial(self._locked, save))
 
     # ---- the endpoints ------------------------------------------------------------------
     @property

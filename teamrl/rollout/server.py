@@ -9,6 +9,9 @@ The wire format follows vLLM's OpenAI-compatible server (which SGLang's mirrors)
   adapter folder under a name; ``load_inplace: true`` replaces an adapter of that name (a new
   version after an update). ``POST /v1/unload_lora_adapter`` ``{"lora_name"}``. SGLang's
   spellings ``/load_lora_adapter`` and ``/unload_lora_adapter`` are accepted too.
+- ``POST /collective_rpc`` ``{"method": "reload_weights", "kwargs": {"weights_path"}}``: the base model's weights
+  replaced by those of a model folder (vLLM's full-weight reload, as vLLM serves it in dev mode); ``POST
+  /reset_prefix_cache`` answers as vLLM's (teamrl serve caches no keys/values between requests).
 - ``GET /health``: 200 once the model is loaded.
 
 With ``strict`` (``teamrl serve --strict vllm|sglang``) it imitates the real server instead, where
@@ -157,6 +160,27 @@ class ModelServer:
                 404, f"The lora adapter {name!r} is not loaded; loaded adapters: {sorted(self.adapters)}", "lora_name"
             )
         del self.adapters[name]
+
+    def reload_weights(self, path: Any) -> None:
+        """Replace the base model's weights in place with those of the model folder ``path`` (safetensors, the
+        names the model has; a tied output embedding may be left out): vLLM's ``reload_weights``."""
+        from safetensors.torch import load_file
+
+        files = sorted(Path(path).glob("*.safetensors")) if isinstance(path, str) and path else []
+        if not files:
+            raise RequestError(400, f"weights_path: {path!r} is not a folder holding *.safetensors", "weights_path")
+        if self.adapters:  # they are merged into copies of the old weights
+            raise RequestError(400, f"reload_weights: unload the adapters first ({sorted(self.adapters)})")
+        state = {k: v for f in files for k, v in load_file(str(f)).items()}
+        own = dict(self.base.named_parameters(remove_duplicate=False))
+        unknown, missing = sorted(set(state) - set(own)), sorted(set(own) - set(state))
+        tied = {n for n in missing if own[n] is self.base.get_input_embeddings().weight}
+        if unknown or set(missing) - tied:
+            raise RequestError(400, f"weights_path: {path!r} does not fit base model {self.base_name!r} (unknown "
+                               f"{unknown[:3]}, missing {sorted(set(missing) - tied)[:3]})", "weights_path")
+        with torch.no_grad():
+            for name, value in state.items():
+                own[name].copy_(value)
 
     def list_models(self) -> dict[str, Any]:
         """The ``GET /v1/models`` body: the base model, then each adapter (``parent`` = the base)."""
@@ -542,7 +566,8 @@ def build_app(ms: "ModelServer") -> Any:
     flavor = ms.strict.flavor if ms.strict else None
     prefixes = {"vllm": ("/v1",), "sglang": ("",), None: ("/v1", "")}[flavor]
     endpoints = sorted({"GET /health", "GET /v1/models", "POST /v1/completions",
-                        *(f"POST {p}/{verb}_lora_adapter" for p in prefixes for verb in ("load", "unload"))})
+                        *(f"POST {p}/{verb}_lora_adapter" for p in prefixes for verb in ("load", "unload")),
+                        *(("POST /collective_rpc", "POST /reset_prefix_cache") if flavor != "sglang" else ())})
     json_errors(app, lambda: endpoints)
 
     @app.get("/health")
@@ -589,6 +614,26 @@ def build_app(ms: "ModelServer") -> Any:
         if flavor == "sglang":
             return {"success": True, "error_message": "", "loaded_adapters": loaded()}
         return {"status": "ok", "message": message}
+
+    if flavor != "sglang":  # vLLM's own (VLLM_SERVER_DEV_MODE=1) full-weight reload; teamrl serve keeps no KV cache
+        @app.post("/collective_rpc")
+        async def collective_rpc(request: Request) -> Any:
+            body = _json_body(await request.body())
+            if not isinstance(body, dict) or body.get("method") != "reload_weights":
+                raise RequestError(400, "method: only reload_weights is served, with kwargs {\"weights_path\": ...}",
+                                   "method")
+            kwargs = body.get("kwargs") or {}
+            path = kwargs.get("weights_path") if isinstance(kwargs, dict) else None
+
+            def reload() -> None:
+                with ms._lock:
+                    ms.reload_weights(path)
+            await run_in_threadpool(reload)
+            return {"results": [None]}
+
+        @app.post("/reset_prefix_cache")
+        async def reset_prefix_cache() -> dict[str, bool]:
+            return {"success": True}
 
     for prefix in prefixes:
         for verb, handle in (("load", load), ("unload", unload)):

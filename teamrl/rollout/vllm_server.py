@@ -11,7 +11,10 @@ The flags and why each is there:
 - ``--served-model-name <config model>``: requests name the base model as the config does.
 - ``--dtype``: the trainer's (float32 on a CPU), so both sides compute the same log-probs.
 - ``--enable-lora --max-loras N --max-lora-rank R``: one adapter per policy, all N decoded
-  together (vLLM's default of 1 slot makes two roles take turns); R >= ``policy.lora.r``.
+  together (vLLM's default of 1 slot makes two roles take turns); R >= ``policy.lora.r``. A full-weight policy
+  (``policy.lora: null``) has no adapter: instead the environment ``VLLM_SERVER_DEV_MODE=1`` opens
+  ``POST /collective_rpc``, through which each sync reloads the weights from the folder the trainer wrote
+  (vLLM's ``reload_weights``, about 1 s for SmolLM2-135M on a CPU).
 - ``--logprobs-mode processed_logprobs``: log-probs of the distribution sampled from (after
   temperature, top-k, top-p); vLLM's default returns the raw model's.
 - ``--max-model-len``, ``--host 127.0.0.1 --port P``; environment
@@ -161,8 +164,11 @@ class ManagedVLLMServer:
     """
 
     def __init__(self, settings: VllmConfig, model: str, policies: int, lora_rank: int, log_path: str | Path,
-                 device: str = "cpu", dtype: str = "float32", model_path: str | None = None) -> None:
+                 device: str = "cpu", dtype: str = "float32", model_path: str | None = None,
+                 full_weights: bool = False) -> None:
         self.settings = settings
+        # a full-weight policy: no adapters; its weights are reloaded through the dev-mode POST /collective_rpc
+        self.full_weights = full_weights
         self.model = model
         self.policies = max(1, policies)
         self.max_loras = settings.max_loras or self.policies
@@ -205,7 +211,8 @@ class ManagedVLLMServer:
             log = Path(run_dir) / f"vllm_server_{index + 1}.log"
         if host is not None:
             settings = dataclasses.replace(settings, host=host)
-        return cls(settings, cfg.model, policies, lora_rank, log, device=dev.type, dtype=dtype)
+        return cls(settings, cfg.model, policies, lora_rank, log, device=dev.type, dtype=dtype,
+                   full_weights=cfg.policy.lora is None)
 
     # ---- what is started ----------------------------------------------------------------
     @property
@@ -230,11 +237,8 @@ class ManagedVLLMServer:
             self.dtype,
             "--max-model-len",
             str(self.settings.max_model_len),
-            "--enable-lora",
-            "--max-loras",
-            str(self.max_loras),
-            "--max-lora-rank",
-            str(self.max_lora_rank),
+            *(() if self.full_weights else ("--enable-lora", "--max-loras", str(self.max_loras), "--max-lora-rank",
+                                            str(self.max_lora_rank))),
             "--logprobs-mode",
             "processed_logprobs",
             "--host",
@@ -249,6 +253,8 @@ class ManagedVLLMServer:
     def environment(self) -> dict[str, str]:
         """This process's environment plus the variables the server needs (and ``rollout.vllm.env``)."""
         env = dict(os.environ, VLLM_ALLOW_RUNTIME_LORA_UPDATING="True")
+        if self.full_weights:  # POST /collective_rpc: reload_weights from the folder the trainer writes
+            env["VLLM_SERVER_DEV_MODE"] = "1"
         if self.device == "cpu":
             env["VLLM_CPU_KVCACHE_SPACE"] = str(self.settings.kvcache_gb)
         env.update({k: str(v) for k, v in self.settings.env.items()})
