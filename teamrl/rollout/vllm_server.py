@@ -350,8 +350,10 @@ class ManagedVLLMServer:
         self.version = self._get_version()
         say(
             f"teamrl: {('vLLM ' + self.version).strip()} ready at {self.url} after {time.monotonic() - t0:.0f} s "
-            f"(pid {self.server_pid}; --max-loras {self.max_loras} --max-lora-rank {self.max_lora_rank} "
-            f"--dtype {self.dtype}; log {self.log_path})"
+            f"(pid {self.server_pid}; "
+            + ("full weights, reloaded through POST /collective_rpc;" if self.full_weights else
+               f"--max-loras {self.max_loras} --max-lora-rank {self.max_lora_rank}")
+            + f" --dtype {self.dtype}; log {self.log_path})"
         )
         return self.url
 
