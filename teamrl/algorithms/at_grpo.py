@@ -238,11 +238,13 @@ class ATGRPO(Algorithm):
             own = [s for s in samples if s.role == role and s.turn == turn]
             adv = [s.advantage or 0.0 for s in own]
             mean_adv = sum(adv) / len(adv)
-            out[f"reward/{role}/turn{turn}"] = sum(s.reward for s in own) / len(own)
+            rewards = [float(s.reward) for s in own if s.reward is not None]  # every trained sample has one
+            out[f"reward/{role}/turn{turn}"] = sum(rewards) / len(own)
             out[f"adv_std/{role}/turn{turn}"] = (sum((a - mean_adv) ** 2 for a in adv) / len(adv)) ** 0.5
             groups: dict[Hashable, list[float]] = {}
             for s in own:
-                groups.setdefault(s.group, []).append(s.reward)
+                if s.reward is not None:
+                    groups.setdefault(s.group, []).append(s.reward)
             out[f"zero_var_groups/{role}/turn{turn}"] = sum(max(g) == min(g) for g in groups.values()) / len(groups)
         episodes: dict[Hashable, tuple[bool, int]] = {}
         for s in samples:

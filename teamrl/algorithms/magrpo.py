@@ -290,7 +290,7 @@ class MAGRPO(Algorithm):
         its final reward included) over the task's ``max_reward``, averaged over the tree as it was sampled (each
         problem's root, each joint action's episodes below it); ``normalised_return_last_turn``: the mean
         normalised reward of the joint actions at the deepest branched step (with ``team``: the last turn)."""
-        nodes: dict[Hashable, list[Sample]] = {}
+        nodes: dict[tuple[Hashable, int, Any], list[Sample]] = {}  # (problem, depth, path) -> its samples
         for s in samples:
             if "depth" in s.tags:  # branched (played samples are not trained)
                 nodes.setdefault((s.problem_id, s.tags["depth"], s.tags["path"]), []).append(s)

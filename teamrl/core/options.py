@@ -107,7 +107,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         raise ConfigError(
             errors[0] if len(errors) == 1 else f"{key}: got {value!r}, expected one of {[_type_name(a) for a in args]}"
         )
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         if isinstance(value, tp):
             return value
         if not isinstance(value, dict):

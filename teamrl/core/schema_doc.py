@@ -26,8 +26,8 @@ def _describe_fields(cls: type, prefix: str) -> list[tuple[str, str, str, str]]:
         if f.metadata.get("internal"):
             continue
         tp = hints[f.name]
-        inner = [a for a in typing.get_args(tp) if dataclasses.is_dataclass(a)]
-        sub = tp if dataclasses.is_dataclass(tp) else (inner[0] if inner else None)
+        inner = [a for a in typing.get_args(tp) if isinstance(a, type) and dataclasses.is_dataclass(a)]
+        sub = tp if isinstance(tp, type) and dataclasses.is_dataclass(tp) else (inner[0] if inner else None)
         default = (
             f.default
             if f.default is not dataclasses.MISSING

@@ -102,6 +102,7 @@ def group_advantages(
     if mode == "max":
         # ReMax: the baseline is an external greedy rollout, so group statistics play no part and a
         # singleton or constant group still has a meaningful advantage.
+        assert baselines is not None  # _check_inputs: mode 'max' needs them
         return rewards - baselines.to(device=rewards.device, dtype=rewards.dtype)
 
     # Map arbitrary ids to 0..G-1 so that every per-group reduction is a dense index_add over G slots.

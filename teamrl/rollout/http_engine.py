@@ -410,7 +410,8 @@ class HTTPEngine(Engine):
             if "HTTP 404" not in str(e):
                 raise
             raise ServerError(f"{e}; the server has no weight reloading endpoint: start vLLM with the environment "
-                              "variable VLLM_SERVER_DEV_MODE=1 (its POST /collective_rpc reloads full weights)") from None
+                              "variable VLLM_SERVER_DEV_MODE=1 (its POST /collective_rpc reloads full weights)"
+                              ) from None
         self.request("POST", "/reset_prefix_cache")
         self.versions[policy] = version
         for old in (self.adapter_dir / name).glob("v*"):
