@@ -184,7 +184,7 @@ def test_streamed_text_and_tool_calls_equal_the_whole_answer(tiny, task):
     with serving() as gw:
         whole = run(gw, engine, task, episode_for(False), tokenizer=tok)[0][0].samples
         streamed = run(gw, engine, task, episode_for(True), tokenizer=tok)[0][0].samples  # same seed: same tokens
-        assert gw.stats.calls_recorded == 2  # each sample recorded once, whole
+        assert gw.stats.calls_recorded == 2 and gw.stats.calls_streamed == 1  # each sample recorded once, whole
     assert whole[0].completion_ids == streamed[0].completion_ids
     assert answers[True] == answers[False] and answers[True][0] == whole[0].text
 

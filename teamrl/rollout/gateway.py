@@ -162,6 +162,7 @@ class GatewayStats:
     tool_calls: int = 0  # answers returned as tool calls
     tool_calls_malformed: int = 0  # answers with tool-call text that is no valid call (returned as text)
     prefix_breaks: int = 0  # chat calls whose prompt does not hold the agent's previous turn as sampled
+    calls_streamed: int = 0  # chat answers sent as server-sent events (each recorded once, whole)
 
 
 class Gateway:

@@ -237,6 +237,7 @@ def build_app(gateway: Gateway) -> Any:
         role, samples, parses = out
         answer = chat_response(role, samples, ep.ctx.tokenizer, bool(body.logprobs), parses)
         if body.stream:  # generated and recorded whole, then sent as OpenAI's chunks
+            gateway.stats.calls_streamed += 1  # the server's loop is the one writer of this count
             return StreamingResponse(chat_chunks(answer, samples, ep.ctx.tokenizer, include_usage),
                                      media_type="text/event-stream")
         return answer
