@@ -50,14 +50,27 @@ def run(gw, engine, task, fn, n=1, tokenizer=TOK, roles=ROLES, max_new_tokens=64
     return ctxs, outcomes
 
 
-def scripted(texts):
+def shipped_tokenizers():
+    """The shipped chat templates: the tiny model's ChatML, and SmolLM2-135M-Instruct's where it is converted here."""
+    from teamrl.policies.models import cache_dir
+    smollm2 = cache_dir() / "models" / "smollm2-135m"
+    marks = pytest.mark.skipif(not (smollm2 / "tokenizer.json").is_file(), reason=f"SmolLM2 is not converted at {smollm2}")
+    return [pytest.param("tiny", id="tiny-random"), pytest.param(str(smollm2), id="smollm2-135m", marks=marks)]
+
+
+def load_tokenizer(name):
+    from transformers import AutoTokenizer
+    return TOK if name == "tiny" else AutoTokenizer.from_pretrained(name)
+
+
+def scripted(texts, tokenizer=TOK):
     """An engine answering the k-th request with ``texts[k]`` (the last one after that)."""
     calls = []
 
     def script(policy, prompt, n):
         calls.append(prompt)
         return [texts[min(len(calls) - 1, len(texts) - 1)]] * n
-    engine = ScriptedEngine(script)
+    engine = ScriptedEngine(script, tokenizer)
     engine.calls = calls
     return engine
 
@@ -227,11 +240,13 @@ def agent_loop(problem, client):
     return 1.0
 
 
-def test_a_template_without_tool_support_gets_the_fallback_rendering_and_keeps_the_prefix(task):
-    assert not supports_tools(TOK)  # ChatML of the tiny model (SmolLM2's is the same form)
-    engine = scripted([f"Adding.{CALL}", "It is 5."])
+@pytest.mark.parametrize("template", shipped_tokenizers())
+def test_a_template_without_tool_support_gets_the_fallback_rendering_and_keeps_the_prefix(task, template):
+    tok = load_tokenizer(template)
+    assert not supports_tools(tok)  # ChatML of the tiny model; SmolLM2's is the same form
+    engine = scripted([f"Adding.{CALL}", "It is 5."], tok)
     with serving() as gw:
-        (ctx,), _ = run(gw, engine, task, agent_loop)
+        (ctx,), _ = run(gw, engine, task, agent_loop, tokenizer=tok)
         assert gw.stats.prefix_breaks == 0 and gw.stats.tool_calls == 1
     first, second = ctx.samples
     assert "<tools>" in first.prompt_text and '"name": "add"' in first.prompt_text  # the tools, Hermes style
@@ -272,6 +287,8 @@ def test_a_template_that_re_renders_an_earlier_answer_is_a_counted_prefix_break_
         assert gw.stats.prefix_breaks == 2  # calls 2 and 3 continue the worker's previous call; call 4 is a new chat
     assert [s.tags.get("prefix_break", {}).get("turn") for s in ctx.samples] == [None, 1, 2, None]
     assert ctx.samples[1].tags["prefix_break"]["role"] == "worker" and outcomes[0].stats["prefix_breaks"] == 2
-    with serving() as gw:  # the same team on the shipped template: no break
-        run(gw, scripted([" one ", "two", "three", "four"]), task, episode)
-        assert gw.stats.prefix_breaks == 0
+    for template in ("tiny", *[p.values[0] for p in shipped_tokenizers()[1:] if not p.marks[0].args[0]]):
+        tok = load_tokenizer(template)
+        with serving() as gw:  # the same team on the shipped templates: no break
+            run(gw, scripted([" one ", "two", "three", "four"], tok), task, episode, tokenizer=tok)
+            assert gw.stats.prefix_breaks == 0, template

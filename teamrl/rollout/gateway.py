@@ -7,7 +7,9 @@ base URL, ``http://HOST:PORT/episodes/<id>/v1``, and every ``chat.completions.cr
 flight shares it) and becomes a :class:`~teamrl.core.sample.Sample` of the role's policy, with the exact prompt ids
 (the chat template applied here, once), the sampled completion ids and their sampling log-probs. The
 response carries the token ids as vLLM does (``prompt_token_ids``; ``choices[i].token_ids``), so
-nothing is ever re-tokenised.
+nothing is ever re-tokenised. With ``tools``, an answer's tool-call text comes back as OpenAI ``tool_calls``
+(parsed by ``tool_parser``, :mod:`teamrl.rollout.tool_calls`; the Sample keeps the tokens as sampled), and each chat
+call that continues its agent's previous one is checked for a prefix break (:mod:`teamrl.rollout.chat_turns`).
 
 Endpoints (per episode, under ``/episodes/<id>``): ``POST /v1/chat/completions``,
 ``POST /v1/completions``, ``GET /v1/models`` (the roles), ``POST /reward``. Programs in other

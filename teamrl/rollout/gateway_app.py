@@ -3,7 +3,8 @@
 The routes (under ``/episodes/<id>``, and ``POST /episodes`` to claim one) serve a
 :class:`~teamrl.rollout.gateway.Gateway`: they check the episode's token, validate the body against the
 pydantic schemas here, and hand the call to the gateway. The answers are OpenAI's ``chat.completion`` and
-``text_completion`` bodies with vLLM's token-id fields (``prompt_token_ids``; ``choices[i].token_ids``).
+``text_completion`` bodies with vLLM's token-id fields (``prompt_token_ids``; ``choices[i].token_ids``), tool calls in
+``message.tool_calls``; ``stream: true`` on chat sends the whole recorded answer as ``chat.completion.chunk`` events.
 
 FastAPI and uvicorn are imported when a gateway starts (the ``gateway`` extra).
 """
