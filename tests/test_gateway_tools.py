@@ -292,3 +292,30 @@ def test_a_template_that_re_renders_an_earlier_answer_is_a_counted_prefix_break_
         with serving() as gw:  # the same team on the shipped templates: no break
             run(gw, scripted([" one ", "two", "three", "four"], tok), task, episode, tokenizer=tok)
             assert gw.stats.prefix_breaks == 0, template
+
+
+def test_malformed_tools_tool_choice_and_tool_calls_in_messages_are_400s_naming_the_field(task):
+    import httpx
+    answers = []
+
+    def episode(problem, client):
+        url = str(client.base_url) + "chat/completions"
+        mine = {"X-Episode-Token": client.default_headers["X-Episode-Token"]}
+        user = {"role": "user", "content": "x"}
+        for body in [
+            {"tools": [ADD], "tool_choice": {"type": "function", "function": "add"}},
+            {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"required": 5}}}]},
+            {"messages": [user, {"role": "assistant", "content": None, "tool_calls": "add"}]},
+            {"messages": [user, {"role": "assistant", "content": None, "tool_calls": [{"id": "c", "function": "add"}]}]},
+            {"messages": [user, {"role": "assistant", "content": None,
+                                 "tool_calls": [{"id": "c", "function": {"name": 5, "arguments": "{}"}}]}]},
+        ]:
+            r = httpx.post(url, json={"model": "planner", "messages": [user], **body}, headers=mine)
+            answers.append((r.status_code, r.json()["error"]["param"] if r.status_code != 200 else None))
+        return 1.0
+
+    with serving() as gw:
+        run(gw, scripted([CALL]), task, episode)
+    assert answers[0] == (400, "tool_choice")
+    assert answers[1][0] in (200, 400)  # a schema's odd `required` is not a crash
+    assert [a[0] for a in answers[2:]] == [400, 400, 400] and all("messages" in (a[1] or "") for a in answers[2:])

@@ -156,10 +156,22 @@ def build_app(gateway: Gateway) -> Any:
 
     opts = gateway.options
 
+    class Function(BaseModel):
+        model_config = ConfigDict(extra="allow")
+        name: str
+        arguments: str | dict[str, Any] = "{}"
+
+    class ToolCallIn(BaseModel):
+        model_config = ConfigDict(extra="allow")
+        id: str | None = None
+        type: str = "function"
+        function: Function
+
     class Message(BaseModel):
-        model_config = ConfigDict(extra="allow")  # tool_calls, tool_call_id, name: passed to the chat template
+        model_config = ConfigDict(extra="allow")  # tool_call_id, name: passed to the chat template
         role: str
         content: str | list[dict[str, Any]] | None = None
+        tool_calls: list[ToolCallIn] | None = None  # an assistant's calls, checked: the template reads them
 
     class ChatRequest(BaseModel):
         # Clients send more fields than training uses (temperature, seed, ...): accepted, and the
@@ -228,6 +240,8 @@ def build_app(gateway: Gateway) -> Any:
         messages = []
         for m in body.messages:
             extra = {k: v for k, v in (m.model_extra or {}).items() if v is not None}
+            if m.tool_calls:
+                extra["tool_calls"] = [c.model_dump(exclude_none=True) for c in m.tool_calls]
             messages.append({**extra, "role": m.role, "content": _content_text(m.content)})
         include_usage = bool((body.stream_options or {}).get("include_usage"))
         out = await _served(ep, request, body.model, messages, True, body.tools,

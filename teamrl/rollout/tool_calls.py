@@ -113,7 +113,8 @@ def tool_choice(tools: Sequence[dict[str, Any]] | None, choice: Any) -> ToolChoi
             raise RequestError(400, "tool_choice: 'required' needs tools; send tools or tool_choice 'auto'/'none'",
                                "tool_choice")
         return ToolChoice(table, choice)
-    name = choice.get("function", {}).get("name") if isinstance(choice, dict) else None
+    fn = choice.get("function") if isinstance(choice, dict) else None
+    name = fn.get("name") if isinstance(fn, dict) else None
     if not isinstance(choice, dict) or choice.get("type", "function") != "function" or not isinstance(name, str):
         raise RequestError(400, f"tool_choice: expected 'none', 'auto', 'required' or {{'type': 'function', "
                                 f"'function': {{'name': str}}}}; got {short_repr(choice)}", "tool_choice")
@@ -149,7 +150,8 @@ def _call(payload: str, choice: ToolChoice) -> tuple[str, str] | str:
         return f"unknown function {name!r}; the tools are {sorted(choice.tools)}"
     if choice.mode == "function" and name != choice.name:
         return f"tool_choice names {choice.name!r}; a call to {name!r} is not returned as a call"
-    missing = [p for p in choice.tools[name].get("required", []) if p not in args]
+    required = choice.tools[name].get("required")
+    missing = [p for p in required if isinstance(p, str) and p not in args] if isinstance(required, list) else []
     if missing:
         return f"{name}: required arguments {missing} are missing"
     return name, json.dumps(args, ensure_ascii=False)
