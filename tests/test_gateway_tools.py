@@ -319,3 +319,29 @@ def test_malformed_tools_tool_choice_and_tool_calls_in_messages_are_400s_naming_
     assert answers[0] == (400, "tool_choice")
     assert answers[1][0] in (200, 400)  # a schema's odd `required` is not a crash
     assert [a[0] for a in answers[2:]] == [400, 400, 400] and all("messages" in (a[1] or "") for a in answers[2:])
+
+
+def test_ctx_generate_with_tools_returns_the_calls_parsed_as_the_gateway_parses_them():
+    engine = scripted([f"Adding.{CALL}", "It is 5."])
+    sched = GenerationScheduler(engine, seed=0)
+    ctx = EpisodeContext(sched, role_type, TOK, SamplingParams(max_new_tokens=64), "p0", 0)
+
+    async def workflow():
+        msgs = [{"role": "user", "content": "2 + 3?"}]
+        first = await ctx.generate("planner", msgs, tools=[ADD])
+        msgs.append(first.message())
+        msgs += [{"role": "tool", "tool_call_id": c["id"], "content": "5"} for c in first.tool_calls]
+        second = await ctx.generate("planner", msgs, tools=[ADD])
+        plain = await ctx.generate("worker", "no tools here")
+        return first, second, plain
+
+    (first, second, plain), = sched.run([workflow()])
+    assert first == f"Adding.{CALL}" and first.content == "Adding." and first.tool_calls[0]["function"]["name"] == "add"
+    assert second.tool_calls == [] and second.message() == {"role": "assistant", "content": "It is 5."}
+    assert type(plain) is str
+    s1, s2, _ = ctx.samples
+    assert "<tools>" in s1.prompt_text and s1.tags["tool_calls"] == ["add"] and ctx.calls[0].tools == [ADD]
+    assert s1.completion_ids == TOK.encode(f"Adding.{CALL}", add_special_tokens=False)  # as sampled
+    assert "<tool_response>\n5\n</tool_response>" in s2.prompt_text and "<tool_call>" in s2.prompt_text
+    with pytest.raises(ConfigError, match="ctx.generate\\(tool_parser=...\\): 'xml' is not a registered"):
+        sched.run([ctx.generate("planner", "x", tools=[ADD], tool_parser="xml")])

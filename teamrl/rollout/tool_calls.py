@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from teamrl.core.registry import Registry
+from teamrl.core.sample import Sample
 from teamrl.rollout.asgi import RequestError, short_repr
 
 Parser = Callable[[str], tuple[str, list[str]]]  # text -> (content outside the calls, each call's raw payload)
@@ -182,3 +183,36 @@ def parse_tool_calls(text: str, parser: Parser, choice: ToolChoice, seed: Sequen
 def parser_for(name: str, key: str = "workflow.options.tool_parser") -> Parser:
     """The parser registered as ``name`` (or ``package.module:function``); a ConfigError names the registered ones."""
     return TOOL_CALL_PARSERS.get_entry(name, key)
+
+
+class ToolAnswer(str):
+    """A completion's text (the str itself, as sampled) with its tool calls parsed, what ``ctx.generate(...,
+    tools=[...])`` returns: ``tool_calls`` (OpenAI entries, empty for a text answer), ``content`` (the text outside
+    them) and ``errors`` (why tool-call text was not returned as calls)."""
+
+    tool_calls: list[dict[str, Any]]
+    content: str | None
+    errors: list[str]
+
+    def message(self) -> dict[str, Any]:
+        """The answer as an OpenAI assistant message (to append to the conversation)."""
+        out: dict[str, Any] = {"role": "assistant", "content": self.content if self.tool_calls else str(self)}
+        if self.tool_calls:
+            out["tool_calls"] = self.tool_calls
+        return out
+
+
+def answer_with_tools(sample: Sample, tools: Sequence[dict[str, Any]], choice: Any = None,
+                      parser: str = "hermes") -> ToolAnswer:
+    """``sample``'s text parsed for calls to ``tools`` (as the gateway parses them; the Sample is not changed but for
+    ``tags``, which gain ``tool_calls`` and ``tool_call_errors`` as a gateway call's do). A bad ``tools``,
+    ``tool_choice`` or ``parser`` is a ValueError naming it."""
+    try:
+        parse = parse_tool_calls(sample.text, parser_for(parser, "ctx.generate(tool_parser=...)"),
+                                 tool_choice(tools, choice), [*sample.prompt_ids, -1, *sample.completion_ids])
+    except RequestError as e:
+        raise ValueError(f"ctx.generate: {e.message}") from None
+    sample.tags.update(parse.info())
+    answer = ToolAnswer(sample.text)
+    answer.tool_calls, answer.content, answer.errors = parse.calls, parse.content, parse.errors
+    return answer
