@@ -345,3 +345,19 @@ def test_ctx_generate_with_tools_returns_the_calls_parsed_as_the_gateway_parses_
     assert "<tool_response>\n5\n</tool_response>" in s2.prompt_text and "<tool_call>" in s2.prompt_text
     with pytest.raises(ConfigError, match="ctx.generate\\(tool_parser=...\\): 'xml' is not a registered"):
         sched.run([ctx.generate("planner", "x", tools=[ADD], tool_parser="xml")])
+
+
+def test_a_users_parser_registers_like_a_reward_and_is_named_in_the_config():
+    from teamrl.api import register_tool_parser
+
+    @register_tool_parser("bracket_calls")
+    def bracket(text):  # [[{"name": ..., "arguments": ...}]]
+        inside = text.partition("[[")[2].partition("]]")[0]
+        return (text.partition("[[")[0].strip(), [inside]) if inside else (text, [])
+    try:
+        assert GatewayOptions(tool_parser="bracket_calls").tool_parser == "bracket_calls"
+        parse = parse_tool_calls('ok [[{"name": "add", "arguments": {"a": 1, "b": 2}}]]', bracket, tool_choice([ADD], None))
+        assert parse.content == "ok" and parse.calls[0]["function"]["name"] == "add"
+        assert GatewayOptions(tool_parser="teamrl.rollout.tool_calls:hermes")  # package.module:function works too
+    finally:
+        del TOOL_CALL_PARSERS["bracket_calls"]
