@@ -361,3 +361,13 @@ def test_a_users_parser_registers_like_a_reward_and_is_named_in_the_config():
         assert GatewayOptions(tool_parser="teamrl.rollout.tool_calls:hermes")  # package.module:function works too
     finally:
         del TOOL_CALL_PARSERS["bracket_calls"]
+
+
+@pytest.mark.parametrize("text", ["Hello wörld, 17 + 25 = 42 ✓", " two  spaces", "日本語", ""])
+def test_streamed_pieces_spell_the_text_and_split_no_character(text):
+    from teamrl.rollout.gateway_app import _text_pieces
+    ids = TOK.encode(text, add_special_tokens=False)
+    pieces = list(_text_pieces(text, ids, TOK))
+    assert "".join(pieces) == text and all("\ufffd" not in p for p in pieces)
+    assert len(pieces) == len(text)  # the byte tokenizer: one piece per character, multi-byte ones whole
+    assert "".join(_text_pieces(text[:-1] if text else "", ids, TOK)) == (text[:-1] if text else "")  # a cut text

@@ -100,13 +100,20 @@ def completion_response(role: str, samples: list[Sample], tokenizer: Any, logpro
 
 def _text_pieces(text: str, ids: Sequence[int], tokenizer: Any) -> Iterator[str]:
     """``text`` in the pieces its tokens decode to, one per token where a token ends a whole character (their
-    concatenation is ``text``; what the tokens do not spell, e.g. a cut stop string, is left out or sent last)."""
-    sent = 0
+    concatenation is ``text``; what the tokens do not spell, e.g. a cut stop string, is sent last). Decoded
+    incrementally as vLLM does: each new piece is the text of a short window of tokens minus that of the window
+    without the new ones (a tokenizer's leading-space rules stay right), so a long answer costs linear time."""
+    sent, start, read = 0, 0, 0
     for k in range(1, len(ids) + 1):
-        prefix = tokenizer.decode(ids[:k], skip_special_tokens=True)
-        if len(prefix) > sent and not prefix.endswith("\ufffd") and text.startswith(prefix):
-            yield prefix[sent:]
-            sent = len(prefix)
+        before = tokenizer.decode(ids[start:read], skip_special_tokens=True)
+        after = tokenizer.decode(ids[start:k], skip_special_tokens=True)
+        if len(after) <= len(before) or after.endswith("\ufffd"):
+            continue  # no whole new character yet
+        piece = after[len(before):]
+        if text.startswith(piece, sent):
+            yield piece
+            sent += len(piece)
+        start, read = read, k
     if sent < len(text):
         yield text[sent:]
 
