@@ -69,3 +69,16 @@ def test_a_framework_team_trains_two_steps_with_one_adapter_per_agent(framework,
           f"{[r.get('prefix_breaks') for r in records]}; gateway {gateway}")
     assert [r["step"] for r in records] == [1, 2] and all(max(v) > 0 for v in norms.values()), norms
     assert sum(r["prefix_breaks"] for r in records) == 0 and sum(r["tool_calls"] for r in records) > 0
+
+
+@pytest.mark.parametrize("framework", sorted(FRAMEWORKS))
+def test_the_framework_example_is_plain_framework_code(framework):
+    """teamrl appears only where the plugin registers the episode; the team itself imports the framework alone."""
+    import ast
+    example, _, module, _ = FRAMEWORKS[framework]
+    tree = ast.parse((ROOT / "examples" / f"{example}.py").read_text())
+    top = {a.name for n in tree.body if isinstance(n, ast.Import) for a in n.names}
+    top |= {n.module for n in tree.body if isinstance(n, ast.ImportFrom)}
+    assert not any(m.startswith("teamrl") for m in top) and any(m.split(".")[0] == module for m in top), top
+    registering = [n for n in tree.body if isinstance(n, (ast.Try, ast.With))]
+    assert len(registering) == 1 and "openai_workflow" in ast.unparse(registering[0])
