@@ -35,7 +35,7 @@ class ScriptedContext(BaseContext):
     async def _answer(self, call, branch) -> list[Sample]:
         return await self.sample(call.role, call.messages, call.n, call.turn, branch, call.params, call.tags)
 
-    async def sample(self, role, messages, n, turn, branch, params, tags) -> list[Sample]:
+    async def sample(self, role, messages, n, turn, branch, params, tags, tools=None) -> list[Sample]:
         prompt = _prompt_text(messages)
         out = [Sample(role=role, policy=role, problem_id=self.problem_id, prompt_ids=[1], completion_ids=[2],
                       sampling_logprobs=[0.0], text=self.text(role, prompt, j), episode=self.episode, turn=turn,

@@ -18,19 +18,21 @@ Script = Callable[[str, str, int], list[str]]  # (policy, prompt text, n) -> the
 class ScriptedEngine(Engine):
     """Replies with scripted texts; ``prompts`` records every (policy, prompt text) it was sent."""
 
-    def __init__(self, script: Script) -> None:
+    def __init__(self, script: Script, tokenizer: Any = TOK) -> None:
         self.script = script
+        self.tok = tokenizer  # encodes the scripted texts (the byte tokenizer of the tiny model by default)
         self.prompts: list[tuple[str, str]] = []
 
     def generate(self, policy: str, requests: Sequence[GenerationRequest], seed: int | None = None) -> list[list[Completion]]:
         out = []
+        tok = self.tok
         for r in requests:
-            prompt = TOK.decode(r.prompt_ids, skip_special_tokens=True)
+            prompt = tok.decode(r.prompt_ids, skip_special_tokens=True)
             self.prompts.append((policy, prompt))
             texts = self.script(policy, prompt, r.n)
             assert len(texts) == r.n, (policy, prompt, texts)
-            out.append([Completion(TOK.encode(t, add_special_tokens=False) or [TOK.eos_token_id],
-                                   [0.0] * max(1, len(TOK.encode(t, add_special_tokens=False))), t, "eos") for t in texts])
+            out.append([Completion(tok.encode(t, add_special_tokens=False) or [tok.eos_token_id],
+                                   [0.0] * max(1, len(tok.encode(t, add_special_tokens=False))), t, "eos") for t in texts])
         return out
 
 

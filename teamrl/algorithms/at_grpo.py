@@ -187,8 +187,8 @@ class ATGRPO(Algorithm):
         branch = Branch(start, real)
         frontier = await branch.advance()
         while frontier:
-            groups = await asyncio.gather(*[real.sample(c.role, c.messages, self.k, c.turn, 0, c.params, c.tags)
-                                            for c in frontier])
+            groups = await asyncio.gather(*[real.sample(c.role, c.messages, self.k, c.turn, 0, c.params, c.tags,
+                                                        tools=c.tools) for c in frontier])
             copies = [branch.extend([[g[j]] for g in groups]) for j in range(self.k)]
             await asyncio.gather(*[c.advance() for c in copies])
             played = any(not any(_rewarded(c, call.role) for c in copies) for call in frontier)

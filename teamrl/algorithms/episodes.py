@@ -52,7 +52,8 @@ async def play_out(real: EpisodeContext, branch: Branch, tags: dict[str, Any],
     played: list[float] = []
     while not branch.done and not until(branch.frontier):
         answers = await asyncio.gather(*[real.sample(c.role, c.messages, 1, c.turn, 0, c.params,
-                                                     {**c.tags, **tags, "rollout": True}) for c in branch.frontier])
+                                                     {**c.tags, **tags, "rollout": True}, tools=c.tools)
+                                         for c in branch.frontier])
         for (s,) in answers:
             s.trainable = False
             s.group = ("rollout", s.problem_id, tags.get("path", ()))

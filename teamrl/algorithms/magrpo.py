@@ -234,7 +234,8 @@ class MAGRPO(Algorithm):
         deepest[0] = max(deepest[0], depth + 1)
         G, frontier = self.group_size, branch.frontier
         groups = await asyncio.gather(*[real.sample(c.role, c.messages, G, c.turn, 0, c.params,
-                                                    {**c.tags, "path": path, "depth": depth}) for c in frontier])
+                                                    {**c.tags, "path": path, "depth": depth}, tools=c.tools)
+                                        for c in frontier])
         joint = joint_indices(G, len(frontier), self.config.joint_mode)
         copies = [branch.extend([[groups[a][j]] for a, j in enumerate(idx)]) for idx in joint]
         branch.cancel()

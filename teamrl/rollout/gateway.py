@@ -7,7 +7,9 @@ base URL, ``http://HOST:PORT/episodes/<id>/v1``, and every ``chat.completions.cr
 flight shares it) and becomes a :class:`~teamrl.core.sample.Sample` of the role's policy, with the exact prompt ids
 (the chat template applied here, once), the sampled completion ids and their sampling log-probs. The
 response carries the token ids as vLLM does (``prompt_token_ids``; ``choices[i].token_ids``), so
-nothing is ever re-tokenised.
+nothing is ever re-tokenised. With ``tools``, an answer's tool-call text comes back as OpenAI ``tool_calls``
+(parsed by ``tool_parser``, :mod:`teamrl.rollout.tool_calls`; the Sample keeps the tokens as sampled), and each chat
+call that continues its agent's previous one is checked for a prefix break (:mod:`teamrl.rollout.chat_turns`).
 
 Endpoints (per episode, under ``/episodes/<id>``): ``POST /v1/chat/completions``,
 ``POST /v1/completions``, ``GET /v1/models`` (the roles), ``POST /reward``. Programs in other
@@ -45,17 +47,21 @@ from typing import Any, Callable, Hashable, Protocol
 
 from teamrl.core.config import option
 from teamrl.core.sample import Sample
-from teamrl.policies.chat import render_chat
+from teamrl.policies.chat import render_chat, supports_tools
 from teamrl.policies.router import role_type
 from teamrl.rollout.asgi import (MAX_JSON_DEPTH, AsgiServer, ConnectionLimits, RequestError, request_number,
                                  short_repr)
+from teamrl.rollout.chat_turns import continues, message_key, prefix_break, restore_sampled
 from teamrl.rollout.engine import GenerationRequest, SamplingParams
 from teamrl.rollout.scheduler import GenerationScheduler
+from teamrl.rollout.tool_calls import ToolChoice, ToolParse, parse_tool_calls, parser_for
+from teamrl.rollout.tool_calls import tool_choice as tool_choice_of
 
 BATCH_WAIT_LIMIT = 10  # a call waits at most this many batch windows for others to join its batch
 MAX_CLAIM_WAIT_S = 60.0  # the longest ``POST /episodes?wait=`` (seconds)
 CLAIM_POLL_S = 0.2  # a waiting claim looks this often whether its client is still connected
 EPISODE_PATH = re.compile(r"^/episodes/([^/]+)/")  # the routes of one episode
+MAX_BREAK_NOTES = 5  # prefix breaks named on stderr per gateway (all are counted)
 
 
 class EpisodeHost(Protocol):
@@ -111,6 +117,14 @@ class GatewayOptions:
         doc="open connections held at once (at most half the open-file limit); one "
         "over it closes the oldest that has sent no complete request (503)",
     )
+    tool_parser: str = option(
+        "hermes",
+        doc="how the model writes a tool call (a registered tool-call parser: hermes for Hermes/Qwen "
+        "<tool_call> blocks, llama3_json; or package.module:function); docs/gateway.md",
+    )
+
+    def __post_init__(self) -> None:
+        parser_for(self.tool_parser)  # an unknown parser fails when the config loads, naming the registered ones
 
 
 class ClientGone(Exception):
@@ -134,6 +148,9 @@ class GatewayEpisode:
     committed: list[Sample] = field(default_factory=list)
     reward: asyncio.Future | None = None  # external episodes: resolved by POST /reward
     rewarded: bool = False
+    sampled: dict[str, str] = field(default_factory=dict)  # tool call id -> the text it was parsed from
+    # role -> its last answered chat call: (message keys, prompt ids, each choice's completion ids)
+    last_call: dict[str, tuple[list[tuple], list[int], list[list[int]]]] = field(default_factory=dict)
 
 
 @dataclass
@@ -144,6 +161,10 @@ class GatewayStats:
     calls_withdrawn: int = 0  # the client disconnected before the answer: nothing recorded
     episodes_dropped: int = 0  # no reward in time
     episodes_finished: int = 0
+    tool_calls: int = 0  # answers returned as tool calls
+    tool_calls_malformed: int = 0  # answers with tool-call text that is no valid call (returned as text)
+    prefix_breaks: int = 0  # chat calls whose prompt does not hold the agent's previous turn as sampled
+    calls_streamed: int = 0  # chat answers sent as server-sent events (each recorded once, whole)
 
 
 class Gateway:
@@ -399,6 +420,9 @@ class Gateway:
         """Runs in the scheduler's loop: encode once, join the batch, return unrecorded Samples."""
         tok = ep.ctx.tokenizer
         if chat:
+            if not supports_tools(tok):  # the fallback rendering shows the model its own tool-call text
+                with self._lock:
+                    prompt = restore_sampled(prompt, ep.sampled)
             prompt_text = render_chat(tok, prompt, tools=tools)  # the template, applied once, here
             prompt_ids = tok(prompt_text, add_special_tokens=False)["input_ids"]
         elif isinstance(prompt, str):
@@ -449,24 +473,68 @@ class Gateway:
             for j, c in enumerate(completions)
         ]
 
-    def _commit(self, ep: GatewayEpisode, samples: list[Sample]) -> bool:
-        """Record ``samples`` (the answer is about to be written); False when the episode has closed."""
+    def _commit(self, ep: GatewayEpisode, samples: list[Sample], messages: list | None = None,
+                choice: ToolChoice | None = None) -> list[ToolParse | None] | None:
+        """Record ``samples`` (the answer is about to be written); None when the episode has closed. A chat
+        call's answers are parsed for tool calls (per ``choice``) and its prompt checked for a prefix break."""
+        parses = [self._parse(s, choice) if messages is not None else None for s in samples]
         with self._lock:
             if ep.closed:
-                return False
+                return None
             turn = sum(1 for s in ep.committed if s.role == samples[0].role and s.branch == 0)
-            for s in samples:
+            for s, parse in zip(samples, parses):
                 s.turn = turn  # the role's k-th answered call: groups compare the k-th calls of G episodes
+                if parse is not None and parse.errors:
+                    self.stats.tool_calls_malformed += 1
+                if parse is not None and parse.calls:
+                    self.stats.tool_calls += 1
+                    ep.sampled.update((c["id"], s.text) for c in parse.calls)
+            if messages is not None:
+                self._check_prefix(ep, samples, messages, turn)
             ep.committed += samples
             self.stats.calls_recorded += 1
-        return True
+        return parses
+
+    def _parse(self, sample: Sample, choice: ToolChoice | None) -> ToolParse | None:
+        """``sample``'s text parsed for tool calls (None: the request offered no tools); what it found goes into
+        ``sample.tags`` (``tool_calls``: the names, ``tool_call_errors``), for the reward and the logs."""
+        if choice is None or not choice.parses:
+            return None
+        parse = parse_tool_calls(sample.text, parser_for(self.options.tool_parser), choice,
+                                 [*sample.prompt_ids, -1, *sample.completion_ids])
+        sample.tags.update(parse.info())
+        return parse
+
+    def _check_prefix(self, ep: GatewayEpisode, samples: list[Sample], messages: list, turn: int) -> None:
+        """Count (and tag) a prefix break: the call continues the role's previous call, but its prompt is not that
+        call's prompt + completion token for token (hold the lock)."""
+        role = samples[0].role
+        previous = ep.last_call.get(role)
+        if previous is not None and continues(previous[0], messages):
+            eos = [ep.ctx.tokenizer.eos_token_id]
+            at = prefix_break(samples[0].prompt_ids, previous[1], previous[2], eos)
+            if at is not None:
+                self.stats.prefix_breaks += 1
+                for s in samples:
+                    s.tags["prefix_break"] = {"role": role, "turn": turn, "token": at}
+                if self.stats.prefix_breaks <= MAX_BREAK_NOTES:
+                    import sys
+
+                    print(f"teamrl gateway: prefix break: role {role!r} turn {turn} (episode {ep.id}): the prompt "
+                          f"differs from its previous prompt + sampled answer at token {at}; the chat template or the "
+                          "framework re-renders that answer (docs/gateway.md, 'Prefix breaks')", file=sys.stderr)
+        ep.last_call[role] = ([message_key(m) for m in messages], list(samples[0].prompt_ids),
+                              [list(s.completion_ids) for s in samples])
 
     async def serve_call(self, ep: GatewayEpisode, role: str, prompt: Any, chat: bool, tools: list | None,
-                         max_tokens: int | None, stop: list[str], n: int, disconnected: Any) -> list[Sample]:
-        """Generate for one request (in the episode's scheduler loop) and record it unless the client left.
+                         max_tokens: int | None, stop: list[str], n: int, disconnected: Any,
+                         tool_choice: Any = None) -> tuple[list[Sample], list[ToolParse | None]]:
+        """Generate for one request (in the episode's scheduler loop) and record it unless the client left;
+        the Samples and, for a chat call with ``tools``, each answer's tool calls (per ``tool_choice``).
 
         ``disconnected``: an ``async () -> bool`` polled while waiting. A client gone before the
         answer is ready gets nothing recorded (counted in ``stats.calls_withdrawn``)."""
+        choice = tool_choice_of(tools, tool_choice) if chat else None
         if not 1 <= n <= self.options.max_n:
             raise RequestError(
                 400, f"n={n}: this gateway samples 1 to {self.options.max_n} completions per request", "n"
@@ -495,9 +563,10 @@ class Gateway:
             with self._lock:
                 self.stats.calls_withdrawn += 1
             raise ClientGone(ep.id)
-        if not self._commit(ep, samples):
+        parses = self._commit(ep, samples, prompt if chat else None, choice)
+        if parses is None:
             raise RequestError(410, f"episode {ep.id!r} closed during the call (reward timeout?)", "episode")
-        return samples
+        return samples, parses
 
     def post_reward(self, ep: GatewayEpisode, body: dict[str, Any]) -> None:
         """An external episode's reward: resolves the episode in the scheduler's loop."""

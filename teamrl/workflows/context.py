@@ -33,9 +33,10 @@ from transformers import PreTrainedTokenizerBase
 from teamrl.core.config import InputError
 from teamrl.core.sample import Sample
 from teamrl.core.seeding import derive_seed
-from teamrl.policies.chat import Messages, encode_chat, render_chat
+from teamrl.policies.chat import Messages, render_chat
 from teamrl.rollout.engine import GenerationRequest, SamplingParams
 from teamrl.rollout.scheduler import GenerationScheduler
+from teamrl.rollout.tool_calls import ToolAnswer, answer_with_tools
 
 
 @dataclass
@@ -50,6 +51,7 @@ class Call:
     params: SamplingParams
     tags: dict[str, Any]
     samples: list[Sample] = field(default_factory=list)
+    tools: list[dict[str, Any]] | None = None  # OpenAI tool definitions shown to the model (the chat template's)
 
 
 @dataclass
@@ -100,10 +102,14 @@ class BaseContext:
         return self._sub_episodes
 
     async def generate(self, role: str, messages: Messages | str, turn: int | None = None, branch: int = 0,
-                       params: SamplingParams | None = None) -> str:
-        """Sample one completion for ``role`` and return its text."""
-        (sample,) = await self.generate_group(role, messages, n=1, turn=turn, branch=branch, params=params)
-        return sample.text
+                       params: SamplingParams | None = None, tools: list[dict[str, Any]] | None = None,
+                       tool_choice: Any = None, tool_parser: str = "hermes") -> str | ToolAnswer:
+        """Sample one completion for ``role`` and return its text. With ``tools`` (OpenAI tool definitions, shown
+        through the chat template or its fallback), a :class:`~teamrl.rollout.tool_calls.ToolAnswer`: the text,
+        with ``tool_calls`` parsed by ``tool_parser`` as the gateway parses them (``tool_choice`` likewise)."""
+        (sample,) = await self.generate_group(role, messages, n=1, turn=turn, branch=branch, params=params,
+                                              tools=tools)
+        return answer_with_tools(sample, tools, tool_choice, tool_parser) if tools else sample.text
 
     async def generate_group(
         self,
@@ -114,16 +120,17 @@ class BaseContext:
         branch: int = 0,
         params: SamplingParams | None = None,
         tags: dict | None = None,
+        tools: list[dict[str, Any]] | None = None,
     ) -> list[Sample]:
         """Sample ``n`` completions of one prompt for ``role`` (one prefill); return their Samples.
 
         The j-th sample gets ``branch = branch + j``; ``tags`` are added to the episode's tags.
-        ``turn`` defaults to the role's call position in this episode.
+        ``turn`` defaults to the role's call position in this episode; ``tools`` go to the chat template.
         """
         position = self._role_calls.get(role, 0)
         self._role_calls[role] = position + 1
         call = Call(len(self.calls), role, messages, n, position if turn is None else turn, params or self.params,
-                    {**self.tags, **(tags or {})})
+                    {**self.tags, **(tags or {})}, tools=tools)
         self.events.append(call)
         call.samples = await self._answer(call, branch)
         return call.samples
@@ -180,10 +187,12 @@ class SubEpisode:
         self._role_calls: dict[str, int] = {}
 
     async def generate(self, role: str, messages: Messages | str, turn: int | None = None, branch: int = 0,
-                       params: SamplingParams | None = None) -> str:
+                       params: SamplingParams | None = None, tools: list[dict[str, Any]] | None = None,
+                       tool_choice: Any = None, tool_parser: str = "hermes") -> str | ToolAnswer:
         """As :meth:`BaseContext.generate`, inside the sub-episode."""
-        (sample,) = await self.generate_group(role, messages, n=1, turn=turn, branch=branch, params=params)
-        return sample.text
+        (sample,) = await self.generate_group(role, messages, n=1, turn=turn, branch=branch, params=params,
+                                              tools=tools)
+        return answer_with_tools(sample, tools, tool_choice, tool_parser) if tools else sample.text
 
     async def generate_group(
         self,
@@ -194,6 +203,7 @@ class SubEpisode:
         branch: int = 0,
         params: SamplingParams | None = None,
         tags: dict | None = None,
+        tools: list[dict[str, Any]] | None = None,
     ) -> list[Sample]:
         """As :meth:`BaseContext.generate_group`; ``turn`` defaults to the call position in the sub-episode."""
         position = self._role_calls.get(role, 0)
@@ -206,6 +216,7 @@ class SubEpisode:
             branch=branch,
             params=params,
             tags={**self.tags, **(tags or {})},
+            tools=tools,
         )
 
     def reward(self, value: Any, role: str | None = None) -> None:
@@ -234,11 +245,14 @@ class EpisodeContext(BaseContext):
         self.samples: list[Sample] = []
 
     async def _answer(self, call: Call, branch: int) -> list[Sample]:
-        return await self.sample(call.role, call.messages, call.n, call.turn, branch, call.params, call.tags)
+        return await self.sample(call.role, call.messages, call.n, call.turn, branch, call.params, call.tags,
+                                 tools=call.tools)
 
     async def sample(self, role: str, messages: Messages | str, n: int, turn: int, branch: int,
-                     params: SamplingParams, tags: dict[str, Any]) -> list[Sample]:
-        """Generate and record ``n`` Samples (no call is logged: samplers use this to answer a branch's calls)."""
+                     params: SamplingParams, tags: dict[str, Any],
+                     tools: list[dict[str, Any]] | None = None) -> list[Sample]:
+        """Generate and record ``n`` Samples (no call is logged: samplers use this to answer a branch's calls);
+        ``tools``: the call's tool definitions, for the chat template."""
         try:
             policy = self.route(role)
         except KeyError as e:  # a role the workflow did not declare (nor a numbered instance of one)
@@ -247,8 +261,8 @@ class EpisodeContext(BaseContext):
                 f"{e.args[0] if e.args else e}; declare it in register_workflow(name, roles=(...)) or "
                 "call a declared role"
             ) from None
-        prompt_ids = encode_chat(self.tokenizer, messages)
-        prompt_text = render_chat(self.tokenizer, messages)
+        prompt_text = render_chat(self.tokenizer, messages, tools)
+        prompt_ids = self.tokenizer(prompt_text, add_special_tokens=False)["input_ids"]
         completions = await self.scheduler.generate(policy, GenerationRequest(prompt_ids, params, n=n))
         out = [Sample(
             role=role, policy=policy, problem_id=self.problem_id, prompt_ids=prompt_ids,

@@ -101,7 +101,7 @@ async def run_gateway_episode(name: str, episode_fn: Callable | None, roles: tup
     if client is not None and not dropped and not inspect.iscoroutinefunction(episode_fn):
         client.close()  # a dropped episode's thread may still use it: its calls get a 410
     if dropped:
-        return GatewayOutcome("", None, False, {"dropped": True, "calls": 0})
+        return GatewayOutcome("", None, False, {"dropped": True, "calls": 0, **call_stats([])})
     if external:
         team, per_role, correct = value
     else:
@@ -114,8 +114,25 @@ async def run_gateway_episode(name: str, episode_fn: Callable | None, roles: tup
         if own is not None:
             s.role_reward = own
     ctx.samples += samples
-    return GatewayOutcome("", None, team > 0 if correct is None else correct, {"dropped": False, "calls": len(samples)},
-                          team_reward=team)
+    return GatewayOutcome("", None, team > 0 if correct is None else correct,
+                          {"dropped": False, "calls": len(samples), **call_stats(samples)}, team_reward=team)
+
+
+CALL_STATS = ("tool_calls", "tool_calls_malformed", "prefix_breaks")
+
+
+def call_stats(samples: list) -> dict[str, int]:
+    """An episode's answers returned as tool calls, those whose tool-call text was malformed (returned as text) and
+    its calls whose prompt broke the agent's previous turn (the gateway's tags on each Sample)."""
+    return {"tool_calls": sum(bool(s.tags.get("tool_calls")) for s in samples),
+            "tool_calls_malformed": sum("tool_call_errors" in s.tags for s in samples),
+            "prefix_breaks": sum("prefix_break" in s.tags for s in samples)}
+
+
+def gateway_summary(outcomes: list) -> dict[str, float]:
+    """A step's gateway counts (metrics ``tool_calls``, ``tool_calls_malformed``, ``prefix_breaks``): sums over its
+    episodes."""
+    return {k: float(sum(o.stats.get(k, 0) for o in outcomes)) for k in CALL_STATS}
 
 
 def openai_workflow(name: str, roles: tuple[str, ...]) -> Callable[[Callable], Callable]:
@@ -129,7 +146,7 @@ def openai_workflow(name: str, roles: tuple[str, ...]) -> Callable[[Callable], C
         ) -> GatewayOutcome:
             return await run_gateway_episode(name, episode_fn, tuple(roles), ctx, task, problem, settings)
 
-        register_workflow(name, roles, options=GatewayOptions, replayable=False)(run)
+        register_workflow(name, roles, options=GatewayOptions, replayable=False, summary=gateway_summary)(run)
         episode_fn.teamrl_workflow = run.teamrl_workflow  # type: ignore[attr-defined]
         return episode_fn
 
@@ -142,5 +159,5 @@ def external_workflow(name: str, roles: tuple[str, ...]) -> Any:
     async def run(ctx: EpisodeContext, task: SolveTask, problem: Problem, settings: GatewayOptions) -> GatewayOutcome:
         return await run_gateway_episode(name, None, tuple(roles), ctx, task, problem, settings)
 
-    register_workflow(name, roles, options=GatewayOptions, replayable=False)(run)
+    register_workflow(name, roles, options=GatewayOptions, replayable=False, summary=gateway_summary)(run)
     return run.teamrl_workflow
