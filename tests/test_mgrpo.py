@@ -326,7 +326,7 @@ def test_decoupled_ray_equals_in_process_and_a_killed_worker_fails_clearly(tmp_p
     # both agents really learned, so the comparison below is not vacuous
     assert all(r["sub_calls_per_rollout"] > 0 for r in rec_a)
     assert any(r["grad_norm/main"] > 0 for r in rec_a) and any(r["grad_norm/sub"] > 0 for r in rec_a)
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)  # never another run's Ray
     try:
         tr, rec_b, w_b = _decoupled_run(tmp_path, "ray")
         for a, b in zip(rec_a, rec_b):
