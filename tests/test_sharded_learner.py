@@ -51,9 +51,13 @@ def _pair(setup: str, *extra: str):
 
 
 def _samples(policy: str, roles: list[str], step: int, tok, n: int = 8, long_tail: bool = False) -> list[Sample]:
-    """``n`` samples of ``policy``: prompt groups of 3 (shared prompts), lengths and advantages that vary (one 0),
+    """``n`` samples of ``policy``: prompt groups of 3 (shared prompts), lengths and advantages that vary (some 0),
     finite sampling log-probs; ``long_tail``: the second half much longer (ranks get different token counts)."""
     g = torch.Generator().manual_seed(1000 * step + len(policy))
+    # advantage 0: one sample; MAGRPO's "long" also the one sample of rank 0's share of its second step (it computes
+    # nothing while rank 1 does); "short" every sample of step 1 (the optimizer steps on a zero gradient)
+    zero = (lambda i: i in (2, 5)) if policy == "long" else (lambda i: True) if (policy, step) == ("short", 1) \
+        else (lambda i: i == 2)
     out = []
     for i in range(n):
         length = (12 if long_tail and i >= n // 2 else 1) + int(torch.randint(0, 6, (1,), generator=g))
@@ -63,7 +67,7 @@ def _samples(policy: str, roles: list[str], step: int, tok, n: int = 8, long_tai
                           prompt_ids=[256, 60 + i // 3, 61 + (i // 3) % 2] + ([90 + i] if policy in ("main", "sub") else []),
                           completion_ids=completion,
                           sampling_logprobs=[-4.0 + 0.1 * float(torch.randn(1, generator=g)) for _ in completion],
-                          advantage=0.0 if i == 2 else float(torch.randn(1, generator=g))))
+                          advantage=0.0 if zero(i) else float(torch.randn(1, generator=g))))
     return out
 
 
@@ -173,6 +177,18 @@ def _count_checkpoints(rank_actor) -> int:
 
         ckpt.checkpoint = counted
     return ckpt._calls[0]
+
+
+def test_a_nonfinite_loss_on_one_rank_skips_the_step_on_every_rank(lora_pair):
+    local, sharded, tok, reset = lora_pair
+    reset(local, sharded)
+    batch = _batch("grpo_lora", 0, tok, LossConfig())
+    batch.parts["shared"][0][-1].advantage = float("nan")  # in rank 1's share only
+    before = sharded.weights("shared")
+    a, b = local.update(batch), sharded.update(batch)
+    print(f"non-finite on rank 1: 1 rank {a}, 2 ranks {b}")
+    assert a == b and b["shared"][0]["skipped_steps"] == 1.0
+    assert all(torch.equal(before[k], v) for k, v in sharded.weights("shared").items())
 
 
 def _rank_normaliser(rank_actor):
@@ -290,3 +306,33 @@ def test_impossible_rank_settings_fail_in_one_line(tmp_path):
     cfg = load_config(None, ["policy.placement=ray", "policy.ranks={nobody: 2}"])
     with pytest.raises(ConfigError, match=r"policy.ranks: 'nobody' is not a worker; the workers are \['shared'\]"):
         worker_groups(cfg, ["shared"])
+
+
+def test_a_run_on_two_ranks_trains_publishes_saves_and_resumes_as_one_rank(local_ray, tmp_path):  # noqa: F811
+    """Through the trainer: the driver's copy gets the ranks' weights, and a checkpoint of the 2-rank run resumes in
+    one process with the uninterrupted 1-rank run's next step."""
+    from teamrl.trainer.trainer import Trainer
+    from tests.test_placement import COMMON as RUN
+
+    def cfg(name, *extra):
+        return load_config(None, [*RUN, "algorithm=grpo", "task.name=word_count", "train.lr=0.0001", "train.steps=3",
+                                  "run.save_every=1", f"run.dir={tmp_path}", f"name={name}", *extra])
+
+    reference = Trainer(cfg("local")).train()
+    tr = Trainer(cfg("sharded", "policy.placement=ray", "policy.ranks={shared: 2}"))
+    try:
+        assert type(tr.learner).__name__ == "ShardedLearner"
+        for _ in range(2):
+            tr.train_step()
+        trained = tr.learner.state("shared")[0]
+        driver = tr.router.policies["shared"].named_state()  # what the next rollout samples with
+        assert all(torch.equal(driver[k], v) for k, v in trained.items())
+    finally:
+        tr.shutdown()
+    resumed = Trainer(cfg("sharded"), resume=True)  # placement local: one process
+    assert resumed.step == 2
+    records = resumed.train()  # the run's records: its two steps on 2 ranks, the third in one process
+    keys = [k for k in reference[-1] if k.startswith(("loss/", "grad_norm/", "reward_mean", "completion_len"))]
+    diffs = {k: max(abs(a[k] - b[k]) / max(1.0, abs(a[k])) for a, b in zip(reference, records)) for k in keys}
+    print(f"trainer, 2 ranks then resumed at 1 vs 1 rank: max differences {diffs}")
+    assert [r["step"] for r in records] == [1, 2, 3] and all(d <= TOL for d in diffs.values()), diffs
