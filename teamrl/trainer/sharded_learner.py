@@ -359,7 +359,10 @@ class ShardedLearner:
             self._fail(worker, died[0][0], died[0][1], f"died ({type(died[0][1]).__name__})")
         cause = getattr(error, "cause", None) or error
         line = next((s for s in str(cause).splitlines() if s.strip()), type(cause).__name__)
-        self._fail(worker, rank, error, f"failed: {type(cause).__name__}: {line}")
+        pids = self.pids.get(worker, [])
+        silent = "".join(f"; rank {r} (pid {pids[r] if r < len(pids) else '?'}) gave no answer (hung?)"
+                         for r in sorted(pending.values()))
+        self._fail(worker, rank, error, f"failed: {type(cause).__name__}: {line}{silent}")
 
     def _fail(self, worker: str, rank: int, error: Exception | None, what: str) -> None:
         pids = self.pids.get(worker, [])
