@@ -29,7 +29,8 @@ COMMON = ["model=tiny-random", "threads=1", "policy.lora.r=4", "train.lr=0.0001"
 # name -> (the team's roles, the overrides); every worker on 2 ranks
 SETUPS = {
     "grpo_lora": (["agent", "critic"], ["policy.ranks={shared: 2}"]),
-    "grpo_full": (["agent", "critic"], ["policy.lora=null", "policy.ranks={shared: 2}"]),
+    # with a KL term: a reference copy of the model, not sharded
+    "grpo_full": (["agent", "critic"], ["policy.lora=null", "policy.ranks={shared: 2}", "train.loss.kl_coef=0.05"]),
     # MAGRPO: two adapters on one base, one worker of 2 ranks
     "magrpo": (["short", "long"], ["policy.mode=lora_per_role", "policy.workers={base: [short, long]}",
                                    "policy.ranks={base: 2}"]),
@@ -154,7 +155,9 @@ def test_two_ranks_equal_one(local_ray, setup):  # noqa: F811
         initial = {n: {k: v.clone() for k, v in w.items()} for n, w in initial.items()}
         ranks = sharded.ranks["base" if setup != "grpo_full" else "shared"]
         ray.get([r.__ray_call__.remote(_count_checkpoints) for r in ranks])
-        (a, b), (wa, wb) = _steps([local, sharded], setup, tok, LossConfig(aggregation="seq_mean_token_mean"))
+        # MAGRPO: 2 PPO epochs (old log-probs computed first) and a KL term (the base with the adapter off)
+        loss = LossConfig(aggregation="seq_mean_token_mean", kl_coef=0.0 if setup == "mgrpo_separate" else 0.05)
+        (a, b), (wa, wb) = _steps([local, sharded], setup, tok, loss, ppo_epochs=2 if setup == "magrpo" else 1)
         for n in wa:  # the weights moved: the comparison is not vacuous
             assert any(not torch.equal(initial[n][k], v) for k, v in wa[n].items()), n
         recomputed = ray.get([r.__ray_call__.remote(_count_checkpoints) for r in ranks])

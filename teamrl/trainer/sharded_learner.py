@@ -11,10 +11,12 @@ Data parallel, exactly: each rank gets a contiguous, disjoint share of every ste
 :func:`~teamrl.trainer.update.update_policy_steps` with :class:`GroupRanks`, so that the normalisers of every loss
 aggregation (tokens, samples) are summed over the ranks before any loss is divided by them, the gradients are summed
 (FSDP's division by N switched off), and the gradient norm (clipping, per role), loss, KL, clip share, entropy, tokens
-and importance-weight statistics are those of all ranks' samples: N ranks give the step 1 rank gives. An update
-gathers a policy's parameters once (all-gather), runs every pass locally without communication, reduces the gradients
-once per optimizer step (one more 1-token pass carries FSDP's reduce-scatter, on every rank, so a rank with no samples
-takes part too) and frees the gathered parameters at the end.
+and importance-weight statistics are those of all ranks' samples: N ranks give the step 1 rank gives. Every pass
+gathers one module's parameters at a time (all-gather before it, freed after it) and every backward pass sums its
+gradients into their shards (reduce-scatter), so the ranks must run as many passes as one another: with ranks, the
+update packs plain micro-batches (no shared prompt pass, whose passes differ in kind) and, after each phase (old
+log-probs, constant log-probs, each role type's passes), a rank that ran fewer passes runs empty 1-token ones until it
+ran as many as the rank that ran most (a rank with no samples takes part so).
 
 Checkpoints have the one-process format: :meth:`ShardedLearner.state` gathers the full weights and optimizer state
 (the optimizer's by parameter index, as ``torch.optim`` keeps it), :meth:`ShardedLearner.load_state` gives each rank
@@ -55,15 +57,8 @@ def _fsdp_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
     return [m for m in model.modules() if isinstance(m, FSDPModule)]
 
 
-def gather(model: torch.nn.Module) -> None:
-    """All-gather ``model``'s sharded parameters (every FSDP module of it; a collective): until :func:`release` the
-    passes run on full parameters without communication."""
-    for m in _fsdp_modules(model):
-        m.unshard()
-
-
 def release(model: torch.nn.Module) -> None:
-    """Free the parameters :func:`gather` gathered (local)."""
+    """Free whatever parameters of ``model`` are gathered (local: no collective)."""
     for m in _fsdp_modules(model):
         m.reshard()
 
@@ -99,8 +94,8 @@ def _checkpointed(forward: Callable[..., Any]) -> Callable[..., Any]:
 
 def shard_model(model: torch.nn.Module, mesh: Any, on_cuda: bool, checkpointing: bool) -> None:
     """FSDP2 on ``model``: each decoder layer (the classes in transformers' ``_no_split_modules``), then the model;
-    on CUDA in bf16 with fp32 gradient reduction. Gradients are summed over the ranks, not averaged, and nothing
-    is resharded or reduced inside an update (:class:`GroupRanks` decides when)."""
+    on CUDA in bf16 with fp32 gradient reduction. Every pass gathers each module's parameters before it and frees them
+    after it, and every backward pass sums (not averages) the gradients over the ranks into their shards."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
@@ -120,9 +115,7 @@ def shard_model(model: torch.nn.Module, mesh: Any, on_cuda: bool, checkpointing:
     for m in _fsdp_modules(model):
         m.set_gradient_divide_factor(1.0)  # each rank's loss is already divided by every rank's count
         m.set_force_sum_reduction_for_comms(True)  # a plain sum (gloo has no pre-multiplied one)
-    model.set_reshard_after_forward(False)
-    model.set_reshard_after_backward(False)
-    model.set_requires_gradient_sync(False)
+    model.set_reshard_after_forward(True)  # the model too: one layer's parameters gathered at a time
 
 
 class GroupRanks:
@@ -148,26 +141,20 @@ class GroupRanks:
         dist.all_gather_object(out, obj)
         return out
 
-    def reduce_grads(self, policy: Policy) -> None:
-        """FSDP's reduce-scatter of the gradients accumulated since the last one, carried by a 1-token pass of zero
-        loss that every rank runs (a rank without samples too)."""
-        model = policy.model
-        model.set_requires_gradient_sync(True)
-        try:
-            out = model(input_ids=torch.zeros((1, 1), dtype=torch.long, device=self.device), use_cache=False)
-            (out.logits.float().sum() * 0.0).backward()
-        finally:
-            model.set_requires_gradient_sync(False)
+    def empty_passes(self, policy: Policy, passes: int, backward: bool) -> None:
+        """Passes of one token and zero loss (they add nothing): their FSDP all-gathers (and reduce-scatters) pair up
+        with another rank's real passes."""
+        for _ in range(passes):
+            ids = torch.zeros((1, 1), dtype=torch.long, device=self.device)
+            with torch.set_grad_enabled(backward):
+                logits = policy.model(input_ids=ids, use_cache=False).logits
+            if backward:
+                (logits.float().sum() * 0.0).backward()
 
-    def local_grad(self, params: Sequence[torch.nn.Parameter]) -> torch.Tensor:
+    def local_grads(self, params: Sequence[torch.nn.Parameter]) -> list[torch.Tensor]:
         local = [p.to_local() if isinstance(p, DTensor) else p for p in params]
         grads = [p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad for p in params]
-        return torch.cat([(g if g is not None else torch.zeros_like(x)).reshape(-1).float()
-                          for g, x in zip(grads, local)])
-
-    def stepped(self, policy: Policy) -> None:
-        release(policy.model)
-        gather(policy.model)
+        return [g if g is not None else torch.zeros_like(x) for g, x in zip(grads, local)]
 
 
 class ShardRank(RayPolicyWorker):
@@ -212,12 +199,10 @@ class ShardRank(RayPolicyWorker):
                eos_ids: Sequence[int]) -> dict[str, Any]:
         """This rank's shares of policy ``name``'s steps (every step, an empty share included)."""
         policy = self.policy(name)
-        with policy.active():
-            gather(policy.model)
-            try:
-                steps = update_policy_steps(policy, parts, params, pad_id, eos_ids, ranks=self.ranks)
-            finally:
-                release(policy.model)
+        try:
+            steps = update_policy_steps(policy, parts, params, pad_id, eos_ids, ranks=self.ranks)
+        finally:
+            release(policy.model)
         trim_freed_memory()
         return {"steps": steps, "version": policy.version}
 

@@ -208,9 +208,10 @@ def _flat_grad(params: list[torch.nn.Parameter]) -> torch.Tensor:
     return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
 
 
-def _pack(prompts: list[list[int]], completions: list[list[int]], pad_id: int):
-    """A shared-prefix batch when prompts repeat (one prompt pass per distinct prompt), else a plain one."""
-    if len({tuple(p) for p in prompts}) < len(prompts):
+def _pack(prompts: list[list[int]], completions: list[list[int]], pad_id: int, share: bool = True):
+    """A shared-prefix batch when prompts repeat (one prompt pass per distinct prompt) and ``share``, else a plain
+    one."""
+    if share and len({tuple(p) for p in prompts}) < len(prompts):
         return build_shared_prefix_batch(prompts, completions, pad_id)
     return build_token_batch(prompts, completions, pad_id)
 
@@ -229,7 +230,7 @@ def _logprobs(model, batch, temperature: Temperature, with_entropy: bool = False
 
 
 def policy_logprobs(
-    policy: Policy, samples: Sequence[Sample], settings: UpdateParams, pad_id: int
+    policy: Policy, samples: Sequence[Sample], settings: UpdateParams, pad_id: int, ranks: Ranks | None = None
 ) -> list[torch.Tensor]:
     """Each sample's completion log-probs under ``policy``'s current weights (1-D, no gradient).
 
@@ -237,18 +238,21 @@ def policy_logprobs(
     policy's log-probs that every later step's ratio and clip are measured against.
     """
     out: list[torch.Tensor] = []
-    if not samples:
+    if not samples and ranks is None:
         return out
     dev = next(iter(policy.parameters())).device
+    extra = _extra_passes(ranks, -(-len(samples) // settings.micro_batch_size))
     with policy.active() as model, torch.no_grad():
         model.train()  # the mode update_policy computes its log-probs in
         for start in range(0, len(samples), settings.micro_batch_size):
             part = samples[start:start + settings.micro_batch_size]
-            batch = _pack([s.prompt_ids for s in part], [s.completion_ids for s in part], pad_id)
+            batch = _pack([s.prompt_ids for s in part], [s.completion_ids for s in part], pad_id, ranks is None)
             if dev.type != "cpu":
                 batch = to_device(batch, dev)
             logp = _logprobs(model, batch, sample_temperatures(part))[0].float().cpu()
             out += [row[:len(s.completion_ids)] for row, s in zip(logp, part)]
+        if extra:
+            ranks.empty_passes(policy, extra, backward=False)
     return out
 
 
@@ -269,17 +273,20 @@ class Ranks(Protocol):
         """``obj`` of every rank, in rank order."""
         ...
 
-    def reduce_grads(self, policy: Policy) -> None:
-        """Sum into ``policy``'s sharded gradients what every rank's passes since the last call added."""
+    def empty_passes(self, policy: Policy, passes: int, backward: bool) -> None:
+        """Run ``passes`` empty forward passes of ``policy``'s model (each with its backward pass: ``backward``) that
+        add nothing, so that this rank runs as many passes as the rank that runs most (see :func:`_extra_passes`)."""
         ...
 
-    def local_grad(self, params: Sequence[torch.nn.Parameter]) -> torch.Tensor:
-        """This rank's share of the (reduced) gradient of ``params``, flat (zeros where a parameter has none)."""
+    def local_grads(self, params: Sequence[torch.nn.Parameter]) -> list[torch.Tensor]:
+        """This rank's share of each (reduced) gradient of ``params`` (zeros where a parameter has none)."""
         ...
 
-    def stepped(self, policy: Policy) -> None:
-        """``policy``'s optimizer stepped: the weights its next passes compute with are the new ones."""
-        ...
+
+def _extra_passes(ranks: Ranks | None, planned: int) -> int:
+    """How many empty passes this rank must add to its ``planned`` ones of a phase so that every rank runs as many
+    (each pass's collectives then pair up across the ranks); 0 without ranks. A collective: before the phase."""
+    return 0 if ranks is None else int(ranks.all_max([planned])[0]) - planned
 
 
 def _contributes(sample: Sample, loss: LossConfig) -> bool:
@@ -288,10 +295,12 @@ def _contributes(sample: Sample, loss: LossConfig) -> bool:
     return loss.kl_coef > 0 or sample.advantage != 0
 
 
-def _old_logprobs(policy: Policy, samples: Sequence[Sample], settings: UpdateParams, pad_id: int) -> list[torch.Tensor]:
+def _old_logprobs(policy: Policy, samples: Sequence[Sample], settings: UpdateParams, pad_id: int,
+                  ranks: Ranks | None = None) -> list[torch.Tensor]:
     """:func:`policy_logprobs` for the samples :func:`update_policy` will compute; zeros (unread) for
     those it skips."""
-    computed = iter(policy_logprobs(policy, [s for s in samples if _contributes(s, settings.loss)], settings, pad_id))
+    computed = iter(policy_logprobs(policy, [s for s in samples if _contributes(s, settings.loss)], settings, pad_id,
+                                    ranks))
     return [next(computed) if _contributes(s, settings.loss) else torch.zeros(len(s.completion_ids)) for s in samples]
 
 
@@ -309,7 +318,7 @@ def update_policy_steps(policy: Policy, parts: Sequence[Sequence[Sample]], setti
     parts = [list(p) for p in parts if ranks is not None or any(s.completion_ids for s in p)]
     if len(parts) < 2:
         return [update_policy(policy, p, settings, pad_id, eos_ids, ranks=ranks) for p in parts]
-    old = [_old_logprobs(policy, p, settings, pad_id) for p in parts]
+    old = [_old_logprobs(policy, p, settings, pad_id, ranks) for p in parts]
     return [update_policy(policy, p, settings, pad_id, eos_ids, old_logprobs=o, ranks=ranks)
             for p, o in zip(parts, old)]
 
@@ -359,13 +368,10 @@ def update_policy(policy: Policy, samples: Sequence[Sample], settings: UpdatePar
         check_sampling_logprobs(samples, settings.loss.importance_correction)
     plan = _plan_update(samples, settings, pad_id, eos_ids, next(iter(policy.parameters())).device, ranks)
     if not plan.computes:  # every advantage 0, no KL term: the optimizer still steps on the zero gradient
-        stats = _zero_gradient_step(policy, plan.total_tokens, settings.ppo_epochs)
-        if ranks is not None:
-            ranks.stepped(policy)
-        return {**stats, **plan.zero_roles}
+        return {**_zero_gradient_step(policy, plan.total_tokens, settings.ppo_epochs), **plan.zero_roles}
     with policy.active() as model:
         model.train()
-        _constant_logprobs(policy, model, plan, given_old, settings)
+        _constant_logprobs(policy, model, plan, given_old, settings, ranks)
         totals = _UpdateTotals()
         grad_norm = _optimizer_steps(policy, model, plan, settings, totals, ranks)
         if ranks is not None and grad_norm is not None:
@@ -446,15 +452,16 @@ def _plan_update(samples: list[Sample], settings: UpdateParams, pad_id: int, eos
     samples = sorted(samples, key=lambda s: (roles.setdefault(role_of(s), len(roles)), first[tuple(s.prompt_ids)]))
     adv = torch.tensor([s.advantage for s in samples], dtype=torch.float32)
     names = [role_of(s) for s in samples]
-    parts = []
+    parts, size = [], settings.micro_batch_size
     for r in roles:  # micro-batches never mix role types
         start, end = names.index(r), len(names) - names[::-1].index(r)
+        # with ranks, plain passes of at most micro_batch_size (every pass then has one shape of collectives)
         parts += [slice(sl.start + start, sl.stop + start) for sl in _plan_micro_batches(
             [tuple(s.prompt_ids) for s in samples[start:end]], [len(s.completion_ids) for s in samples[start:end]],
-            settings.micro_batch_size)]
+            size)] if ranks is None else [slice(i, min(i + size, end)) for i in range(start, end, size)]
     micro_batches = []
     for sl in parts:
-        b = _pack([s.prompt_ids for s in samples[sl]], [s.completion_ids for s in samples[sl]], pad_id)
+        b = _pack([s.prompt_ids for s in samples[sl]], [s.completion_ids for s in samples[sl]], pad_id, ranks is None)
         m = completion_mask(b.completion_ids, list(eos_ids), b.completion_pad_mask)
         # each sample's log-probs at the temperature it was drawn at (roles of one policy may sample at different ones)
         t = sample_temperatures(samples[sl])
@@ -476,11 +483,14 @@ def _plan_update(samples: list[Sample], settings: UpdateParams, pad_id: int, eos
 
 
 def _constant_logprobs(policy: Policy, model: torch.nn.Module, plan: _UpdatePlan, given_old: dict[int, torch.Tensor],
-                       settings: UpdateParams) -> None:
+                       settings: UpdateParams, ranks: Ranks | None = None) -> None:
     """Fill each micro-batch's old log-probs (given, or computed once before the first of several PPO epochs; with one
     epoch they are the detached current ones), reference log-probs (KL term) and sampling log-probs (importance
     correction)."""
     cfg, dev = settings.loss, plan.advantages.device
+    # passes of the policy's own model per micro-batch (a full-weight policy's reference is another model)
+    per_batch = int(not given_old and settings.ppo_epochs > 1) + int(cfg.kl_coef > 0 and policy.adapter is not None)
+    extra = _extra_passes(ranks, per_batch * len(plan.micro_batches))
     with torch.no_grad():
         for mb in plan.micro_batches:
             if given_old:
@@ -495,6 +505,8 @@ def _constant_logprobs(policy: Policy, model: torch.nn.Module, plan: _UpdatePlan
             if cfg.importance_correction != "none":
                 mb.sampling = _padded([s.sampling_logprobs for s in plan.samples[mb.rows]],
                                       mb.batch.completion_len).to(device=dev)
+        if extra:
+            ranks.empty_passes(policy, extra, backward=False)
 
 
 @dataclass
@@ -603,18 +615,19 @@ def _ranked_backward(policy: Policy, model: torch.nn.Module, plan: _UpdatePlan, 
     by_role = last and settings.role_grad_norms
     before = None
     for role in plan.roles:
-        for mb in plan.micro_batches:
-            if mb.role == role:
-                _backward(model, mb, plan, settings, totals, last, epoch)
+        mine = [mb for mb in plan.micro_batches if mb.role == role]
+        extra = _extra_passes(ranks, len(mine))
+        for mb in mine:
+            _backward(model, mb, plan, settings, totals, last, epoch)
+        if extra:
+            ranks.empty_passes(policy, extra, backward=True)
         if by_role:  # the gradient this role type's micro-batches added, on every rank
-            ranks.reduce_grads(policy)
-            now = ranks.local_grad(params)
+            now = torch.cat([g.reshape(-1) for g in ranks.local_grads(params)])
             part = now if before is None else now - before
-            totals.by_role[f"grad_norm@{role}"] = math.sqrt(ranks.all_sum([float(part.double().square().sum())])[0])
+            totals.by_role[f"grad_norm@{role}"] = math.sqrt(ranks.all_sum([float(part.norm()) ** 2])[0])
             before = now
-    if not (by_role and plan.roles):
-        ranks.reduce_grads(policy)
-    grad_norm = math.sqrt(ranks.all_sum([float(ranks.local_grad(params).double().square().sum())])[0])
+    # per-parameter norms, as clip_grad_norm_ takes them (no flat copy of the gradient)
+    grad_norm = math.sqrt(ranks.all_sum([sum(float(g.norm()) ** 2 for g in ranks.local_grads(params))])[0])
     coef = min(1.0, settings.max_grad_norm / (grad_norm + 1e-6))  # as clip_grad_norm_ clips
     with torch.no_grad():
         for p in params:
@@ -658,7 +671,5 @@ def _optimizer_steps(policy: Policy, model: torch.nn.Module, plan: _UpdatePlan, 
             policy.optimizer.zero_grad(set_to_none=True)
             return None
         policy.step()
-        if ranks is not None:
-            ranks.stepped(policy)
     policy.optimizer.zero_grad(set_to_none=True)
     return grad_norm
