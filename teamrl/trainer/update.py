@@ -627,7 +627,8 @@ def _ranked_backward(policy: Policy, model: torch.nn.Module, plan: _UpdatePlan, 
             totals.by_role[f"grad_norm@{role}"] = math.sqrt(ranks.all_sum([float(part.norm()) ** 2])[0])
             before = now
     # per-parameter norms, as clip_grad_norm_ takes them (no flat copy of the gradient)
-    grad_norm = math.sqrt(ranks.all_sum([sum(float(g.norm()) ** 2 for g in ranks.local_grads(params))])[0])
+    grad_norm = math.sqrt(ranks.all_sum([sum(float(torch.linalg.vector_norm(g, dtype=torch.float32)) ** 2
+                                              for g in ranks.local_grads(params))])[0])
     coef = min(1.0, settings.max_grad_norm / (grad_norm + 1e-6))  # as clip_grad_norm_ clips
     with torch.no_grad():
         for p in params:
