@@ -305,6 +305,9 @@ def test_impossible_rank_settings_fail_in_one_line(tmp_path):
         load_config(None, ["policy.ranks={shared: 2}"])
     with pytest.raises(ConfigError, match=r"policy.ranks.shared: expected a whole number of ranks >= 1, got 0"):
         load_config(None, ["policy.placement=ray", "policy.ranks={shared: 0}"])
+    with pytest.raises(ConfigError, match=r"policy.resources.shared.num_gpus: 0.5 with policy.ranks.shared=2: each "
+                                          r"rank needs whole GPUs"):
+        load_config(None, ["policy.placement=ray", "policy.ranks={shared: 2}", "policy.resources={shared: {num_gpus: 0.5}}"])
     from teamrl.trainer.learner import worker_groups
 
     cfg = load_config(None, ["policy.placement=ray", "policy.ranks={nobody: 2}"])

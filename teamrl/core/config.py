@@ -621,6 +621,10 @@ def _check_placement(p: PolicyConfig) -> None:
         if n > 1 and p.placement != "ray":
             raise ConfigError(f"policy.ranks.{worker}: {n} ranks need policy.placement=ray (each rank is a Ray actor); "
                               f"placement is {p.placement!r}")
+        gpus = p.resources.get(worker, {}).get("num_gpus", 0)
+        if n > 1 and 0 < gpus < 1:
+            raise ConfigError(f"policy.resources.{worker}.num_gpus: {gpus} with policy.ranks.{worker}={n}: each rank "
+                              "needs whole GPUs (NCCL cannot put two ranks of one group on one GPU)")
 
 
 def _check_ray_resources(key: str, res: Any) -> None:
