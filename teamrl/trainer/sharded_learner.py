@@ -207,8 +207,10 @@ class ShardRank(RayPolicyWorker):
         return {"steps": steps, "version": policy.version}
 
     def adapter_state(self, name: str) -> dict[str, torch.Tensor]:
-        """Policy ``name``'s full trainable weights, CPU copies (gathered from every rank)."""
-        return {k: _full(v) for k, v in self.policy(name).named_state().items()}
+        """Policy ``name``'s full trainable weights, CPU copies (gathered from every rank; rank 0 returns them, the
+        others an empty dict: one copy crosses to the driver)."""
+        full = {k: _full(v) for k, v in self.policy(name).named_state().items()}
+        return full if self.rank == 0 else {}
 
     def load_adapter_state(self, name: str, state: dict[str, torch.Tensor]) -> int:
         """Take this rank's share of full weights ``state``; returns the policy's new version."""
@@ -230,7 +232,7 @@ class ShardRank(RayPolicyWorker):
         sd = self.policy(name).optimizer.state_dict()
         sd["state"] = {i: {k: _full(v) if isinstance(v, torch.Tensor) else v for k, v in st.items()}
                        for i, st in sorted(sd["state"].items())}
-        return sd
+        return sd if self.rank == 0 else {}
 
     def load_optimizer_state(self, name: str, state: dict[str, Any]) -> None:
         """Take this rank's share of an optimizer state with full tensors (saved by any number of ranks)."""
@@ -358,9 +360,13 @@ class ShardedLearner:
                            "restart the run with --resume to continue from the last checkpoint") from error
 
     def _on(self, policy: str, method: str, *args: Any) -> Any:
-        """``method(*args)`` on every rank of ``policy``'s worker; rank 0's answer (every rank's is the same)."""
+        """``method(*args)`` on every rank of ``policy``'s worker (the arguments stored once for all); rank 0's
+        answer."""
+        import ray
+
         w = self.worker_of[policy]
-        return self._all(w, [getattr(a, method).remote(*args) for a in self.ranks[w]])[0]
+        refs = [ray.put(a) for a in args] if len(self.ranks[w]) > 1 else args
+        return self._all(w, [getattr(a, method).remote(*refs) for a in self.ranks[w]])[0]
 
     def policy_names(self) -> list[str]:
         return list(self._names)
