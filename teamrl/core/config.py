@@ -87,6 +87,20 @@ class PolicyConfig:
                                       "already initialised in this process, else a local one (ray.init)")
     ray_timeout_s: float = option(600.0, gt=0, doc="ray: seconds to wait for a worker's answer before failing with an "
                                                    "error naming it")
+    ranks: dict[str, int] = option(
+        factory=dict,
+        doc="ray: worker name -> how many ranks train its policies together, e.g. {base: 2}: data parallel over one "
+        "torch.distributed group, parameters, gradients and optimizer state sharded (FSDP2), each rank a Ray actor "
+        "with the worker's policy.resources, all in one placement group (docs/scale.md); a worker not listed has 1",
+    )
+    collective_timeout_s: float = option(
+        600.0, gt=0, doc="policy.ranks above 1: seconds a rank waits for the others in a collective before its "
+        "update fails naming it"
+    )
+    activation_checkpointing: bool = option(
+        False, doc="policy.ranks above 1: recompute each decoder layer's activations in the backward pass instead "
+        "of keeping them from the forward (less memory, one more forward)"
+    )
 
 
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the --max-lora-rank values vLLM 0.32 accepts
@@ -601,6 +615,16 @@ def _check_placement(p: PolicyConfig) -> None:
             seen[n] = worker
     for worker, res in p.resources.items():
         _check_ray_resources(f"policy.resources.{worker}", res)
+    for worker, n in p.ranks.items():
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ConfigError(f"policy.ranks.{worker}: expected a whole number of ranks >= 1, got {n!r}")
+        if n > 1 and p.placement != "ray":
+            raise ConfigError(f"policy.ranks.{worker}: {n} ranks need policy.placement=ray (each rank is a Ray actor); "
+                              f"placement is {p.placement!r}")
+        gpus = p.resources.get(worker, {}).get("num_gpus", 0)
+        if n > 1 and 0 < gpus < 1:
+            raise ConfigError(f"policy.resources.{worker}.num_gpus: {gpus} with policy.ranks.{worker}={n}: each rank "
+                              "needs whole GPUs (NCCL cannot put two ranks of one group on one GPU)")
 
 
 def _check_ray_resources(key: str, res: Any) -> None:

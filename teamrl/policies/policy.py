@@ -50,6 +50,14 @@ class Policy:
         self.optimizer.step()
         self.version += 1
 
+    def rebind_parameters(self) -> None:
+        """Find this policy's parameters again after the model's were replaced (sharded by FSDP, whose parameters
+        are new objects), with a new optimizer over them (no steps taken yet)."""
+        self._params = self._own_parameters()
+        for p in self._params:
+            p.requires_grad_(True)
+        self.optimizer = torch.optim.AdamW(self._params, lr=self.lr, weight_decay=self.weight_decay)
+
     def _own_parameters(self) -> list[nn.Parameter]:
         if self.adapter is None:
             return [p for p in self.model.parameters()]

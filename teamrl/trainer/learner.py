@@ -145,9 +145,10 @@ def worker_groups(cfg: Config, policies: Sequence[str]) -> dict[str, list[str]]:
     missing = [p for p in policies if p not in placed]
     if missing:
         raise ConfigError(f"policy.workers: policies {missing} are on no worker; list every one of {list(policies)}")
-    extra = [w for w in cfg.policy.resources if w not in groups]
-    if extra:
-        raise ConfigError(f"policy.resources: {extra[0]!r} is not a worker; the workers are {list(groups)}")
+    for key in ("resources", "ranks"):
+        extra = [w for w in getattr(cfg.policy, key) if w not in groups]
+        if extra:
+            raise ConfigError(f"policy.{key}: {extra[0]!r} is not a worker; the workers are {list(groups)}")
     return groups
 
 
@@ -171,31 +172,41 @@ def own_copy(router: PolicyRouter) -> PolicyRouter:
     return copy.deepcopy(router, memo=shared)
 
 
+def actor_options(cfg: Config, worker: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The Ray actor options of one process of ``worker`` (``policy.resources.<worker>``, default
+    :data:`DEFAULT_WORKER_RESOURCES`): its resources, no restarts, and an environment that imports this very teamrl
+    (not another install) and keeps to its CPU share. Returns (options, the resources it asks for)."""
+    res = dict(cfg.policy.resources.get(worker, DEFAULT_WORKER_RESOURCES))
+    threads = cfg.threads or max(1, int(res.get("num_cpus", 1)))
+    env = {
+        "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")]),
+        "OMP_NUM_THREADS": str(threads),
+        "OMP_WAIT_POLICY": "PASSIVE",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+    asked = {"num_cpus": res.pop("num_cpus", 1), **res}
+    return {"runtime_env": {"env_vars": env}, "max_restarts": 0, **asked}, asked
+
+
+def start_ray(cfg: Config) -> None:
+    """Start Ray (``policy.ray_address``, else a local one) unless it runs in this process already."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(address=cfg.policy.ray_address or None, include_dashboard=False, log_to_driver=False)
+
+
 def start_actors(cfg: Config, groups: dict[str, tuple[list[str], dict[str, str]]]) -> dict[str, tuple[Any, dict]]:
     """One Ray actor per worker (``groups``: its roles and role map), with the resources ``policy.resources``
     asks for; starts Ray if none runs in this process. Worker name -> (actor handle, the resources it asked for)."""
     import ray
 
-    p = cfg.policy
-    if not ray.is_initialized():
-        ray.init(address=p.ray_address or None, include_dashboard=False, log_to_driver=False)
+    start_ray(cfg)
     actor_cls = ray.remote(RayPolicyWorker)
     actors = {}
     for worker, (roles, role_map) in groups.items():
-        res = dict(p.resources.get(worker, DEFAULT_WORKER_RESOURCES))
-        threads = cfg.threads or max(1, int(res.get("num_cpus", 1)))
-        # Workers import this very teamrl (not another install) and keep to their CPU share.
-        env = {
-            "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")]),
-            "OMP_NUM_THREADS": str(threads),
-            "OMP_WAIT_POLICY": "PASSIVE",
-            "TOKENIZERS_PARALLELISM": "false",
-        }
-        asked = {"num_cpus": res.pop("num_cpus", 1), **res}
-        actors[worker] = (
-            actor_cls.options(runtime_env={"env_vars": env}, max_restarts=0, **asked).remote(cfg, roles, role_map),
-            asked,
-        )
+        options, asked = actor_options(cfg, worker)
+        actors[worker] = (actor_cls.options(**options).remote(cfg, roles, role_map), asked)
     return actors
 
 
@@ -384,6 +395,10 @@ class RayLearner:
 def make_learner(cfg: Config, router: PolicyRouter, roles: Sequence[str], separate: bool) -> Learner:
     """The learner ``policy.placement`` asks for. ``separate`` (rollouts run ahead of the learner): a local learner
     trains its own copy of ``router``'s trainable weights, so that an update never writes what a rollout reads."""
+    if cfg.policy.placement == "ray" and any(n > 1 for n in cfg.policy.ranks.values()):
+        from teamrl.trainer.sharded_learner import ShardedLearner
+
+        return ShardedLearner(cfg, router, roles)
     if cfg.policy.placement == "ray":
         return RayLearner(cfg, router, roles)
     return LocalLearner(own_copy(router) if separate else router)

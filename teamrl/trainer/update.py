@@ -7,7 +7,7 @@ import functools
 import math
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Hashable, Sequence
+from typing import Any, Hashable, Protocol, Sequence
 
 import torch
 
@@ -208,9 +208,10 @@ def _flat_grad(params: list[torch.nn.Parameter]) -> torch.Tensor:
     return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
 
 
-def _pack(prompts: list[list[int]], completions: list[list[int]], pad_id: int):
-    """A shared-prefix batch when prompts repeat (one prompt pass per distinct prompt), else a plain one."""
-    if len({tuple(p) for p in prompts}) < len(prompts):
+def _pack(prompts: list[list[int]], completions: list[list[int]], pad_id: int, share: bool = True):
+    """A shared-prefix batch when prompts repeat (one prompt pass per distinct prompt) and ``share``, else a plain
+    one."""
+    if share and len({tuple(p) for p in prompts}) < len(prompts):
         return build_shared_prefix_batch(prompts, completions, pad_id)
     return build_token_batch(prompts, completions, pad_id)
 
@@ -229,7 +230,7 @@ def _logprobs(model, batch, temperature: Temperature, with_entropy: bool = False
 
 
 def policy_logprobs(
-    policy: Policy, samples: Sequence[Sample], settings: UpdateParams, pad_id: int
+    policy: Policy, samples: Sequence[Sample], settings: UpdateParams, pad_id: int, ranks: Ranks | None = None
 ) -> list[torch.Tensor]:
     """Each sample's completion log-probs under ``policy``'s current weights (1-D, no gradient).
 
@@ -237,19 +238,55 @@ def policy_logprobs(
     policy's log-probs that every later step's ratio and clip are measured against.
     """
     out: list[torch.Tensor] = []
-    if not samples:
+    if not samples and ranks is None:
         return out
     dev = next(iter(policy.parameters())).device
+    extra = _extra_passes(ranks, -(-len(samples) // settings.micro_batch_size))
     with policy.active() as model, torch.no_grad():
         model.train()  # the mode update_policy computes its log-probs in
         for start in range(0, len(samples), settings.micro_batch_size):
             part = samples[start:start + settings.micro_batch_size]
-            batch = _pack([s.prompt_ids for s in part], [s.completion_ids for s in part], pad_id)
+            batch = _pack([s.prompt_ids for s in part], [s.completion_ids for s in part], pad_id, ranks is None)
             if dev.type != "cpu":
                 batch = to_device(batch, dev)
             logp = _logprobs(model, batch, sample_temperatures(part))[0].float().cpu()
             out += [row[:len(s.completion_ids)] for row, s in zip(logp, part)]
+        if extra:
+            ranks.empty_passes(policy, extra, backward=False)
     return out
+
+
+class Ranks(Protocol):
+    """The ranks of one data-parallel group that an update of one policy is split over, each with a disjoint part of
+    its samples (:mod:`teamrl.trainer.sharded_learner`). Every rank makes the same calls in the same order; ``None``
+    wherever an update takes ``ranks``: this process alone, the update as it always was."""
+
+    def all_sum(self, values: Sequence[float]) -> list[float]:
+        """Each value summed over the ranks."""
+        ...
+
+    def all_max(self, values: Sequence[float]) -> list[float]:
+        """Each value's maximum over the ranks."""
+        ...
+
+    def all_objects(self, obj: Any) -> list[Any]:
+        """``obj`` of every rank, in rank order."""
+        ...
+
+    def empty_passes(self, policy: Policy, passes: int, backward: bool) -> None:
+        """Run ``passes`` empty forward passes of ``policy``'s model (each with its backward pass: ``backward``) that
+        add nothing, so that this rank runs as many passes as the rank that runs most (see :func:`_extra_passes`)."""
+        ...
+
+    def local_grads(self, params: Sequence[torch.nn.Parameter]) -> list[torch.Tensor]:
+        """This rank's share of each (reduced) gradient of ``params`` (zeros where a parameter has none)."""
+        ...
+
+
+def _extra_passes(ranks: Ranks | None, planned: int) -> int:
+    """How many empty passes this rank must add to its ``planned`` ones of a phase so that every rank runs as many
+    (each pass's collectives then pair up across the ranks); 0 without ranks. A collective: before the phase."""
+    return 0 if ranks is None else int(ranks.all_max([planned])[0]) - planned
 
 
 def _contributes(sample: Sample, loss: LossConfig) -> bool:
@@ -258,30 +295,37 @@ def _contributes(sample: Sample, loss: LossConfig) -> bool:
     return loss.kl_coef > 0 or sample.advantage != 0
 
 
-def _old_logprobs(policy: Policy, samples: Sequence[Sample], settings: UpdateParams, pad_id: int) -> list[torch.Tensor]:
+def _old_logprobs(policy: Policy, samples: Sequence[Sample], settings: UpdateParams, pad_id: int,
+                  ranks: Ranks | None = None) -> list[torch.Tensor]:
     """:func:`policy_logprobs` for the samples :func:`update_policy` will compute; zeros (unread) for
     those it skips."""
-    computed = iter(policy_logprobs(policy, [s for s in samples if _contributes(s, settings.loss)], settings, pad_id))
+    computed = iter(policy_logprobs(policy, [s for s in samples if _contributes(s, settings.loss)], settings, pad_id,
+                                    ranks))
     return [next(computed) if _contributes(s, settings.loss) else torch.zeros(len(s.completion_ids)) for s in samples]
 
 
 def update_policy_steps(policy: Policy, parts: Sequence[Sequence[Sample]], settings: UpdateParams, pad_id: int,
-                        eos_ids: Sequence[int]) -> list[dict[str, float]]:
+                        eos_ids: Sequence[int], ranks: Ranks | None = None) -> list[dict[str, float]]:
     """One :func:`update_policy` step per non-empty part, in order; returns each step's statistics.
 
     With several steps, the old log-probs of every part are computed once, before the first
     step, so that each later step's ratio and clip are measured against the policy that sampled
     (not against weights the earlier steps already moved).
+
+    With ``ranks``, ``parts`` are this rank's shares of steps whose samples have a completion on some rank (the
+    learner dropped the others): every part is a step, an empty one included.
     """
-    parts = [list(p) for p in parts if any(s.completion_ids for s in p)]
+    parts = [list(p) for p in parts if ranks is not None or any(s.completion_ids for s in p)]
     if len(parts) < 2:
-        return [update_policy(policy, p, settings, pad_id, eos_ids) for p in parts]
-    old = [_old_logprobs(policy, p, settings, pad_id) for p in parts]
-    return [update_policy(policy, p, settings, pad_id, eos_ids, old_logprobs=o) for p, o in zip(parts, old)]
+        return [update_policy(policy, p, settings, pad_id, eos_ids, ranks=ranks) for p in parts]
+    old = [_old_logprobs(policy, p, settings, pad_id, ranks) for p in parts]
+    return [update_policy(policy, p, settings, pad_id, eos_ids, old_logprobs=o, ranks=ranks)
+            for p, o in zip(parts, old)]
 
 
 def update_policy(policy: Policy, samples: Sequence[Sample], settings: UpdateParams, pad_id: int,
-                  eos_ids: Sequence[int], old_logprobs: Sequence[torch.Tensor] | None = None) -> dict[str, float]:
+                  eos_ids: Sequence[int], old_logprobs: Sequence[torch.Tensor] | None = None,
+                  ranks: Ranks | None = None) -> dict[str, float]:
     """Train ``policy`` on ``samples`` (which must all be its own) and return loss statistics.
 
     Micro-batches accumulate gradients with weights that make the result equal to one
@@ -308,24 +352,30 @@ def update_policy(policy: Policy, samples: Sequence[Sample], settings: UpdatePar
     against the old log-probs above (:func:`teamrl.losses.policy_loss.importance_weights`), and the
     statistics gain ``is_weight_mean``, ``is_weight_max``, ``is_weight_min``, ``is_truncated_frac`` and
     ``is_weight_count`` over the samples computed. With ``none`` the sampling log-probs are not read.
+
+    With ``ranks`` (:class:`Ranks`), ``samples`` are this rank's share of the step's: the normalisers (tokens,
+    samples, computed tokens), the gradient and its norms and every statistic are those of all ranks' samples together,
+    so that N ranks take the step one process takes on all of them.
     """
     foreign = {s.policy for s in samples} - {policy.name}
     if foreign:
         raise ValueError(f"policy {policy.name!r} was given samples of {sorted(foreign)}")
     given_old = _given_old_logprobs(samples, old_logprobs)
     samples = [s for s in samples if s.completion_ids]
-    if not samples:
+    if not samples and ranks is None:
         return {}
     if settings.loss.importance_correction != "none":  # before any pass: a bad log-prob must not reach the weights
         check_sampling_logprobs(samples, settings.loss.importance_correction)
-    plan = _plan_update(samples, settings, pad_id, eos_ids, next(iter(policy.parameters())).device)
-    if not plan.micro_batches:  # every advantage 0, no KL term: the optimizer still steps on the zero gradient
+    plan = _plan_update(samples, settings, pad_id, eos_ids, next(iter(policy.parameters())).device, ranks)
+    if not plan.computes:  # every advantage 0, no KL term: the optimizer still steps on the zero gradient
         return {**_zero_gradient_step(policy, plan.total_tokens, settings.ppo_epochs), **plan.zero_roles}
     with policy.active() as model:
         model.train()
-        _constant_logprobs(policy, model, plan, given_old, settings)
+        _constant_logprobs(policy, model, plan, given_old, settings, ranks)
         totals = _UpdateTotals()
-        grad_norm = _optimizer_steps(policy, model, plan, settings, totals)
+        grad_norm = _optimizer_steps(policy, model, plan, settings, totals, ranks)
+        if ranks is not None and grad_norm is not None:
+            totals.reduce(ranks)
     if grad_norm is None:  # skipped: the other statistics would be NaN or describe a step that was not taken
         return {"skipped_steps": 1.0, "tokens": float(plan.total_tokens)}
     return totals.as_stats(plan, grad_norm)
@@ -358,6 +408,8 @@ class _UpdatePlan:
     total_samples: int
     computed_tokens: int
     zero_roles: dict[str, float]
+    roles: list[str]  # the role types of the micro-batches (of every rank's, with ranks), in one order
+    computes: bool  # some micro-batch (of some rank) runs
 
 
 def _given_old_logprobs(
@@ -375,11 +427,12 @@ def _given_old_logprobs(
 
 
 def _plan_update(samples: list[Sample], settings: UpdateParams, pad_id: int, eos_ids: Sequence[int],
-                 dev: torch.device) -> _UpdatePlan:
-    """The micro-batches of an update of ``samples`` (each with a completion), on ``dev``."""
+                 dev: torch.device, ranks: Ranks | None = None) -> _UpdatePlan:
+    """The micro-batches of an update of ``samples`` (each with a completion), on ``dev``; with ``ranks``, the
+    normalisers and roles are those of every rank's samples."""
     cfg = settings.loss
     # The loss is normalised over every sample, those with advantage 0 included ...
-    total_tokens = max(1, int(_loss_mask([s.completion_ids for s in samples], eos_ids, pad_id).sum()))
+    tokens = int(_loss_mask([s.completion_ids for s in samples], eos_ids, pad_id).sum()) if samples else 0
     total_samples = len(samples)
     role_of = ((lambda s: declared_role(s.role, settings.roles) if settings.roles else role_type(s.role))
                if settings.role_grad_norms else (lambda s: ""))
@@ -399,15 +452,16 @@ def _plan_update(samples: list[Sample], settings: UpdateParams, pad_id: int, eos
     samples = sorted(samples, key=lambda s: (roles.setdefault(role_of(s), len(roles)), first[tuple(s.prompt_ids)]))
     adv = torch.tensor([s.advantage for s in samples], dtype=torch.float32)
     names = [role_of(s) for s in samples]
-    parts = []
+    parts, size = [], settings.micro_batch_size
     for r in roles:  # micro-batches never mix role types
         start, end = names.index(r), len(names) - names[::-1].index(r)
+        # with ranks, plain passes of at most micro_batch_size (every pass then has one shape of collectives)
         parts += [slice(sl.start + start, sl.stop + start) for sl in _plan_micro_batches(
             [tuple(s.prompt_ids) for s in samples[start:end]], [len(s.completion_ids) for s in samples[start:end]],
-            settings.micro_batch_size)]
+            size)] if ranks is None else [slice(i, min(i + size, end)) for i in range(start, end, size)]
     micro_batches = []
     for sl in parts:
-        b = _pack([s.prompt_ids for s in samples[sl]], [s.completion_ids for s in samples[sl]], pad_id)
+        b = _pack([s.prompt_ids for s in samples[sl]], [s.completion_ids for s in samples[sl]], pad_id, ranks is None)
         m = completion_mask(b.completion_ids, list(eos_ids), b.completion_pad_mask)
         # each sample's log-probs at the temperature it was drawn at (roles of one policy may sample at different ones)
         t = sample_temperatures(samples[sl])
@@ -416,16 +470,27 @@ def _plan_update(samples: list[Sample], settings: UpdateParams, pad_id: int, eos
         micro_batches.append(_MicroBatch(sl, names[sl.start], b, m, t))
     if dev.type != "cpu":
         adv = adv.to(dev)
-    computed_tokens = max(1, int(sum(int(mb.mask.sum()) for mb in micro_batches)))
-    return _UpdatePlan(samples, micro_batches, adv, total_tokens, total_samples, computed_tokens, zero_roles)
+    computed = int(sum(int(mb.mask.sum()) for mb in micro_batches))
+    counts = [tokens, total_samples, computed, len(micro_batches)]
+    role_list = list(roles)
+    if ranks is not None:  # the normalisers of all ranks' samples: N ranks' losses add up to the one-process loss
+        counts = [int(c) for c in ranks.all_sum(counts)]
+        keys = ranks.all_objects((list(zero_roles), role_list))
+        zero_roles = {k: 0.0 for z, _ in keys for k in z}
+        role_list = list(dict.fromkeys(r for _, rs in keys for r in rs))
+    return _UpdatePlan(samples, micro_batches, adv, max(1, counts[0]), counts[1], max(1, counts[2]), zero_roles,
+                       role_list, counts[3] > 0)
 
 
 def _constant_logprobs(policy: Policy, model: torch.nn.Module, plan: _UpdatePlan, given_old: dict[int, torch.Tensor],
-                       settings: UpdateParams) -> None:
+                       settings: UpdateParams, ranks: Ranks | None = None) -> None:
     """Fill each micro-batch's old log-probs (given, or computed once before the first of several PPO epochs; with one
     epoch they are the detached current ones), reference log-probs (KL term) and sampling log-probs (importance
     correction)."""
     cfg, dev = settings.loss, plan.advantages.device
+    # passes of the policy's own model per micro-batch (a full-weight policy's reference is another model)
+    per_batch = int(not given_old and settings.ppo_epochs > 1) + int(cfg.kl_coef > 0 and policy.adapter is not None)
+    extra = _extra_passes(ranks, per_batch * len(plan.micro_batches))
     with torch.no_grad():
         for mb in plan.micro_batches:
             if given_old:
@@ -440,6 +505,8 @@ def _constant_logprobs(policy: Policy, model: torch.nn.Module, plan: _UpdatePlan
             if cfg.importance_correction != "none":
                 mb.sampling = _padded([s.sampling_logprobs for s in plan.samples[mb.rows]],
                                       mb.batch.completion_len).to(device=dev)
+        if extra:
+            ranks.empty_passes(policy, extra, backward=False)
 
 
 @dataclass
@@ -461,6 +528,17 @@ class _UpdateTotals:
 
     def add_role(self, key: str, value: float) -> None:
         self.by_role[key] = self.by_role.get(key, 0.0) + value
+
+    def reduce(self, ranks: Ranks) -> None:
+        """Every rank's sums, maxima and minima (the per-role gradient norms are already every rank's)."""
+        keys = sorted({k for part in ranks.all_objects(sorted(self.by_role)) for k in part
+                       if not k.startswith("grad_norm@")})
+        sums = ranks.all_sum([self.loss, self.kl, self.clip_frac, self.entropy, self.is_n, self.is_sum,
+                              self.is_truncated, *[self.by_role.get(k, 0.0) for k in keys]])
+        self.loss, self.kl, self.clip_frac, self.entropy, self.is_n, self.is_sum, self.is_truncated = sums[:7]
+        self.by_role.update(zip(keys, sums[7:]))
+        self.is_max, neg_min = ranks.all_max([self.is_max, -self.is_min])
+        self.is_min = -neg_min
 
     def as_stats(self, plan: _UpdatePlan, grad_norm: float) -> dict[str, float]:
         by_role = dict(self.by_role)
@@ -514,10 +592,56 @@ def _micro_batch_loss(mb: _MicroBatch, plan: _UpdatePlan, settings: UpdateParams
     return loss * weight
 
 
+def _backward(model: torch.nn.Module, mb: _MicroBatch, plan: _UpdatePlan, settings: UpdateParams,
+              totals: _UpdateTotals, last: bool, epoch: int) -> None:
+    """Forward and backward passes of one micro-batch: its weighted loss's gradient adds to the accumulated one."""
+    loss_of = functools.partial(_micro_batch_loss, mb, plan, settings, totals, last)
+    completions = mb.mask.shape[0]
+    trim_freed_memory()  # the last micro-batch's freed activations, off the resident set before this one's
+    if isinstance(mb.batch, SharedPrefixBatch) and completions > settings.micro_batch_size:
+        # one prompt group larger than a micro-batch: its prompt runs once, its completions in passes
+        shared_prefix_backward(model, mb.batch, _rows_per_pass(completions, settings.micro_batch_size), loss_of,
+                               mb.temperature, with_entropy=epoch == 0)
+    else:
+        logp, ent = _logprobs(model, mb.batch, mb.temperature, with_entropy=epoch == 0)
+        loss_of(slice(0, completions), logp, ent).backward()
+
+
+def _ranked_backward(policy: Policy, model: torch.nn.Module, plan: _UpdatePlan, settings: UpdateParams,
+                     totals: _UpdateTotals, last: bool, epoch: int, ranks: Ranks) -> float:
+    """This rank's passes of one PPO epoch, role type by role type in the order every rank shares; the gradient summed
+    over the ranks (per role type too, with ``role_grad_norms``) and clipped by its norm, which is returned."""
+    params = list(policy.parameters())
+    by_role = last and settings.role_grad_norms
+    before = None
+    for role in plan.roles:
+        mine = [mb for mb in plan.micro_batches if mb.role == role]
+        extra = _extra_passes(ranks, len(mine))
+        for mb in mine:
+            _backward(model, mb, plan, settings, totals, last, epoch)
+        if extra:
+            ranks.empty_passes(policy, extra, backward=True)
+        if by_role:  # the gradient this role type's micro-batches added, on every rank
+            now = torch.cat([g.reshape(-1) for g in ranks.local_grads(params)])
+            part = now if before is None else now - before
+            totals.by_role[f"grad_norm@{role}"] = math.sqrt(ranks.all_sum([float(part.norm()) ** 2])[0])
+            before = now
+    # per-parameter norms, as clip_grad_norm_ takes them (no flat copy of the gradient)
+    grad_norm = math.sqrt(ranks.all_sum([sum(float(torch.linalg.vector_norm(g, dtype=torch.float32)) ** 2
+                                              for g in ranks.local_grads(params))])[0])
+    coef = min(1.0, settings.max_grad_norm / (grad_norm + 1e-6))  # as clip_grad_norm_ clips
+    with torch.no_grad():
+        for p in params:
+            if p.grad is not None:
+                p.grad.mul_(coef)
+    return grad_norm
+
+
 def _optimizer_steps(policy: Policy, model: torch.nn.Module, plan: _UpdatePlan, settings: UpdateParams,
-                     totals: _UpdateTotals) -> float | None:
+                     totals: _UpdateTotals, ranks: Ranks | None = None) -> float | None:
     """One optimizer step per PPO epoch over every micro-batch; returns the last step's gradient norm, or None when a
-    non-finite loss or gradient skipped the step (the weights stay as they were)."""
+    non-finite loss or gradient skipped the step (the weights stay as they were; with ``ranks``, on every rank when it
+    was so on one)."""
     params = list(policy.parameters())
     grad_norm = None
     for epoch in range(settings.ppo_epochs):
@@ -525,17 +649,11 @@ def _optimizer_steps(policy: Policy, model: torch.nn.Module, plan: _UpdatePlan, 
         last = epoch == settings.ppo_epochs - 1
         before = None
         totals.finite = True
-        for i, mb in enumerate(plan.micro_batches):
-            loss_of = functools.partial(_micro_batch_loss, mb, plan, settings, totals, last)
-            completions = mb.mask.shape[0]
-            trim_freed_memory()  # the last micro-batch's freed activations, off the resident set before this one's
-            if isinstance(mb.batch, SharedPrefixBatch) and completions > settings.micro_batch_size:
-                # one prompt group larger than a micro-batch: its prompt runs once, its completions in passes
-                shared_prefix_backward(model, mb.batch, _rows_per_pass(completions, settings.micro_batch_size), loss_of,
-                                       mb.temperature, with_entropy=epoch == 0)
-            else:
-                logp, ent = _logprobs(model, mb.batch, mb.temperature, with_entropy=epoch == 0)
-                loss_of(slice(0, completions), logp, ent).backward()
+        if ranks is not None:
+            grad_norm = _ranked_backward(policy, model, plan, settings, totals, last, epoch, ranks)
+            totals.finite = ranks.all_max([0.0 if totals.finite else 1.0])[0] == 0.0
+        for i, mb in enumerate(plan.micro_batches if ranks is None else ()):
+            _backward(model, mb, plan, settings, totals, last, epoch)
             role_done = i + 1 == len(plan.micro_batches) or plan.micro_batches[i + 1].role != mb.role
             if last and settings.role_grad_norms and role_done:  # the gradient this role type's micro-batches added
                 now = _flat_grad(params)
@@ -543,7 +661,8 @@ def _optimizer_steps(policy: Policy, model: torch.nn.Module, plan: _UpdatePlan, 
                     (now - before).norm() if before is not None else now.norm()
                 )
                 before = now
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(policy.parameters(), settings.max_grad_norm))
+        if ranks is None:
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(policy.parameters(), settings.max_grad_norm))
         if not (totals.finite and math.isfinite(grad_norm)):
             # A NaN/inf would reach every weight (and the optimizer's moments): skip the step instead.
             from tqdm import tqdm
