@@ -615,16 +615,16 @@ def _check_placement(p: PolicyConfig) -> None:
             seen[n] = worker
     for worker, res in p.resources.items():
         _check_ray_resources(f"policy.resources.{worker}", res)
-    for worker, n in p.ranks.items():
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ConfigError(f"policy.ranks.{worker}: expected a whole number of ranks >= 1, got {n!r}")
-        if n > 1 and p.placement != "ray":
-            raise ConfigError(f"policy.ranks.{worker}: {n} ranks need policy.placement=ray (each rank is a Ray actor); "
-                              f"placement is {p.placement!r}")
+    for worker, ranks in p.ranks.items():
+        if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 1:
+            raise ConfigError(f"policy.ranks.{worker}: expected a whole number of ranks >= 1, got {ranks!r}")
+        if ranks > 1 and p.placement != "ray":
+            raise ConfigError(f"policy.ranks.{worker}: {ranks} ranks need policy.placement=ray (each rank is a Ray "
+                              f"actor); placement is {p.placement!r}")
         gpus = p.resources.get(worker, {}).get("num_gpus", 0)
-        if n > 1 and 0 < gpus < 1:
-            raise ConfigError(f"policy.resources.{worker}.num_gpus: {gpus} with policy.ranks.{worker}={n}: each rank "
-                              "needs whole GPUs (NCCL cannot put two ranks of one group on one GPU)")
+        if ranks > 1 and 0 < gpus < 1:
+            raise ConfigError(f"policy.resources.{worker}.num_gpus: {gpus} with policy.ranks.{worker}={ranks}: each "
+                              "rank needs whole GPUs (NCCL cannot put two ranks of one group on one GPU)")
 
 
 def _check_ray_resources(key: str, res: Any) -> None:

@@ -300,7 +300,8 @@ class ShardedLearner:
                     host, port = self._all(w, [actors[0].address.remote()])[0]
                     self._all(w, [a.join.remote(host, port, p.collective_timeout_s) for a in actors])
             for name in self._names:
-                self._versions[name] = self._on(name, "load_adapter_state", name, router.policies[name].named_state())
+                self._versions[name] = self._on(name, lambda a, *r: a.load_adapter_state.remote(*r), name,
+                                               router.policies[name].named_state())
         except BaseException:
             self.shutdown()
             raise
@@ -359,14 +360,14 @@ class ShardedLearner:
         raise WorkerFailed(f"policy worker {worker!r} rank {rank} of {n} (pid {pid}) {what}; every rank was stopped: "
                            "restart the run with --resume to continue from the last checkpoint") from error
 
-    def _on(self, policy: str, method: str, *args: Any) -> Any:
-        """``method(*args)`` on every rank of ``policy``'s worker (the arguments stored once for all); rank 0's
-        answer."""
+    def _on(self, policy: str, call: Callable[..., Any], *args: Any) -> Any:
+        """``call(rank, *args)`` (a typed remote call, e.g. ``lambda a, *r: a.adapter_state.remote(*r)``) on every rank
+        of ``policy``'s worker, the arguments stored once for all; rank 0's answer."""
         import ray
 
         w = self.worker_of[policy]
         refs = [ray.put(a) for a in args] if len(self.ranks[w]) > 1 else args
-        return self._all(w, [getattr(a, method).remote(*refs) for a in self.ranks[w]])[0]
+        return self._all(w, [call(a, *refs) for a in self.ranks[w]])[0]
 
     def policy_names(self) -> list[str]:
         return list(self._names)
@@ -401,15 +402,16 @@ class ShardedLearner:
         """Policy ``name``'s full trainable weights (CPU), gathered once per version."""
         cached = self._weights.get(name)
         if cached is None or cached[0] != self._versions[name]:
-            cached = self._weights[name] = (self._versions[name], self._on(name, "adapter_state", name))
+            full = self._on(name, lambda a, *r: a.adapter_state.remote(*r), name)
+            cached = self._weights[name] = (self._versions[name], full)
         return cached[1]
 
     def state(self, name: str) -> PolicyState:
-        return self.weights(name), self._on(name, "optimizer_state", name)
+        return self.weights(name), self._on(name, lambda a, *r: a.optimizer_state.remote(*r), name)
 
     def load_state(self, name: str, weights: dict[str, torch.Tensor], optimizer: dict[str, Any]) -> None:
-        self._versions[name] = self._on(name, "load_adapter_state", name, weights)
-        self._on(name, "load_optimizer_state", name, optimizer)
+        self._versions[name] = self._on(name, lambda a, *r: a.load_adapter_state.remote(*r), name, weights)
+        self._on(name, lambda a, *r: a.load_optimizer_state.remote(*r), name, optimizer)
 
     def where(self) -> dict[str, dict[str, Any]]:
         """Worker name -> where its rank 0 runs, with ``ranks``: where each rank does."""
