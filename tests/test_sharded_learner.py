@@ -343,3 +343,33 @@ def test_a_run_on_two_ranks_trains_publishes_saves_and_resumes_as_one_rank(local
     diffs = {k: max(abs(a[k] - b[k]) / max(1.0, abs(a[k])) for a, b in zip(reference, records)) for k in keys}
     print(f"trainer, 2 ranks then resumed at 1 vs 1 rank: max differences {diffs}")
     assert [r["step"] for r in records] == [1, 2, 3] and all(d <= TOL for d in diffs.values()), diffs
+
+
+def test_full_weights_from_two_ranks_reach_a_server_and_each_reload_is_checked(local_ray, tmp_path):  # noqa: F811
+    """The weights out of the shards: a full-weight policy on 2 ranks, rollouts from a vLLM-like server; after each
+    update the ranks' weights are gathered once into the driver's copy, written and reloaded by the server (POST
+    /collective_rpc reload_weights), and the sync check finds the server's log-probs equal to the trainer's."""
+    from teamrl.trainer.trainer import Trainer
+    from tests.test_placement import COMMON as RUN
+    from tests.test_vllm_contract import strict_server
+
+    with strict_server("vllm", logprobs_mode="processed_logprobs") as server:
+        tr = Trainer(load_config(None, [*RUN, "algorithm=grpo", "task.name=word_count", "train.lr=0.0001",
+                                        "rollout.temperature=1.0", "policy.lora=null", "policy.placement=ray",
+                                        "policy.ranks={shared: 2}", "rollout.engine=http",
+                                        f"rollout.server_url={server.url}", f"run.dir={tmp_path}", "name=full2"]))
+        try:
+            assert type(tr.learner).__name__ == "ShardedLearner" and tr.engine.full_weights == {"shared"}
+            moved = []
+            for step in (1, 2):
+                rec = tr.train_step()
+                print(f"2 full-weight ranks through a server, step {step}: sync max gap "
+                      f"{rec['sync/shared/max_logprob_gap']:.2e}, moved {rec['sync/shared/moved']:.2e}")
+                assert rec["sync/shared/max_logprob_gap"] < 1e-4, rec
+                moved.append(rec["sync/shared/moved"])
+            assert max(moved) > 1e-3  # an update moved the probe past the tolerance: a stale reload would show
+            trained = tr.learner.weights("shared")
+            served = dict(server.model_server.base.named_parameters())
+            assert all(torch.allclose(served[k], v, atol=1e-6) for k, v in trained.items())
+        finally:
+            tr.shutdown()
