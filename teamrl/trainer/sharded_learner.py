@@ -251,6 +251,24 @@ class ShardRank(RayPolicyWorker):
     def where(self) -> dict[str, Any]:
         return {**super().where(), "rank": self.rank}
 
+    def memory(self) -> dict[str, float]:
+        """Bytes this rank holds of its policies' parameters (of them: trainable; the gradients take as much during an
+        update), and of their optimizer state; ``peak_rss``: this process's peak resident memory so far."""
+        import resource
+
+        def local(t: torch.Tensor) -> torch.Tensor:
+            return t.to_local() if isinstance(t, DTensor) else t
+
+        models = {id(p.model): p.model for p in self.router.policies.values()}
+        params = [local(t) for m in models.values() for t in m.parameters()]
+        trainable = [local(t) for p in self.router.policies.values() for t in p.parameters()]
+        state = [local(v) for p in self.router.policies.values() for st in p.optimizer.state.values()
+                 for v in st.values() if isinstance(v, torch.Tensor)]
+        return {"parameters": float(sum(t.numel() * t.element_size() for t in params)),
+                "trainable": float(sum(t.numel() * t.element_size() for t in trainable)),
+                "optimizer": float(sum(t.numel() * t.element_size() for t in state)),
+                "peak_rss": float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)}
+
 
 class ShardedLearner:
     """Every worker's policies on its ranks (``policy.ranks``, module docstring); ``router`` is the driver's, whose
@@ -412,6 +430,11 @@ class ShardedLearner:
     def load_state(self, name: str, weights: dict[str, torch.Tensor], optimizer: dict[str, Any]) -> None:
         self._versions[name] = self._on(name, lambda a, *r: a.load_adapter_state.remote(*r), name, weights)
         self._on(name, lambda a, *r: a.load_optimizer_state.remote(*r), name, optimizer)
+
+    def memory(self) -> dict[str, list[dict[str, float]]]:
+        """Worker name -> each rank's bytes of parameters, trainable parameters, optimizer state and peak resident
+        memory (:meth:`ShardRank.memory`)."""
+        return {w: self._all(w, [a.memory.remote() for a in actors]) for w, actors in self.ranks.items()}
 
     def where(self) -> dict[str, dict[str, Any]]:
         """Worker name -> where its rank 0 runs, with ``ranks``: where each rank does."""
