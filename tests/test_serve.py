@@ -261,8 +261,6 @@ def test_http_engine_full_weights_need_one_model_and_a_url():
     from teamrl.core.config import ConfigError
 
     assert load_config(None, ["rollout.engine=http", "policy.lora=null"]).policy.lora is None  # one model: reloaded
-    with pytest.raises(ConfigError, match=r"^rollout.engine: http serves one model, .* policy.mode separate"):
-        load_config(None, ["rollout.engine=http", "policy.lora=null", "policy.mode=separate"])
     with pytest.raises(ConfigError, match=r"^rollout.server_dialect: sglang cannot reload full weights"):
         load_config(None, ["rollout.engine=http", "policy.lora=null", "rollout.server_dialect=sglang"])
     with pytest.raises(ConfigError, match="rollout.server_url"):

@@ -266,3 +266,37 @@ def test_full_weights_train_through_the_server_each_reload_checked_and_a_stale_o
             assert "the server is not sampling from the full weights just loaded" in message
         finally:
             trainer.shutdown()
+
+
+def test_separate_full_weight_policies_each_train_through_their_own_server(tmp_path, monkeypatch):
+    """Two roles as two full-weight models (policy.mode separate): a server holds one model, so each policy has its
+    own; each server reloads only its policy's weights, checked after each update, and ends up holding them."""
+    from teamrl.core.config import ConfigError
+    from teamrl.rollout.policy_routes import PolicyRoutes
+    from teamrl.tasks import TASKS
+    from teamrl.trainer.trainer import Trainer
+    from tests.test_magrpo import ToyTeam
+
+    monkeypatch.setitem(TASKS, "toy_team", ToyTeam)
+    setup = ["algorithm=magrpo", "task.name=toy_team", "policy.mode=separate", "policy.lora=null", "train.lr=1e-3"]
+    with strict_server("vllm", logprobs_mode="processed_logprobs") as a, \
+            strict_server("vllm", logprobs_mode="processed_logprobs") as b:
+        with pytest.raises(ConfigError, match=r"^rollout.server_urls: 1 server\(s\) for 2 full-weight policies"):
+            _trainer(a, tmp_path, "one", *setup)
+        trainer = _trainer(a, tmp_path, "two", *setup, f"rollout.server_urls=[{a.url},{b.url}]")
+        try:
+            assert isinstance(trainer.engine, PolicyRoutes)
+            policies = list(trainer.engine.routes)
+            assert len(policies) == 2 and [e.base_url for e in trainer.engine.routes.values()] == [a.url, b.url]
+            for _ in range(2):
+                rec = trainer.train_step()
+                for p in policies:
+                    assert rec[f"sync/{p}/max_logprob_gap"] < 1e-4, rec
+            for p, server in zip(policies, (a, b)):  # each server holds its own policy's trained weights
+                mine = trainer.router.policies[p].named_state()
+                served = dict(server.model_server.base.named_parameters())
+                assert all(torch.equal(served[k], v) for k, v in mine.items()), p
+            other = trainer.router.policies[policies[1]].named_state()
+            assert not all(torch.equal(dict(a.model_server.base.named_parameters())[k], v) for k, v in other.items())
+        finally:
+            trainer.shutdown()

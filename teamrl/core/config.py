@@ -525,12 +525,8 @@ def validate(cfg: Config) -> None:
     if cfg.rollout.engine == "http":
         _check_server_urls(cfg.rollout.server_urls)
     if cfg.rollout.engine in ("http", "vllm") and cfg.policy.lora is None:
-        # a server holds one model: the full weights of one policy, reloaded after each update
-        if cfg.policy.mode != "shared":
-            raise ConfigError(
-                f"rollout.engine: {cfg.rollout.engine} serves one model, and policy.lora is null (full weights) "
-                f"with policy.mode {cfg.policy.mode}: one model per role; use mode shared, engine hf, or LoRA adapters"
-            )
+        # a server holds one model: the full weights of one policy, reloaded after each update (separate models:
+        # one server per policy, rollout/policy_routes.py)
         if cfg.rollout.engine == "http" and cfg.rollout.server_dialect == "sglang":
             raise ConfigError("rollout.server_dialect: sglang cannot reload full weights here (policy.lora is null); "
                               "serve with vLLM or teamrl serve, or train LoRA adapters")

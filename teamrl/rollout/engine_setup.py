@@ -9,6 +9,7 @@ log-probs with the trainer's (:func:`probe_logprobs`).
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import uuid
 from pathlib import Path
@@ -16,7 +17,7 @@ from typing import Any, Callable
 
 import torch
 
-from teamrl.core.config import Config
+from teamrl.core.config import Config, ConfigError
 from teamrl.core.seeding import derive_seed
 from teamrl.policies.chat import encode_chat
 from teamrl.policies.logprobs import build_token_batch, completion_logprobs, to_device, truncated_token_logprobs
@@ -82,11 +83,23 @@ def make_engine(cfg: Config, router: PolicyRouter, eos_ids: list[int], run_dir: 
     # adapters named per process (<policy>@<run>-<id>): a second run, a resume or another run on the same server
     # never meets a name already loaded there
     urls, dialect = list(r.server_urls) or [r.server_url], r.server_dialect
+    # separate full-weight policies: a server holds one model, so each policy has its own server (PolicyRoutes)
+    full = [name for name, p in router.policies.items() if p.adapter is None]
+    own_server = len(full) > 1
+    if own_server and r.engine == "vllm" and r.vllm.servers not in (1, len(full)):
+        raise ConfigError(f"rollout.vllm.servers: {r.vllm.servers}; the {len(full)} full-weight policies "
+                          f"({', '.join(full)}) need one server each: give {len(full)} (or 1)")
+    if own_server and r.engine == "http" and len(urls) != len(full):
+        raise ConfigError(f"rollout.server_urls: {len(urls)} server(s) for {len(full)} full-weight policies "
+                          f"({', '.join(full)}); each needs its own server: give {len(full)} URLs, in that order")
     exited: list = [None] * len(urls)
     servers: list[Any] = []
     if r.engine == "vllm":
         from teamrl.rollout.vllm_placement import start_servers
 
+        if own_server:  # one managed server per policy
+            cfg = dataclasses.replace(cfg, rollout=dataclasses.replace(r, vllm=dataclasses.replace(
+                r.vllm, servers=len(full))))
         servers = start_servers(cfg, run_dir, len(router.policies), log=lambda line: tqdm.write(line, file=sys.stderr))
         urls, dialect = [s.url for s in servers], "vllm"
         exited = [s.exit_reason for s in servers]
@@ -106,7 +119,7 @@ def make_engine(cfg: Config, router: PolicyRouter, eos_ids: list[int], run_dir: 
             vocab_size=max(vocab, len(router.tokenizer)),
             save_adapter=lambda name, folder: router.policies[name].save_adapter(folder),
             save_weights=lambda name, folder: router.policies[name].save_weights(folder),
-            full_weights=[name for name, p in router.policies.items() if p.adapter is None],
+            full_weights=[full[i]] if own_server else full,
             adapter_tag=tag if len(urls) == 1 else f"{tag}_e{i + 1}",
             verify_logprobs=verify if r.server_sync_check else None,
             verify_tolerance=r.server_check_tolerance,
@@ -115,9 +128,18 @@ def make_engine(cfg: Config, router: PolicyRouter, eos_ids: list[int], run_dir: 
         )
         for i, url in enumerate(urls)
     ]
-    engine: Engine = engines[0] if len(engines) == 1 else EnginePool(
-        engines, names=urls, on_failure=r.on_endpoint_failure, log=lambda line: tqdm.write(line, file=sys.stderr),
-        exited=exited)
+    engine: Engine
+    if own_server:
+        from teamrl.rollout.policy_routes import PolicyRoutes
+
+        engine = PolicyRoutes(dict(zip(full, engines)))
+    elif len(engines) == 1:
+        engine = engines[0]
+    else:
+        engine = EnginePool(engines, names=urls, on_failure=r.on_endpoint_failure,
+                            log=lambda line: tqdm.write(line, file=sys.stderr), exited=exited)
+    # the policies each server serves: every one, or its own
+    served_by = [[p] for p in full] if own_server else [list(router.policies)] * len(engines)
     try:
         for e in engines:
             if e.dialect == "vllm":
@@ -129,21 +151,21 @@ def make_engine(cfg: Config, router: PolicyRouter, eos_ids: list[int], run_dir: 
                       f"{', '.join(stale)}", file=sys.stderr)
         send_initial(engine)  # the server holds none of this run's adapters yet
         if r.server_check:
-            for e in engines:
+            for e, policies in zip(engines, served_by):
                 truncated = e.processed_logprobs and params.temperature > 0 and (r.top_k > 0 or r.top_p < 1)
-                f = e.startup_check(cfg.model, list(router.policies), params, r.group_size,
+                f = e.startup_check(cfg.model, policies, params, r.group_size,
                                     encode_chat(router.tokenizer, STARTUP_PROBE), verify,
                                     tolerance=r.server_check_tolerance, seed=derive_seed(cfg.seed, 0, 3))
                 print(
                     f"teamrl: start-up check of {e.base_url} ({e.dialect}): {f['distinct']:.0f} of {f['group']:.0f} "
-                    f"samples distinct (fewest over {len(router.policies)} policies); log-probs vs the trainer's under "
+                    f"samples distinct (fewest over {len(policies)} policies); log-probs vs the trainer's under "
                     f"temperature {params.temperature}, top_k {params.top_k}, top_p {params.top_p}"
                     f"{' (truncated and renormalised as the server samples)' if truncated else ''}: "
                     f"max gap {f['logprob_gap']:.2e}, mean {f['logprob_mean_gap']:.2e} over {f['tokens']:.0f} tokens; "
                     f"tolerance {f['tolerance']:g}",
                     flush=True,
                 )
-        for e in engines:
+        for e in engines if not full else ():  # full weights: no adapters, no LoRA slots
             if e.dialect == "vllm":  # one line naming --max-loras when the policies cannot all be served at once
                 probe = [
                     GenerationRequest(encode_chat(router.tokenizer, STARTUP_PROBE), SamplingParams(max_new_tokens=1))
@@ -162,7 +184,10 @@ def make_engine(cfg: Config, router: PolicyRouter, eos_ids: list[int], run_dir: 
         finally:
             stop_vllm_servers(servers)
         raise
-    if len(engines) > 1:
+    if own_server:
+        print(f"teamrl: one rollout server per full-weight policy: "
+              f"{', '.join(f'{p} at {u}' for p, u in zip(full, urls))}", file=sys.stderr)
+    elif len(engines) > 1:
         print(f"teamrl: a pool of {len(engines)} rollout endpoints ({', '.join(urls)}); each policy's requests are "
               f"spread over them; on a failed endpoint: {r.on_endpoint_failure} (rollout.on_endpoint_failure)",
               file=sys.stderr)
