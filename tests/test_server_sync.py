@@ -274,7 +274,6 @@ def test_separate_full_weight_policies_each_train_through_their_own_server(tmp_p
     from teamrl.core.config import ConfigError
     from teamrl.rollout.policy_routes import PolicyRoutes
     from teamrl.tasks import TASKS
-    from teamrl.trainer.trainer import Trainer
     from tests.test_magrpo import ToyTeam
 
     monkeypatch.setitem(TASKS, "toy_team", ToyTeam)

@@ -111,7 +111,8 @@ def test_a_step_logs_its_named_phases_and_weights_leave_the_learner_in_one_place
 def test_weights_are_loaded_into_a_rollout_copy_in_one_place_per_kind():
     """grep: one weight-sync implementation per kind (issue 45): the driver copy is ``DriverCopy`` (the only load into
     the router rollouts sample from), the server upload is each engine's own ``sync_weights``, called by
-    ``WeightSync`` and by the collector's engine that wraps another (a pool hands each endpoint's to a thread); the other loads are
+    ``WeightSync`` and by the engines that wrap others without loading anything themselves: the collector's, and
+    ``PolicyRoutes`` (one server per full-weight policy: the policy's own; a pool hands each endpoint's to a thread); the other loads are
     the learner's own weights (``PolicyWorker``) and a checkpoint restored into a router (``RouterStates``)."""
     import ast
     from pathlib import Path
@@ -130,4 +131,5 @@ def test_weights_are_loaded_into_a_rollout_copy_in_one_place_per_kind():
                     where[call.func.attr].add(f"{path.relative_to(root)}:{owner}")
     assert where == {"load_named_state": {"trainer/checkpoint.py:RouterStates", "trainer/learner.py:PolicyWorker",
                                           "trainer/weight_sync.py:DriverCopy"},
-                     "sync_weights": {"trainer/weight_sync.py:WeightSync", "trainer/collector.py:StoppableEngine"}}, where
+                     "sync_weights": {"trainer/weight_sync.py:WeightSync", "trainer/collector.py:StoppableEngine",
+                                      "rollout/policy_routes.py:PolicyRoutes"}}, where
