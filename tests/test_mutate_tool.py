@@ -108,3 +108,14 @@ def test_the_project_mutant_list_names_real_files_and_tests():
             assert (ROOT / path).is_file(), (m.id, sel)
             if name:
                 assert re.search(rf"^def {re.escape(name)}\(", (ROOT / path).read_text(), re.M), (m.id, sel)
+
+
+def test_a_packages_init_is_imported_as_the_package():
+    """A mutant in ``pkg/__init__.py`` imports ``pkg``: importing ``pkg.__init__`` ran the file a second time as a
+    module of its own, where ``from pkg import sub`` found the package's attribute of that name (in
+    teamrl.workflows: the function eval_opt, not the module), so the tests of 2 mutants never ran (exit 98)."""
+    from tools.mutate import module_name
+
+    assert module_name("teamrl/workflows/__init__.py") == "teamrl.workflows"
+    assert module_name("teamrl/losses/advantages.py") == "teamrl.losses.advantages"
+    assert module_name("data.txt") == ""

@@ -287,3 +287,18 @@ def test_logged_kl_clip_frac_and_loss_do_not_depend_on_the_micro_batch_size(tiny
         for mb, got in zip((2, 3, 16), logged[1:]):
             for k in ("kl", "clip_frac", "loss"):
                 assert abs(got[k] - logged[0][k]) <= 1e-6, (agg, k, mb, got[k], logged[0][k])
+
+
+def test_a_shared_prefix_batch_marks_the_same_completion_tokens_as_a_plain_batch():
+    """The loss mask of a step (completion_mask over completion_pad_mask) must not depend on whether the prompts
+    repeat: a shared-prefix batch that dropped each completion's last token (the mutant logprobs.shared_pad_mask_short,
+    which survived) would leave a completion without EOS one token short of the loss."""
+    from teamrl.policies.logprobs import build_shared_prefix_batch
+
+    prompts = [[5, 6, 7], [5, 6, 7], [8, 9]]
+    completions = [[11, 12, 2], [13, 14, 15, 16], [17]]  # EOS (2), no EOS (cut at max_new_tokens), one token
+    shared, plain = build_shared_prefix_batch(prompts, completions, 0), build_token_batch(prompts, completions, 0)
+    assert torch.equal(shared.completion_pad_mask, plain.completion_pad_mask.bool())
+    assert torch.equal(completion_mask(shared.completion_ids, [2], shared.completion_pad_mask),
+                       completion_mask(plain.completion_ids, [2], plain.completion_pad_mask))
+    assert int(completion_mask(shared.completion_ids, [2], shared.completion_pad_mask).sum()) == 3 + 4 + 1

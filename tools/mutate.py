@@ -92,8 +92,9 @@ class Result:
 
 
 def module_name(file: str) -> str:
-    """``teamrl/losses/advantages.py`` -> ``teamrl.losses.advantages``."""
-    return file[:-3].replace("/", ".") if file.endswith(".py") else ""
+    """``teamrl/losses/advantages.py`` -> ``teamrl.losses.advantages``; ``teamrl/workflows/__init__.py`` ->
+    ``teamrl.workflows`` (importing ``pkg.__init__`` would run the file a second time as a module of its own)."""
+    return file[:-3].replace("/", ".").removesuffix(".__init__") if file.endswith(".py") else ""
 
 
 def check_snippet(text: str, mutant: Mutant) -> str:
