@@ -39,6 +39,7 @@ import hmac
 import math
 import re
 import secrets
+import sys
 import threading
 import time
 import uuid
@@ -518,8 +519,6 @@ class Gateway:
                 for s in samples:
                     s.tags["prefix_break"] = {"role": role, "turn": turn, "token": at}
                 if self.stats.prefix_breaks <= MAX_BREAK_NOTES:
-                    import sys
-
                     print(f"teamrl gateway: prefix break: role {role!r} turn {turn} (episode {ep.id}): the prompt "
                           f"differs from its previous prompt + sampled answer at token {at}; the chat template or the "
                           "framework re-renders that answer (docs/gateway.md, 'Prefix breaks')", file=sys.stderr)
@@ -637,7 +636,5 @@ def shared_gateway(options: GatewayOptions) -> Gateway:
         if gw is None:
             gw = _GATEWAYS[options] = Gateway(options)
             url = gw.start()
-            import sys
-
             print(f"teamrl gateway: serving episodes on {url} (POST {url}/episodes claims one)", file=sys.stderr)
         return gw

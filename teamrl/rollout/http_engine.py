@@ -358,29 +358,33 @@ class HTTPEngine(Engine):
         return completions
 
     def sync_weights(self, policy: str) -> None:
-        """Save ``policy``'s adapter to a new version folder and have the server load it under the policy's
-        served name (:meth:`adapter_name`), or for a full-weight policy (``full_weights``) save the whole model and
-        have the server reload its weights from it (:meth:`_reload_weights`); then, with ``verify_logprobs``, check
-        it (:meth:`verify_sync`)."""
-        if policy in self.full_weights:
-            self._reload_weights(policy)
-            if self.verify_logprobs is not None:
-                self.verify_sync(policy)
-            return
-        if self.save_adapter is None or self.adapter_dir is None:
-            raise ValueError(
-                "HTTPEngine.sync_weights needs save_adapter and adapter_dir (a folder the server can read)"
-            )
+        """Save ``policy``'s weights to a new version folder ``adapter_dir/<adapter name>/v<N>`` and have the server
+        take them: its adapter (``save_adapter``) loaded under the policy's served name (:meth:`adapter_name`), or for
+        a full-weight policy (``full_weights``) the whole model (``save_weights``) reloaded in place
+        (:meth:`_reload_weights`). Older version folders are deleted; then, with ``verify_logprobs``, the new version
+        is checked (:meth:`verify_sync`)."""
+        full = policy in self.full_weights
+        save = self.save_weights if full else self.save_adapter
+        if save is None or self.adapter_dir is None:
+            raise ValueError(f"HTTPEngine.sync_weights needs {'save_weights' if full else 'save_adapter'} and "
+                             "adapter_dir (a folder the server can read)")
+        if full and not self.spec.reloads_weights:
+            raise ServerError(f"server {self.base_url} ({self.dialect} dialect) cannot reload full weights; train "
+                              "LoRA adapters (policy.lora), or serve with vLLM or teamrl serve")
         name = self.adapter_name(policy)
         version = self.versions.get(policy, 0) + 1
         folder = self.adapter_dir / name / f"v{version:06d}"
-        self.save_adapter(policy, folder)
-        prefix = self.spec.lora_prefix
-        if policy in self.served:
-            # vLLM refuses to load a name twice (and older versions have no load_inplace): unload, then load.
-            self.request("POST", f"{prefix}/unload_lora_adapter", {"lora_name": self.served.pop(policy)})
-        self.request("POST", f"{prefix}/load_lora_adapter", {"lora_name": name, "lora_path": str(folder.resolve())})
-        self.served[policy] = name
+        save(policy, folder)
+        if full:
+            self._reload_weights(folder)
+        else:
+            prefix = self.spec.lora_prefix
+            if policy in self.served:
+                # vLLM refuses to load a name twice (and older versions have no load_inplace): unload, then load.
+                self.request("POST", f"{prefix}/unload_lora_adapter", {"lora_name": self.served.pop(policy)})
+            self.request("POST", f"{prefix}/load_lora_adapter",
+                         {"lora_name": name, "lora_path": str(folder.resolve())})
+            self.served[policy] = name
         self.versions[policy] = version
         for old in (self.adapter_dir / name).glob("v*"):
             if old != folder:  # the server may reload from disk (vLLM's LRU cache), so keep the current one
@@ -388,21 +392,10 @@ class HTTPEngine(Engine):
         if self.verify_logprobs is not None:
             self.verify_sync(policy)
 
-    def _reload_weights(self, policy: str) -> None:
-        """The full-weight sync: ``save_weights`` writes the model to ``adapter_dir/<adapter name>/v<N>``, the server
-        reloads its weights from that folder in place (vLLM's ``reload_weights``, through ``POST /collective_rpc``:
-        vLLM needs ``VLLM_SERVER_DEV_MODE=1``), then drops the keys/values its prefix cache computed with the old
-        weights. Older version folders are deleted."""
-        if self.save_weights is None or self.adapter_dir is None:
-            raise ValueError("HTTPEngine.sync_weights of a full-weight policy needs save_weights and adapter_dir (a "
-                             "folder the server can read)")
-        if not self.spec.reloads_weights:
-            raise ServerError(f"server {self.base_url} ({self.dialect} dialect) cannot reload full weights; train "
-                              "LoRA adapters (policy.lora), or serve with vLLM or teamrl serve")
-        name = self.adapter_name(policy)
-        version = self.versions.get(policy, 0) + 1
-        folder = self.adapter_dir / name / f"v{version:06d}"
-        self.save_weights(policy, folder)
+    def _reload_weights(self, folder: Path) -> None:
+        """The server reloads its weights in place from the model ``folder`` (vLLM's ``reload_weights``, through
+        ``POST /collective_rpc``: vLLM needs ``VLLM_SERVER_DEV_MODE=1``), then drops the keys/values its prefix cache
+        computed with the old weights."""
         try:
             self.request("POST", "/collective_rpc",
                          {"method": "reload_weights", "kwargs": {"weights_path": str(folder.resolve())}})
@@ -413,10 +406,6 @@ class HTTPEngine(Engine):
                               "variable VLLM_SERVER_DEV_MODE=1 (its POST /collective_rpc reloads full weights)"
                               ) from None
         self.request("POST", "/reset_prefix_cache")
-        self.versions[policy] = version
-        for old in (self.adapter_dir / name).glob("v*"):
-            if old != folder:
-                shutil.rmtree(old, ignore_errors=True)
 
     def verify_sync(self, policy: str) -> dict[str, float]:
         """Check that the server samples from ``policy``'s version just loaded; raise :class:`ServerError` (one
