@@ -51,7 +51,10 @@ def read_cell(path: Path, fingerprint: str) -> ArmResult | None:
     if cell.get("fingerprint") != fingerprint:
         return None
     names = {f.name for f in dataclasses.fields(ArmResult)}
-    return ArmResult(**{k: v for k, v in cell["result"].items() if k in names})
+    one = ArmResult(**{k: v for k, v in cell["result"].items() if k in names})
+    if not one.grad_norms and one.seeds:  # a cell written before the per-step gradient norms were recorded
+        one.grad_norms = [[] for _ in one.seeds]
+    return one
 
 
 def write_cell(path: Path, fingerprint: str, comp: Comparison, level: Level | None, one: ArmResult) -> None:

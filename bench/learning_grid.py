@@ -80,6 +80,9 @@ class ArmResult:
     signal: list[float | None] = field(default_factory=list)  # share of groups with a non-zero advantage over its steps
     signal_groups: list[list[int]] = field(default_factory=list)  # [groups with signal, groups] over its steps
     role_grad_norms: list[dict[str, float]] = field(default_factory=list)  # per seed: each role's gradient norm, mean over steps
+    # per seed: each optimizer step's gradient norm before clipping (the largest of the run's policies'); [] for a run
+    # cached before it was recorded or one that did not train
+    grad_norms: list[list[float]] = field(default_factory=list)
     # per seed: the same run scored by each of ``Arm.also_eval``'s methods (method -> that one-seed ArmResult as a dict)
     also: list[dict[str, dict[str, Any]]] = field(default_factory=list)
 
@@ -143,6 +146,16 @@ def comparisons() -> list[Comparison]:
                     Arm("MAGRPO, 4 problems per step, 20 steps", ("rollout.batch_size=4", "train.steps=20"))),
                    quick=("task.num_problems=4", "task.test_size=2"),
                    config="configs/magrpo_code_helper_main.yaml", eval_problems=EVAL_PROBLEMS),
+        # Dr. MAS (2026): normalising advantages over every agent's samples (team-wide) spikes the gradient norm when
+        # the agents' rewards differ; per agent it does not. The same run, twice: train.advantage_scope agent | team.
+        # Writing's agents share one reward per joint action (aligned): the scopes differ only in the pooled std.
+        Comparison("adv_scope_magrpo", "Advantage normalisation per agent (Dr. MAS) vs team-wide: MAGRPO, writing.tldr, "
+                   "held-out papers (aclsum test split)",
+                   ("rollout.group_size=4", "rollout.batch_size=2", "rollout.max_new_tokens=64", "train.steps=10", lr),
+                   (Arm("untrained team", rl=False, seed_free=True),
+                    Arm("MAGRPO, agent-wise normalisation (the default)", ("train.advantage_scope=agent",)),
+                    Arm("MAGRPO, team-wide normalisation", ("train.advantage_scope=team",))),
+                   config="configs/magrpo_writing_tldr.yaml", eval_problems=EVAL_PROBLEMS),
         Comparison("at_grpo", "AT-GRPO, Plan-Path, 1 turn (tool + planner, one shared policy unless per-role), held-out grids of "
                    "a fresh seed",
                    ("algorithm=at_grpo", "task.name=plan_path", "task.max_turns=1",
@@ -154,7 +167,11 @@ def comparisons() -> list[Comparison]:
                     # lr 1e-4, not the grid's 5e-4: at 5e-4 (and mean advantages) 20 steps still lowered the warm
                     # start's held-out 0.104 on seed 0 (single agent 0.104, trajectory 0.062, tree 0.000: the tool's
                     # replies shrank to 1 token) and on seed 1 (single agent 0.000), 2026-12-02
-                    "rollout.max_new_tokens=48", "train.steps=20", "train.advantage=mean", "train.lr=0.0001"),
+                    # 256 new tokens and both roles warm-started (issue learn-3): at 48 the tool's ~230-token BFS program
+                    # never fit, so the tool never earned its reward and every arm solved the same 5 of 48 grids; 8 grids
+                    # a step, 4x the 2 of the first grid
+                    "rollout.max_new_tokens=256", "rollout.batch_size=8", "train.steps=20", "train.advantage=mean",
+                    "train.lr=0.0001"),
                    # the held-out grids come from task.seed + 1 whatever the run's seed: the untrained team is evaluated once
                    (Arm("untrained team", rl=False, seed_free=True), Arm("warm start only", warm_start=True, rl=False),
                     Arm("single-agent GRPO (planner alone), warm start", ("task.agents=planner", "at_grpo.grouping=trajectory"),
@@ -166,8 +183,9 @@ def comparisons() -> list[Comparison]:
                     Arm("AT-GRPO, tree grouping, per-role policies, warm start",
                         ("at_grpo.grouping=tree", "policy.mode=lora_per_role"), warm_start=True, also_eval=("swapped",))),
                    quick=("task.num_problems=8",),
-                   # the tool's demonstration is a ~230-token BFS program, past what the tool may write here
-                   warm_roles=("planner",), warm_problems=8, eval_problems=EVAL_PROBLEMS,
+                   # both roles: the tool's demonstration is the ~230-token BFS program (the same for every grid), the
+                   # planner's the path that program prints
+                   warm_problems=8, eval_problems=EVAL_PROBLEMS,
                    levels=plan_path, default_level="4x4, walls 0.25", calibration_arm=4),
         Comparison("m_grpo", "M-GRPO, research environment (main + tool-using sub-agent), held-out questions of a fresh seed",
                    ("algorithm=m_grpo", "task.name=research", "task.num_problems=64", "policy.mode=lora_per_role",
@@ -191,20 +209,38 @@ def comparisons() -> list[Comparison]:
                    warm_problems=16, warm_epochs=2,
                    eval_problems=EVAL_PROBLEMS, levels=research,
                    default_level="2-3 hops (city, country), 12 people"),
+        # The study with a format it can meet (issue learn-3): each role warm-started on its workflow's demonstrations
+        # (the generator's answer line, the aggregator's Choice, the evaluator's Verdict), 96 new tokens, 4x the episodes
+        # of the first grid (STUDY_SIZES) and lr 1e-4 against the cliffs. At 32 tokens and no warm start, 2-8% of
+        # Voting's replies were valid and no team arm beat the untrained team on 3 seeds.
         *[Comparison(f"study_{wf}", f"Workflow study, {wf} on arithmetic, held-out problems (task.split=test)",
-                     ("algorithm=grpo", "task.name=math.solve", "task.num_problems=128",
-                      f"task.test_size={EVAL_PROBLEMS}", f"workflow.name={wf}", "rollout.group_size=4", "rollout.batch_size=2",
-                      *STUDY_SIZES[wf], lr),
+                     (*STUDY_COMMON, f"workflow.name={wf}", *STUDY_SIZES[wf]),
                      # the test split and greedy decoding do not depend on the seed: the untrained team is evaluated once
                      # SP and IP first: the grid runs seed by seed and arm by arm, so a stopped grid has the study's pair
                      (Arm("untrained team", rl=False, seed_free=True),
+                      Arm("warm start only", warm_start=True, rl=False),
                       # role_grad_norms: the gradient norm of each role type on the one shared policy (role capture)
-                      Arm("SP (shared policy)", ("policy.mode=shared", "train.role_grad_norms=true")),
-                      Arm("IP (LoRA per role)", ("policy.mode=lora_per_role",)),
-                      Arm("SA-RL (single workflow)", ("workflow.name=single", "workflow.options={}"))),
+                      Arm("SP (shared policy), warm start", ("policy.mode=shared", "train.role_grad_norms=true"), warm_start=True),
+                      Arm("IP (LoRA per role), warm start", ("policy.mode=lora_per_role",), warm_start=True),
+                      # the single agent's prompt is the generator's: it starts from the team's shared warm start
+                      Arm("SA-RL (single workflow), warm start", ("workflow.name=single", "workflow.options={}"), warm_start=True)),
                      quick=("task.num_problems=12", "task.test_size=3"), flag_cliffs=True, eval_problems=EVAL_PROBLEMS,
-                     levels=arithmetic, default_level="one operation, operands <= 20", calibration_arm=1)
+                     warm_problems=STUDY_WARM_PROBLEMS, levels=arithmetic, default_level="one operation, operands <= 20",
+                     calibration_arm=2)
           for wf in ("eval_opt", "voting")],
+        # Dr. MAS on the study's Voting: per-role rewards (each generator its own answer, the aggregator its pick) give
+        # the roles different reward distributions, the case where a team-wide baseline sits off each role's own.
+        Comparison("adv_scope_voting", "Advantage normalisation per agent (Dr. MAS) vs team-wide: Voting, per-role "
+                   "rewards, one shared policy, held-out problems (task.split=test)",
+                   (*STUDY_COMMON, "workflow.name=voting", *STUDY_SIZES["voting"], "workflow.reward=per_role",
+                    "policy.mode=shared", "train.role_grad_norms=true"),
+                   (Arm("untrained team", rl=False, seed_free=True),
+                    Arm("SP, per-role reward, agent-wise normalisation (the default), warm start", ("train.advantage_scope=agent",),
+                        warm_start=True),
+                    Arm("SP, per-role reward, team-wide normalisation, warm start", ("train.advantage_scope=team",),
+                        warm_start=True)),
+                   quick=("task.num_problems=12", "task.test_size=3"), eval_problems=EVAL_PROBLEMS,
+                   warm_problems=STUDY_WARM_PROBLEMS, levels=arithmetic, default_level="one operation, operands <= 5"),
     ]
 
 
@@ -220,10 +256,15 @@ WARM_LR = 2e-3  # a LoRA adapter takes a higher rate than RL's; the few warm-sta
 # Eval-Opt 10. The held-out accuracy is compared with the untrained team's (CLIFF_POINTS, the trainer's
 # default train.cliff_points) and the training curve with its own peak (study_dynamics), without an
 # evaluation during training (train.eval_every=0): 48 held-out problems per evaluation cost ~2 min.
+# Issue learn-3: 4x those episodes (Voting 30 steps x 4 problems, Eval-Opt 20 x 4), 96 new tokens, lr 1e-4.
+STUDY_COMMON = ("algorithm=grpo", "task.name=math.solve", "task.num_problems=176", f"task.test_size={EVAL_PROBLEMS}",
+                "rollout.group_size=4", "rollout.batch_size=4", "rollout.max_new_tokens=96", "train.eval_every=0",
+                "train.lr=0.0001")
 STUDY_SIZES = {
-    "eval_opt": ("rollout.max_new_tokens=64", "train.steps=10", "train.eval_every=0", "workflow.options.max_iterations=2"),
-    "voting": ("rollout.max_new_tokens=32", "train.steps=15", "train.eval_every=0"),
+    "eval_opt": ("train.steps=20", "workflow.options.max_iterations=2"),
+    "voting": ("train.steps=30",),
 }
+STUDY_WARM_PROBLEMS = 32  # x 2 passes of each role's demonstration (Voting: 64 rows, Eval-Opt: 128)
 CLIFF_POINTS = 10.0
 DYNAMICS_WINDOW = 3  # steps per window of the study's training curve (peak, final)
 

@@ -58,7 +58,7 @@ def shared_warm_start(comp: Comparison, seed: int, workdir: Path, quick: bool, o
     ``arm`` that sets ``policy.*`` (per-role adapters) gets one of its own: the same demonstrations, roles,
     problems and epochs on its policy settings, in a directory named after them."""
     from teamrl.tasks import make_task
-    from teamrl.trainer.sft import task_demonstrations, warm_start
+    from teamrl.trainer.sft import run_demonstrations, warm_start
 
     policy = _policy_overrides(arm) if arm else ()
     warm_dir = warm_start_dir(comp, seed, workdir, level, arm)
@@ -69,7 +69,7 @@ def shared_warm_start(comp: Comparison, seed: int, workdir: Path, quick: bool, o
             cfg = _config(comp, Arm("warm start", policy), quick, one_thread, seed, workdir, name, level=level)
             t0 = time.perf_counter()
             task = make_task(cfg.task)
-            demos = task_demonstrations(task, task.problems()[:WARM_PROBLEMS_QUICK if quick else comp.warm_problems])
+            demos = run_demonstrations(cfg, task, task.problems()[:WARM_PROBLEMS_QUICK if quick else comp.warm_problems])
             demos = [d for d in demos if not comp.warm_roles or d.role in comp.warm_roles]
             warm_start(cfg, demos, epochs=1 if quick else comp.warm_epochs, batch_size=8, lr=WARM_LR, progress=False)
             (warm_dir / "seconds").write_text(f"{time.perf_counter() - t0:.1f}")
@@ -108,7 +108,10 @@ def run_arm(comp: Comparison, index: int, seed: int, workdir: Path, eval_problem
                 if k.startswith("role_grad_norm/"):
                     norms.setdefault(k.split("/", 1)[1], []).append(v)
         result.role_grad_norms.append({role: statistics.mean(v) for role, v in sorted(norms.items())})
+        result.grad_norms.append([max(v for k, v in m.items() if k.startswith("grad_norm/")) for m in steps
+                                  if any(k.startswith("grad_norm/") for k in m)])
     else:
+        result.grad_norms.append([])
         result.signal.append(None)
         result.signal_groups.append([0, 0])
         result.role_grad_norms.append({})
@@ -117,7 +120,8 @@ def run_arm(comp: Comparison, index: int, seed: int, workdir: Path, eval_problem
     row, *also = evaluate(held, [method, *arm.also_eval], checkpoint=workdir / name if method == "team" else None,
                           limit=eval_problems, progress=False)
     extra = {x.method: _scored(ArmResult(arm.label, seeds=[seed], wall=[x.seconds_per_problem * x.problems], tokens=[trained_tokens],
-                                         signal=[None], signal_groups=[[0, 0]], role_grad_norms=[{}]), x) for x in also}
+                                         signal=[None], signal_groups=[[0, 0]], role_grad_norms=[{}], grad_norms=[[]]), x)
+             for x in also}
     result.also.append({m: dataclasses.asdict(r) for m, r in extra.items()})  # the same trained run, other methods: no second training
     result.seeds.append(seed)
     # each warm-started arm carries the warm start's cost; the extra methods' evaluations are their rows' own

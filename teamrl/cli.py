@@ -541,13 +541,13 @@ def _sft(cfg, ns) -> int:
     from dataclasses import replace
 
     from teamrl.tasks import make_task
-    from teamrl.trainer.sft import load_demonstrations, task_demonstrations, warm_start
+    from teamrl.trainer.sft import load_demonstrations, run_demonstrations, warm_start
 
     if ns.data:
         demos = load_demonstrations(ns.data)
     else:
         task = make_task(cfg.task)
-        demos = task_demonstrations(task, task.problems()[:ns.problems])
+        demos = run_demonstrations(cfg, task, task.problems()[:ns.problems])
     if ns.as_role:
         demos = [replace(d, role=ns.as_role) for d in demos]
     run_dir, records = warm_start(

@@ -304,6 +304,13 @@ class TrainConfig:
         "group", choices=("group", "mean", "batch", "none", "rloo", "max"), doc="group normalisation mode"
     )
     advantage_eps: float = option(1e-4, gt=0, doc="epsilon added to the std")
+    advantage_scope: str = option(
+        "agent",
+        choices=("agent", "team"),
+        doc="whose samples one advantage is normalised over: agent, the algorithm's own comparison groups (each role "
+        "against itself: Dr. MAS's agent-wise normalisation); team, one group per problem pooling every role's and "
+        "turn's samples (the global GRPO normalisation Dr. MAS compares with)",
+    )
     nonfinite_reward: str = option(
         "error",
         choices=("error", "drop_group"),
@@ -542,6 +549,9 @@ def validate(cfg: Config) -> None:
         raise ConfigError(
             f"task.name: expected a string (a registered task or package.module:object), got {cfg.task['name']!r}"
         )
+    if cfg.train.advantage_scope == "team" and cfg.train.advantage == "max":
+        raise ConfigError("train.advantage_scope: team pools a problem's roles, but train.advantage: max compares each "
+                          "group with its own greedy reply; use advantage_scope agent or another advantage mode")
     if cfg.workflow.name and cfg.train.advantage == "max":
         raise ConfigError("train.advantage: max (greedy baseline) is not supported with a study workflow; use group")
     for check in CHECKS:

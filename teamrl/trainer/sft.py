@@ -105,6 +105,25 @@ def task_demonstrations(task: Any, problems: Sequence[Problem]) -> list[Demonstr
     return demos
 
 
+def run_demonstrations(cfg: Config, task: Any, problems: Sequence[Problem]) -> list[Demonstration]:
+    """This run's warm-start demonstrations of ``problems``: its workflow's (``workflow.name`` with a
+    ``demonstrations`` hook, e.g. voting and eval_opt: each role in the workflow's own prompts and format), else
+    the task's own (:func:`task_demonstrations`)."""
+    from teamrl.algorithms import configured_workflow_options
+    from teamrl.workflows import WORKFLOWS
+
+    spec = WORKFLOWS.get_entry(cfg.workflow.name, "workflow.name") if cfg.workflow.name else None
+    if spec is None or spec.demonstrations is None:
+        return task_demonstrations(task, problems)
+    options = configured_workflow_options(cfg)
+    demos = [_demonstration(row, f"workflow {cfg.workflow.name!r}: demonstrations(problem {p.id!r})[{j}]")
+             for p in problems for j, row in enumerate(spec.demonstrations(task, p, options))]
+    if not demos:
+        raise InputError(f"workflow {cfg.workflow.name!r}: demonstrations() gave none for task {task.name!r}'s "
+                         f"{len(problems)} problems (its data may have no known solutions); pass --data FILE.jsonl")
+    return demos
+
+
 def sft_loss(model: torch.nn.Module, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]],
              pad_id: int) -> tuple[torch.Tensor, int]:
     """(mean cross-entropy per completion token, completion token count): the prompt and the padding carry no loss."""

@@ -19,6 +19,7 @@ import json
 import random
 import sys
 import time
+from collections.abc import Hashable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +88,17 @@ def check_policy_roles(cfg: Config, task: Any, algorithm: Any) -> None:
             raise ConfigError(f"policy.roles: {role!r} is not a role of the team; its roles are {sorted(team)} (a "
                               "numbered instance of one, such as generator0, may be listed too): remove it or fix its "
                               "spelling") from None
+
+
+ADVANTAGE_SCOPES = ("agent", "team")
+
+
+def comparison_keys(samples: Sequence[Sample], scope: str) -> list[Hashable]:
+    """Each sample's comparison group for its advantage (``train.advantage_scope``): ``agent``, the algorithm's own
+    group key (``Sample.group``: per role, turn, ...); ``team``, its problem, pooling every role's samples."""
+    if scope not in ADVANTAGE_SCOPES:
+        raise ValueError(f"advantage_scope {scope!r} is not one of {', '.join(ADVANTAGE_SCOPES)}")
+    return [s.group for s in samples] if scope == "agent" else [(s.problem_id,) for s in samples]
 
 
 class Trainer:
@@ -489,7 +501,7 @@ class Trainer:
                     "nothing is left to train on"
                 )
         rewards = torch.tensor([s.reward for s in train], dtype=torch.float32)
-        ids = group_ids_from_keys([s.group for s in train])
+        ids = group_ids_from_keys(comparison_keys(train, self.cfg.train.advantage_scope))
         baselines = None
         if self.cfg.train.advantage == "max":
             greedy = {s.group: s.reward for s in samples if s.baseline}

@@ -58,6 +58,8 @@ class Workflow:
     ``teamrl eval`` counts as a valid reply of a role that does not give the task's answer (role
     type -> ``check(text) -> bool``, or None for a free-text role that is not judged); every role not
     named is judged by the task's own ``valid`` hook (:func:`~teamrl.tasks.task.reply_valid`).
+    ``demonstrations``: ``(task, problem, settings) -> [(role type, messages, completion)]``, the warm start
+    (``teamrl sft``) in the workflow's own prompts and formats; None: the task's own demonstrations.
     """
 
     run: Callable[..., Awaitable[Any]]
@@ -67,6 +69,8 @@ class Workflow:
     replayable: bool = True
     task_kind: type | None = None  # the task class it runs on (None: any)
     summary: Summary | None = None
+    # the warm start's demonstrations of its roles: (task, problem, settings) -> [(role type, messages, completion)]
+    demonstrations: Callable[..., list[Any]] | None = None
     # roles that do not give the task's answer (teamrl eval's valid replies): role -> check of a reply, None = free text
     # a dict: not hashed
     formats: Mapping[str, Callable[[str], bool] | None] | None = field(default=None, compare=False)
@@ -92,9 +96,11 @@ WORKFLOWS.register("env", Workflow(adapters.env, (), options=adapters.EnvOptions
 WORKFLOWS.register("research", Workflow(research, ("main", "sub"), sub_roles=("sub",), task_kind=ResearchEnv))
 WORKFLOWS.register("research_single", Workflow(research_solo, ("main",), task_kind=ResearchEnv))
 WORKFLOWS.register("eval_opt", Workflow(eval_opt, ("generator", "evaluator"), options=StudyOptions, task_kind=SolveTask,
-                                        summary=eval_opt_module.summary, formats=eval_opt_module.FORMATS))
+                                        summary=eval_opt_module.summary, formats=eval_opt_module.FORMATS,
+                                        demonstrations=eval_opt_module.demonstrations))
 WORKFLOWS.register("voting", Workflow(voting, ("generator", "aggregator"), options=StudyOptions, task_kind=SolveTask,
-                                      summary=voting_module.summary, formats=voting_module.FORMATS))
+                                      summary=voting_module.summary, formats=voting_module.FORMATS,
+                                      demonstrations=voting_module.demonstrations))
 # the study workflows' options were top-level workflow keys before: a config that gives one fails, naming its place
 for _key in ("max_iterations", "num_generators", "max_subtasks"):
     register_moved_key(f"workflow.{_key}", f"workflow.options.{_key}")
@@ -125,12 +131,14 @@ def check_task(name: str, spec: Workflow, task: Any) -> None:
 
 def register_workflow(name: str, roles: tuple[str, ...], options: type | None = None, sub_roles: tuple[str, ...] = (),
                       replayable: bool = True, summary: Summary | None = None,
-                      formats: Mapping[str, Callable[[str], bool] | None] | None = None) -> Callable:
+                      formats: Mapping[str, Callable[[str], bool] | None] | None = None,
+                      demonstrations: Callable[..., list[Any]] | None = None) -> Callable:
     """Decorator: register an ``async def run(ctx, task, problem, settings) -> EpisodeOutcome | float | None``
     as ``workflow.name: <name>`` with its role types (and its options dataclass, if it has one; the
     roles of its sub-episodes; ``replayable=False`` if it is not deterministic given its texts;
     ``summary(outcomes) -> {metric: number}``, its own statistics over a batch of its outcomes;
-    ``formats``, the roles that do not give the task's answer, as :class:`Workflow` documents).
+    ``formats``, the roles that do not give the task's answer, as :class:`Workflow` documents;
+    ``demonstrations(task, problem, settings) -> [(role type, messages, completion)]``, its warm start).
     The function is returned unchanged, with the :class:`Workflow` in ``fn.teamrl_workflow``."""
     if isinstance(roles, str) or not roles or not all(isinstance(r, str) and r for r in roles):
         raise ConfigError(f"register_workflow {name!r}: roles must be a tuple of role names, got {roles!r}")
@@ -140,6 +148,9 @@ def register_workflow(name: str, roles: tuple[str, ...], options: type | None = 
     ):
         raise ConfigError(f"register_workflow {name!r}: formats must map role names to a check(text) -> bool or None, "
                           f"got {formats!r}")
+    if demonstrations is not None and not callable(demonstrations):
+        raise ConfigError(f"register_workflow {name!r}: demonstrations must be callable (task, problem, settings) -> "
+                          f"[(role, messages, completion)] or None, got {demonstrations!r}")
     if summary is not None and not callable(summary):
         raise ConfigError(
             f"register_workflow {name!r}: summary must be callable (outcomes -> {{metric: number}}) or None, "
@@ -154,7 +165,8 @@ def register_workflow(name: str, roles: tuple[str, ...], options: type | None = 
                 f"register_workflow {name!r}: {getattr(fn, '__qualname__', fn)!r} is not a coroutine "
                 "function; write it as async def run(ctx, task, problem, settings) and await ctx.generate"
             )
-        spec = Workflow(fn, tuple(roles), options, tuple(sub_roles), replayable, summary=summary, formats=formats)
+        spec = Workflow(fn, tuple(roles), options, tuple(sub_roles), replayable, summary=summary, formats=formats,
+                        demonstrations=demonstrations)
         fn.teamrl_workflow = WORKFLOWS.register(name, spec)  # type: ignore[attr-defined]
         return fn
 

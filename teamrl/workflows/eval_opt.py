@@ -26,7 +26,7 @@ from typing import Sequence
 from teamrl.tasks.solve import SolveTask
 from teamrl.tasks.task import Problem
 from teamrl.workflows.context import EpisodeContext
-from teamrl.workflows.outcome import EpisodeOutcome, StudyOptions
+from teamrl.workflows.outcome import DemoRow, EpisodeOutcome, StudyOptions, solved_reply, wrong_reply
 
 ROLES = ("generator", "evaluator")
 CRITIQUE_CHARS = 400
@@ -117,6 +117,26 @@ async def eval_opt(
         "iterations": len(attempts), "first_correct": correct[0],
         "verdicts": [(v, c) for v, c in zip(verdicts, correct)],  # (verdict or None, truth) per evaluation
     })
+
+
+DEMO_CRITIQUE = "The calculation is wrong; redo it step by step."
+
+
+def demonstrations(task: SolveTask, problem: Problem, settings: StudyOptions) -> list[DemoRow]:
+    """Warm start (the study's format): the generator's first answer as the task demonstrates; the evaluator judging
+    that answer ``Verdict: Correct`` and the same reply with a wrong integer answer ``Verdict: Incorrect`` with a
+    critique; the generator's second attempt after that critique. The first row only where the answer is not an
+    integer."""
+    right = solved_reply(task, problem)
+    if right is None:
+        return []
+    rows: list[DemoRow] = [("generator", generator_prompt(task, problem, None, None), right)]
+    wrong = wrong_reply(right, problem.data.get("answer"), 1)
+    if wrong is not None:
+        rows += [("evaluator", evaluator_prompt(task, problem, right), "Verdict: Correct\nEach step checks out."),
+                 ("evaluator", evaluator_prompt(task, problem, wrong), f"Verdict: Incorrect\n{DEMO_CRITIQUE}"),
+                 ("generator", generator_prompt(task, problem, wrong, DEMO_CRITIQUE), right)]
+    return rows
 
 
 def summary(outcomes: Sequence[EpisodeOutcome]) -> dict[str, float]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
@@ -25,6 +26,31 @@ class StudyOptions:
         if self.max_iterations:
             return self.max_iterations
         return 2 if task_name.startswith("code") else 3
+
+
+# A workflow's warm-start demonstration: (role type, the prompt's messages, the reply to learn).
+DemoRow = tuple[str, list[dict[str, str]], str]
+
+
+def solved_reply(task: Any, problem: Any) -> str | None:
+    """The task's own demonstration reply for ``problem`` (its ``demonstrations`` hook's first row), None without one."""
+    hook = getattr(task, "demonstrations", None)
+    rows = hook(problem) if hook is not None else []
+    return rows[0][2] if rows else None
+
+
+def wrong_reply(reply: str, answer: Any, offset: int) -> str | None:
+    """``reply`` (a solved reply stating ``answer``) with that integer answer moved by ``offset`` wherever the reply
+    states it (``= 7``, ``Answer: 7``): a plausible wrong candidate for a demonstration. None when the answer is not
+    an integer or the reply does not state it."""
+    try:
+        value = int(str(answer).strip())
+    except ValueError:
+        return None
+    wrong = reply
+    for form in ("= {}", "Answer: {}"):
+        wrong = re.sub(re.escape(form.format(value)) + r"(?!\d)", form.format(value + offset), wrong)
+    return wrong if wrong != reply else None
 
 
 @dataclass

@@ -26,13 +26,14 @@ from __future__ import annotations
 
 import asyncio
 import re
+import zlib
 from collections import Counter
 from typing import Sequence
 
 from teamrl.tasks.solve import SolveTask
 from teamrl.tasks.task import Problem
 from teamrl.workflows.context import EpisodeContext
-from teamrl.workflows.outcome import EpisodeOutcome, StudyOptions
+from teamrl.workflows.outcome import DemoRow, EpisodeOutcome, StudyOptions, solved_reply, wrong_reply
 
 ROLE_TYPES = ("generator", "aggregator")
 CANDIDATE_CHARS = 1200  # of each candidate shown to the aggregator
@@ -107,6 +108,24 @@ async def voting(ctx: EpisodeContext, task: SolveTask, problem: Problem, setting
         "recovery": correct[chosen] and not majority_right,  # right although most candidates were wrong
         "choice_source": source,
     })
+
+
+def demonstrations(task: SolveTask, problem: Problem, settings: StudyOptions) -> list[DemoRow]:
+    """Warm start (the study's format): a generator answering as the task demonstrates, and the aggregator naming
+    the correct one of ``num_generators`` candidates (the others the same reply with a wrong integer answer; the
+    correct one's place set by the problem id). Only the generator's row where the answer is not an integer."""
+    right = solved_reply(task, problem)
+    if right is None:
+        return []
+    rows: list[DemoRow] = [("generator", task.prompt(problem), right)]
+    n = settings.num_generators
+    wrongs = [wrong_reply(right, problem.data.get("answer"), k) for k in (1, -1, 2, -2, 3, -3)[:n - 1]]
+    if n - 1 <= 6 and all(w is not None for w in wrongs):
+        pick = zlib.crc32(str(problem.id).encode()) % n
+        candidates = [w for w in wrongs if w is not None]
+        candidates.insert(pick, right)
+        rows.append(("aggregator", aggregator_prompt(task, problem, candidates), f"Choice: {pick + 1}"))
+    return rows
 
 
 def summary(outcomes: Sequence[EpisodeOutcome]) -> dict[str, float]:
