@@ -10,7 +10,9 @@ from typing import Any
 
 from learning_grid import CLIFF_POINTS, DYNAMICS_WINDOW, ArmResult, Comparison, Level
 from learning_stats import (
+    SPIKE_FACTOR,
     also_rows,
+    grad_norm_stats,
     held_out_cliffs,
     paired_vs_untrained,
     paired_vs_warm_start,
@@ -81,9 +83,28 @@ def render(comp: Comparison, results: list[ArmResult], seeds: list[int], eval_pr
         lines += ["", held_out_cliffs(results)]
         if any(r.curves for r in results):
             lines += ["", render_study_dynamics(results)]
+    if any(any(n) for r in results for n in r.grad_norms):
+        lines += ["", render_grad_norms(comp, results)]
     if png:
         lines += ["", f"![{comp.key} training curves]({png})"]
     return "\n".join(lines) + "\n"
+
+
+def render_grad_norms(comp: Comparison, results: list[ArmResult], factor: float = SPIKE_FACTOR) -> str:
+    """Each trained arm's gradient norm per optimizer step (before clipping): median, largest and spikes per seed,
+    and its held-out score paired with the first trained arm's on the same seed (Markdown)."""
+    trained = [(a, r) for a, r in zip(comp.arms, results) if a.rl and any(r.grad_norms)]
+    first = trained[0][1]
+    lines = [f"Gradient norm per optimizer step, before clipping (median / largest; spikes: steps over {factor:g}x the "
+             f"run's median), and the held-out score paired with {first.label}'s:", "",
+             f"| arm | median / largest, per seed | spikes, per seed | held-out vs {first.label}, per seed |", "|---|---|---|---|"]
+    for _, r in trained:
+        stats = [(s, g) for s, g in zip(r.seeds, grad_norm_stats(r, factor)) if g is not None]
+        vs = _paired_cell(paired_vs_untrained(first, r)) if r is not first else "-"
+        sizes = "; ".join(f"s{s}: {g['median']:.3f} / {g['max']:.3f}" for s, g in stats)
+        spikes = "; ".join(f"s{s}: {g['spikes']} of {g['steps']}" for s, g in stats)
+        lines.append(f"| {r.label} | {sizes} | {spikes} | {vs} |")
+    return "\n".join(lines)
 
 
 def render_study_dynamics(results: list[ArmResult], points: float = CLIFF_POINTS) -> str:
@@ -143,6 +164,8 @@ def _arm_json(comp: Comparison, base: ArmResult, r: ArmResult, dynamics: dict[st
             p["beyond_noise"] and p["difference"] > 0 for p in paired.values()),
         "signal_groups_varied": [g[0] for g in r.signal_groups], "signal_groups": [g[1] for g in r.signal_groups],
         "episodes_sampled": r.episodes, "wall_s": r.wall,
+        # per seed: median and largest gradient norm per optimizer step, and the spikes (None: not recorded)
+        "grad_norm": grad_norm_stats(r),
         **({"training_dynamics": dynamics} if comp.flag_cliffs and dynamics else {}),
         # a warm-started RL arm against the warm start alone: RL's own effect
         **({"paired_vs_warm_start": {str(k): v for k, v in sorted(vs_warm.items())}} if vs_warm is not None else {}),

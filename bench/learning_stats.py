@@ -93,3 +93,20 @@ def study_dynamics(results: list[ArmResult], window: int = DYNAMICS_WINDOW) -> l
                     "fell_from_peak": [p - f for p, f in zip(peak, final)],
                     "role_grad_norm": {role: statistics.mean(n[role] for n in r.role_grad_norms if role in n) for role in roles}})
     return out
+
+
+SPIKE_FACTOR = 3.0  # a step whose gradient norm is over this many times its run's median is a spike
+
+
+def grad_norm_stats(r: ArmResult, factor: float = SPIKE_FACTOR) -> list[dict[str, Any] | None]:
+    """Per seed (None where the run recorded none): the median and the largest of its steps' gradient norms (before
+    clipping) and its spikes, the steps over ``factor`` times the median (Dr. MAS's instability)."""
+    out: list[dict[str, Any] | None] = []
+    for norms in r.grad_norms:
+        if not norms:
+            out.append(None)
+            continue
+        median = statistics.median(norms)
+        out.append({"median": median, "max": max(norms), "steps": len(norms),
+                    "spikes": sum(n > factor * median for n in norms) if median > 0 else 0})
+    return out

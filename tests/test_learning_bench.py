@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
 import sys
 from pathlib import Path
@@ -395,3 +396,31 @@ def test_a_run_that_would_wait_on_a_warm_start_being_built_gives_way(tmp_path):
     shared = learning.warm_start_dir(comp, 1, tmp_path, None, comp.arms[2])
     per_role = learning.warm_start_dir(comp, 1, tmp_path, None, comp.arms[-1])
     assert comp.arms[2].warm_start and shared.name == "at_grpo-warm-seed1" and per_role != shared  # its own policy mode
+
+
+def test_gradient_norm_spikes_are_counted_per_seed_and_rendered_with_the_paired_score(tmp_path):
+    learning = _learning()
+    import learning_render
+    import learning_stats
+
+    comp = next(c for c in learning.comparisons() if c.key == "adv_scope_magrpo")
+    ids = [["p0", "p1"]]
+    agent = learning.ArmResult(comp.arms[1].label, seeds=[0], grad_norms=[[1.0, 1.2, 0.8, 1.0]], problem_ids=ids,
+                               problem_scores=[[0.5, 0.5]])
+    team = learning.ArmResult(comp.arms[2].label, seeds=[0], grad_norms=[[1.0, 5.0, 0.9, 4.0]], problem_ids=ids,
+                              problem_scores=[[0.25, 0.25]])
+    stats = learning_stats.grad_norm_stats(team)
+    assert stats == [{"median": 2.5, "max": 5.0, "steps": 4, "spikes": 0}]  # 5.0 is not over 3 x 2.5
+    assert learning_stats.grad_norm_stats(team, factor=1.5) == [{"median": 2.5, "max": 5.0, "steps": 4, "spikes": 2}]
+    assert learning_stats.grad_norm_stats(learning.ArmResult("x", seeds=[0], grad_norms=[[]])) == [None]
+    table = learning_render.render_grad_norms(comp, [learning.ArmResult("untrained team"), agent, team], factor=1.5)
+    assert f"| {agent.label} | s0: 1.000 / 1.200 | s0: 0 of 4 | - |" in table
+    assert f"| {team.label} | s0: 2.500 / 5.000 | s0: 2 of 4 | s0: -0.250 +/- 0.000 * |" in table  # paired, problem by problem
+    # a cell cached before the gradient norms were recorded reads with an empty list per seed (the lists stay aligned)
+    fp = learning.cell_fingerprint(comp, 1, 48, False, None)
+    path = tmp_path / "old.json"
+    learning.write_cell(path, fp, comp, None, agent)
+    cell = json.loads(path.read_text())
+    del cell["result"]["grad_norms"]
+    path.write_text(json.dumps(cell))
+    assert learning.read_cell(path, fp).grad_norms == [[]]
