@@ -52,9 +52,13 @@ def read_cell(path: Path, fingerprint: str) -> ArmResult | None:
         return None
     names = {f.name for f in dataclasses.fields(ArmResult)}
     one = ArmResult(**{k: v for k, v in cell["result"].items() if k in names})
-    if not one.grad_norms and one.seeds:  # a cell written before the per-step gradient norms were recorded
-        one.grad_norms = [[] for _ in one.seeds]
+    for late in LATE_FIELDS:  # a cell written before these were recorded: an empty list per seed keeps them aligned
+        if not getattr(one, late) and one.seeds:
+            setattr(one, late, [[] for _ in one.seeds])
     return one
+
+
+LATE_FIELDS = ("grad_norms", "eval_curves")  # per-seed fields added after cells were committed
 
 
 def write_cell(path: Path, fingerprint: str, comp: Comparison, level: Level | None, one: ArmResult) -> None:

@@ -83,6 +83,8 @@ class ArmResult:
     # per seed: each optimizer step's gradient norm before clipping (the largest of the run's policies'); [] for a run
     # cached before it was recorded or one that did not train
     grad_norms: list[list[float]] = field(default_factory=list)
+    # per seed: the held-out accuracy evaluated during training (train.eval_every), [step, accuracy] pairs from step 0
+    eval_curves: list[list[list[float]]] = field(default_factory=list)
     # per seed: the same run scored by each of ``Arm.also_eval``'s methods (method -> that one-seed ArmResult as a dict)
     also: list[dict[str, dict[str, Any]]] = field(default_factory=list)
 
@@ -257,9 +259,10 @@ WARM_LR = 2e-3  # a LoRA adapter takes a higher rate than RL's; the few warm-sta
 # default train.cliff_points) and the training curve with its own peak (study_dynamics), without an
 # evaluation during training (train.eval_every=0): 48 held-out problems per evaluation cost ~2 min.
 # Issue learn-3: 4x those episodes (Voting 30 steps x 4 problems, Eval-Opt 20 x 4), 96 new tokens, lr 1e-4.
+# The held-out peak and cliffs: 16 of the held-out problems every 5 steps (from step 0, the warm start), ~30 s each.
 STUDY_COMMON = ("algorithm=grpo", "task.name=math.solve", "task.num_problems=176", f"task.test_size={EVAL_PROBLEMS}",
-                "rollout.group_size=4", "rollout.batch_size=4", "rollout.max_new_tokens=96", "train.eval_every=0",
-                "train.lr=0.0001")
+                "rollout.group_size=4", "rollout.batch_size=4", "rollout.max_new_tokens=96", "train.eval_every=5",
+                "train.eval_problems=16", "train.lr=0.0001")
 STUDY_SIZES = {
     "eval_opt": ("train.steps=20", "workflow.options.max_iterations=2"),
     "voting": ("train.steps=30",),

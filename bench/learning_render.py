@@ -113,15 +113,23 @@ def render_study_dynamics(results: list[ArmResult], points: float = CLIFF_POINTS
     lines = [f"Training dynamics (training reward over {DYNAMICS_WINDOW}-step windows; a fall of more than {points:g} points "
              "from the peak is a cliff):", "",
              f"| arm | training peak (step), per seed | training final (last {DYNAMICS_WINDOW} steps), per seed | "
-             f"fell from peak by more than {points:g} points | gradient norm per role (mean over steps and seeds) |",
-             "|---|---|---|---|---|"]
+             f"fell from peak by more than {points:g} points | held-out accuracy during training: start -> peak (step) -> "
+             f"final, per seed | held-out cliffs (evaluations {points:g}+ points under the running peak) | "
+             "gradient norm per role (mean over steps and seeds) | role capture (share of the summed norm) |",
+             "|---|---|---|---|---|---|---|---|"]
     for r, d in zip(results, study_dynamics(results)):
         if d is None:
             continue
         fell = [f"s{s}: -{100 * x:.0f} points" for s, x in zip(r.seeds, d["fell_from_peak"]) if 100 * x > points]
         norms = ", ".join(f"{role} {v:.2f}" for role, v in d["role_grad_norm"].items()) or "-"
+        total = sum(d["role_grad_norm"].values())
+        capture = ", ".join(f"{role} {v / total:.2f}" for role, v in d["role_grad_norm"].items()) if total > 0 else "-"
+        held = [(s, h) for s, h in zip(r.seeds, d["held_out"]) if h is not None]
+        curve = "; ".join(f"s{s}: {h['start']:.3f} -> {h['peak']:.3f} ({h['peak_step']}) -> {h['final']:.3f}" for s, h in held) or "-"
+        cliffs = "; ".join(f"s{s}: {h['cliffs']}" for s, h in held) or "-"
         lines.append(f"| {r.label} | {'; '.join(f's{s}: {p:.3f} (step {k})' for s, p, k in zip(r.seeds, d['peak'], d['peak_step']))} | "
-                     f"{'; '.join(f's{s}: {x:.3f}' for s, x in zip(r.seeds, d['final']))} | {'; '.join(fell) or 'none'} | {norms} |")
+                     f"{'; '.join(f's{s}: {x:.3f}' for s, x in zip(r.seeds, d['final']))} | {'; '.join(fell) or 'none'} | "
+                     f"{curve} | {cliffs} | {norms} | {capture} |")
     return "\n".join(lines)
 
 

@@ -110,8 +110,10 @@ def run_arm(comp: Comparison, index: int, seed: int, workdir: Path, eval_problem
         result.role_grad_norms.append({role: statistics.mean(v) for role, v in sorted(norms.items())})
         result.grad_norms.append([max(v for k, v in m.items() if k.startswith("grad_norm/")) for m in steps
                                   if any(k.startswith("grad_norm/") for k in m)])
+        result.eval_curves.append([[m["step"], m["eval/accuracy"]] for m in metrics if "eval/accuracy" in m])
     else:
         result.grad_norms.append([])
+        result.eval_curves.append([])
         result.signal.append(None)
         result.signal_groups.append([0, 0])
         result.role_grad_norms.append({})
@@ -120,7 +122,8 @@ def run_arm(comp: Comparison, index: int, seed: int, workdir: Path, eval_problem
     row, *also = evaluate(held, [method, *arm.also_eval], checkpoint=workdir / name if method == "team" else None,
                           limit=eval_problems, progress=False)
     extra = {x.method: _scored(ArmResult(arm.label, seeds=[seed], wall=[x.seconds_per_problem * x.problems], tokens=[trained_tokens],
-                                         signal=[None], signal_groups=[[0, 0]], role_grad_norms=[{}], grad_norms=[[]]), x)
+                                         signal=[None], signal_groups=[[0, 0]], role_grad_norms=[{}], grad_norms=[[]],
+                                         eval_curves=[[]]), x)
              for x in also}
     result.also.append({m: dataclasses.asdict(r) for m, r in extra.items()})  # the same trained run, other methods: no second training
     result.seeds.append(seed)

@@ -91,8 +91,25 @@ def study_dynamics(results: list[ArmResult], window: int = DYNAMICS_WINDOW) -> l
         roles = sorted({role for norms in r.role_grad_norms for role in norms})
         out.append({"peak": peak, "peak_step": peak_step, "final": final,
                     "fell_from_peak": [p - f for p, f in zip(peak, final)],
-                    "role_grad_norm": {role: statistics.mean(n[role] for n in r.role_grad_norms if role in n) for role in roles}})
+                    "role_grad_norm": {role: statistics.mean(n[role] for n in r.role_grad_norms if role in n) for role in roles},
+                    "held_out": [held_out_dynamics(curve) for curve in r.eval_curves]})
     return out
+
+
+def held_out_dynamics(curve: list[list[float]], points: float = CLIFF_POINTS) -> dict[str, Any] | None:
+    """One run's held-out accuracy evaluated during training ([step, accuracy] pairs, from step 0): its peak and
+    that step, its final value, and its cliffs (evaluations more than ``points`` percentage points under the running
+    peak, as the trainer's ``train.cliff_points`` counts them); None when the run evaluated nothing."""
+    if not curve:
+        return None
+    best, cliffs, peak_step, running = curve[0][1], 0, curve[0][0], curve[0][1]
+    for step, acc in curve:
+        if acc > running:
+            running, peak_step = acc, step
+        elif 100 * (running - acc) > points:
+            cliffs += 1
+        best = max(best, acc)
+    return {"start": curve[0][1], "peak": best, "peak_step": peak_step, "final": curve[-1][1], "cliffs": cliffs}
 
 
 SPIKE_FACTOR = 3.0  # a step whose gradient norm is over this many times its run's median is a spike

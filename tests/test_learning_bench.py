@@ -424,3 +424,18 @@ def test_gradient_norm_spikes_are_counted_per_seed_and_rendered_with_the_paired_
     del cell["result"]["grad_norms"]
     path.write_text(json.dumps(cell))
     assert learning.read_cell(path, fp).grad_norms == [[]]
+
+
+def test_held_out_dynamics_finds_the_peak_the_final_and_each_cliff_under_the_running_peak():
+    _learning()
+    import learning_render
+    import learning_stats
+
+    curve = [[0, 0.30], [5, 0.50], [10, 0.35], [15, 0.45], [20, 0.38]]
+    assert learning_stats.held_out_dynamics(curve) == {"start": 0.30, "peak": 0.50, "peak_step": 5, "final": 0.38,
+                                                       "cliffs": 2}  # 0.35 and 0.38 are over 10 points under 0.50
+    assert learning_stats.held_out_dynamics(curve, points=14)["cliffs"] == 1 and learning_stats.held_out_dynamics([]) is None
+    arm = _learning().ArmResult("IP", seeds=[0], curves=[[0.1, 0.2, 0.3]], eval_curves=[curve],
+                                role_grad_norms=[{"aggregator": 1.0, "generator": 3.0}])
+    table = learning_render.render_study_dynamics([arm])
+    assert "| s0: 0.300 -> 0.500 (5) -> 0.380 | s0: 2 | aggregator 1.00, generator 3.00 | aggregator 0.25, generator 0.75 |" in table
