@@ -164,6 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--level", help=argparse.SUPPRESS)
     ap.add_argument("--workdir", help=argparse.SUPPRESS)
     ap.add_argument("--one-thread", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--cell", help=argparse.SUPPRESS)  # a child: where to cache its finished run ...
+    ap.add_argument("--fingerprint", default="", help=argparse.SUPPRESS)  # ... under this fingerprint
     args = ap.parse_args(argv)
     if args.run_cell:  # a child of --jobs: one (arm, seed) run; its result as the last line of stdout
         key, index, seed = args.run_cell[0], int(args.run_cell[1]), int(args.run_cell[2])
@@ -171,6 +173,8 @@ def main(argv: list[str] | None = None) -> int:
         level = next((lv for lv in comp.levels if lv.label == args.level), None)
         one = ArmResult(comp.arms[index].label)
         run_arm(comp, index, seed, Path(args.workdir), args.eval, args.quick, one, args.one_thread, level)
+        if args.cell:  # the finished run is kept even if the grid that started it cannot take it
+            write_cell(Path(args.cell), args.fingerprint, comp, level, one)
         print(json.dumps(dataclasses.asdict(one)), flush=True)
         return 0
     jobs = args.jobs if args.jobs is not None else (1 if args.quick else 2)
@@ -271,10 +275,12 @@ def _grid(args, grid: list[Comparison], seeds: list[int], eval_problems, calibra
         if jobs == 1:
             one = ArmResult(comp.arms[index].label)
             run_arm(comp, index, seed, d, eval_problems(comp), args.quick, one, level=level)
-        else:
-            one = run_arm_in_process(comp, index, seed, d, eval_problems(comp), args.quick, one_thread=True, level=level)
+        else:  # the child caches its run itself
+            one = run_arm_in_process(comp, index, seed, d, eval_problems(comp), args.quick, one_thread=True, level=level,
+                                     cell=cell_path(cells, comp, index, seed), fingerprint=fp)
         with lock:
-            write_cell(cell_path(cells, comp, index, seed), fp, comp, level, one)
+            if jobs == 1:
+                write_cell(cell_path(cells, comp, index, seed), fp, comp, level, one)
             for each in (for_seeds(one, seeds) if comp.arms[index].seed_free else [one]):
                 merge(results[comp.key][index], each)
             finished[0] += 1

@@ -52,13 +52,14 @@ def read_cell(path: Path, fingerprint: str) -> ArmResult | None:
         return None
     names = {f.name for f in dataclasses.fields(ArmResult)}
     one = ArmResult(**{k: v for k, v in cell["result"].items() if k in names})
-    for late in LATE_FIELDS:  # a cell written before these were recorded: an empty list per seed keeps them aligned
+    for late, empty in LATE_FIELDS.items():  # a cell written before these were recorded: one empty entry per seed
         if not getattr(one, late) and one.seeds:
-            setattr(one, late, [[] for _ in one.seeds])
+            setattr(one, late, [empty() for _ in one.seeds])
     return one
 
 
-LATE_FIELDS = ("grad_norms", "eval_curves")  # per-seed fields added after cells were committed
+# per-seed fields added after cells were committed, and the empty entry of one seed
+LATE_FIELDS = {"grad_norms": list, "eval_curves": list, "role_local_rewards": dict}
 
 
 def write_cell(path: Path, fingerprint: str, comp: Comparison, level: Level | None, one: ArmResult) -> None:

@@ -85,6 +85,8 @@ class ArmResult:
     grad_norms: list[list[float]] = field(default_factory=list)
     # per seed: the held-out accuracy evaluated during training (train.eval_every), [step, accuracy] pairs from step 0
     eval_curves: list[list[list[float]]] = field(default_factory=list)
+    # per seed: each role's own (local) reward per step where the algorithm logs it (AT-GRPO: "tool/turn0" -> [...])
+    role_local_rewards: list[dict[str, list[float]]] = field(default_factory=list)
     # per seed: the same run scored by each of ``Arm.also_eval``'s methods (method -> that one-seed ArmResult as a dict)
     also: list[dict[str, dict[str, Any]]] = field(default_factory=list)
 

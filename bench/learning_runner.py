@@ -18,17 +18,27 @@ from learning_grid import WARM_LR, WARM_PROBLEMS_QUICK, Arm, ArmResult, Comparis
 
 
 def run_arm_in_process(comp: Comparison, index: int, seed: int, workdir: Path, eval_problems: int, quick: bool,
-                       one_thread: bool, level: Level | None = None) -> ArmResult:
-    """One (arm, seed) run in a child process of its own (``--run-cell``), at one torch thread: its result."""
+                       one_thread: bool, level: Level | None = None, cell: Path | None = None,
+                       fingerprint: str = "") -> ArmResult:
+    """One (arm, seed) run in a child process of its own (``--run-cell``), at one torch thread: its result. With
+    ``cell``, the child writes the finished run's cell itself before it exits, so a run that finished is kept
+    whatever happens to this process afterwards (a parent of older code that cannot read it, a stopped grid)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE"} if one_thread else None
     cmd = [sys.executable, str(Path(__file__).resolve().with_name("learning.py")), "--run-cell", comp.key, str(index), str(seed), "--workdir",
            str(workdir), "--eval", str(eval_problems), *(["--level", level.label] if level else []),
-           *(["--quick"] if quick else []), *(["--one-thread"] if one_thread else [])]
+           *(["--quick"] if quick else []), *(["--one-thread"] if one_thread else []),
+           *(["--cell", str(cell), "--fingerprint", fingerprint] if cell is not None else [])]
     done = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"bench --learning: {comp.key} arm {index} seed {seed} failed (exit {done.returncode}); "
                            f"its traceback is above; rerun alone with: {' '.join(cmd)}")
-    return ArmResult(**json.loads(done.stdout.strip().splitlines()[-1]))
+    fields = json.loads(done.stdout.strip().splitlines()[-1])
+    unknown = sorted(set(fields) - {f.name for f in dataclasses.fields(ArmResult)})
+    if unknown:
+        raise RuntimeError(f"bench --learning: {comp.key} arm {index} seed {seed} returned fields {unknown} this grid's "
+                           "ArmResult does not have (the bench's code changed under a running grid); "
+                           + (f"its cell is kept in {cell}: run the grid again to read it" if cell else "rerun it"))
+    return ArmResult(**fields)
 
 
 def warm_start_dir(comp: Comparison, seed: int, workdir: Path, level: Level | None = None, arm: Arm | None = None) -> Path:
@@ -111,9 +121,16 @@ def run_arm(comp: Comparison, index: int, seed: int, workdir: Path, eval_problem
         result.grad_norms.append([max(v for k, v in m.items() if k.startswith("grad_norm/")) for m in steps
                                   if any(k.startswith("grad_norm/") for k in m)])
         result.eval_curves.append([[m["step"], m["eval/accuracy"]] for m in metrics if "eval/accuracy" in m])
+        local: dict[str, list[float]] = {}
+        for m in steps:
+            for k, v in m.items():
+                if k.startswith("local_reward/"):
+                    local.setdefault(k.split("/", 1)[1], []).append(v)
+        result.role_local_rewards.append(local)
     else:
         result.grad_norms.append([])
         result.eval_curves.append([])
+        result.role_local_rewards.append({})
         result.signal.append(None)
         result.signal_groups.append([0, 0])
         result.role_grad_norms.append({})
@@ -123,7 +140,7 @@ def run_arm(comp: Comparison, index: int, seed: int, workdir: Path, eval_problem
                           limit=eval_problems, progress=False)
     extra = {x.method: _scored(ArmResult(arm.label, seeds=[seed], wall=[x.seconds_per_problem * x.problems], tokens=[trained_tokens],
                                          signal=[None], signal_groups=[[0, 0]], role_grad_norms=[{}], grad_norms=[[]],
-                                         eval_curves=[[]]), x)
+                                         eval_curves=[[]], role_local_rewards=[{}]), x)
              for x in also}
     result.also.append({m: dataclasses.asdict(r) for m, r in extra.items()})  # the same trained run, other methods: no second training
     result.seeds.append(seed)

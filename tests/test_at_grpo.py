@@ -138,6 +138,12 @@ def test_trajectory_grouping(tiny_engine_tok):
         assert len({s.episode for s in g}) == 4
         for s in g:  # local reward + alpha * the episode's final team reward
             assert s.reward == pytest.approx(s.tags["local_reward"] + 0.5 * s.tags["team_reward"])
+    m = ATGRPO.metrics(samples)  # each role's own (local) reward per turn, apart from the team's share
+    for role in ("planner", "tool"):
+        for turn in (0, 1):
+            own = [s.tags["local_reward"] for s in samples if s.role == role and s.turn == turn]
+            assert m[f"local_reward/{role}/turn{turn}"] == pytest.approx(sum(own) / len(own))
+    assert len({m[f"local_reward/{r}/turn{t}"] for r in ("planner", "tool") for t in (0, 1)}) > 1  # not one number
 
 
 def test_select_branch():

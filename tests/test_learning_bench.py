@@ -8,6 +8,8 @@ import re
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -439,3 +441,37 @@ def test_held_out_dynamics_finds_the_peak_the_final_and_each_cliff_under_the_run
                                 role_grad_norms=[{"aggregator": 1.0, "generator": 3.0}])
     table = learning_render.render_study_dynamics([arm])
     assert "| s0: 0.300 -> 0.500 (5) -> 0.380 | s0: 2 | aggregator 1.00, generator 3.00 | aggregator 0.25, generator 0.75 |" in table
+
+
+def test_a_child_run_keeps_its_cell_and_a_parent_of_other_code_says_so(tmp_path, monkeypatch, capsys):
+    """A --run-cell child writes its finished run's cell itself; a parent whose ArmResult lacks a field the child
+    returned names it and where the cell is (the run is not lost: a grid started again reads it)."""
+    import subprocess
+
+    learning = _learning()
+    import learning_runner
+
+    comp = next(c for c in learning.comparisons() if c.key == "study_voting")
+    cell = tmp_path / "cells" / "untrained.json"
+    assert learning.main(["--run-cell", comp.key, "0", "0", "--workdir", str(tmp_path), "--eval", "2", "--quick",
+                          "--cell", str(cell), "--fingerprint", "f00d"]) == 0
+    printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    kept = learning.read_cell(cell, "f00d")
+    assert kept is not None and kept.scores == printed["scores"] and kept.seeds == [0]
+
+    def newer_child(cmd, **kwargs):
+        assert cmd[cmd.index("--cell") + 1] == str(cell) and cmd[cmd.index("--fingerprint") + 1] == "f00d"
+        return subprocess.CompletedProcess(cmd, 0, stdout=json.dumps({**printed, "a_newer_field": [1]}) + "\n")
+    monkeypatch.setattr(learning_runner.subprocess, "run", newer_child)
+    with pytest.raises(RuntimeError, match=r"returned fields \['a_newer_field'\].*kept in .*untrained.json"):
+        learning_runner.run_arm_in_process(comp, 0, 0, tmp_path, 2, True, True, cell=cell, fingerprint="f00d")
+
+
+def test_each_roles_own_reward_is_rendered_first_steps_to_last_per_seed():
+    learning = _learning()
+    import learning_render
+
+    arm = learning.ArmResult("tree", seeds=[0, 1], role_local_rewards=[{"tool/turn0": [0.0, 0.2, 0.2, 1.0, 1.0, 1.0]},
+                                                                          {"tool/turn0": [0.2, 0.2, 0.2, 0.2]}])
+    table = learning_render.render_local_rewards([learning.ArmResult("untrained team"), arm], window=3)
+    assert "| tree | tool/turn0 | s0: 0.133 -> 1.000; s1: 0.200 -> 0.200 |" in table and "untrained" not in table

@@ -231,7 +231,8 @@ class ATGRPO(Algorithm):
 
     @staticmethod
     def metrics(samples: Sequence[Sample]) -> dict[str, float]:
-        """Per role and turn: mean reward, advantage std, share of zero-variance groups; success, turns to solve."""
+        """Per role and turn: mean reward, its own (local) part, advantage std, share of zero-variance groups;
+        success, turns to solve."""
         out: dict[str, float] = {}
         keys = sorted({(s.role, s.turn) for s in samples}, key=lambda x: (x[1], x[0]))
         for role, turn in keys:
@@ -240,6 +241,8 @@ class ATGRPO(Algorithm):
             mean_adv = sum(adv) / len(adv)
             rewards = [float(s.reward) for s in own if s.reward is not None]  # every trained sample has one
             out[f"reward/{role}/turn{turn}"] = sum(rewards) / len(own)
+            # the role's own reward, without the team's share (plan_path's tool: 1 when its program printed a solving path)
+            out[f"local_reward/{role}/turn{turn}"] = sum(float(s.tags.get("local_reward", 0.0)) for s in own) / len(own)
             out[f"adv_std/{role}/turn{turn}"] = (sum((a - mean_adv) ** 2 for a in adv) / len(adv)) ** 0.5
             groups: dict[Hashable, list[float]] = {}
             for s in own:
