@@ -439,3 +439,12 @@ def test_held_out_dynamics_finds_the_peak_the_final_and_each_cliff_under_the_run
                                 role_grad_norms=[{"aggregator": 1.0, "generator": 3.0}])
     table = learning_render.render_study_dynamics([arm])
     assert "| s0: 0.300 -> 0.500 (5) -> 0.380 | s0: 2 | aggregator 1.00, generator 3.00 | aggregator 0.25, generator 0.75 |" in table
+
+
+def test_a_comparison_runs_at_the_level_the_comparison_it_follows_picked():
+    learning = _learning()
+    comps = {c.key: c for c in learning.comparisons()}
+    picked = {"study_voting": {"picked": "one operation, operands <= 20"}, "adv_scope_voting": {"picked": "no such level"}}
+    assert comps["adv_scope_voting"].level(picked).label == "one operation, operands <= 20"  # Voting's own pick
+    assert comps["adv_scope_voting"].level({}).label == "one operation, operands <= 5"  # uncalibrated: its default
+    assert comps["study_voting"].level(picked).label == "one operation, operands <= 20"
