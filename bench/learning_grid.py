@@ -55,11 +55,12 @@ class Comparison:
     levels: tuple[Level, ...] = ()  # difficulty levels, easiest first (--calibrate picks one); () = the task has no knob here
     default_level: str = ""  # the level the grid runs at until a calibration picks one
     calibration_arm: int = -1  # the arm whose team (and warm start) calibration scores: the algorithm's own
+    calibrated_by: str = ""  # another comparison whose calibration pick this one runs at ("": its own)
 
     def level(self, calibration: dict | None = None) -> Level | None:
         """The level the grid runs at: the calibration's pick where it names one of ours, else the default."""
         by = {lv.label: lv for lv in self.levels}
-        picked = ((calibration or {}).get(self.key) or {}).get("picked")
+        picked = ((calibration or {}).get(self.calibrated_by or self.key) or {}).get("picked")
         return by.get(picked) or by.get(self.default_level) or (self.levels[0] if self.levels else None)
 
 
@@ -244,7 +245,8 @@ def comparisons() -> list[Comparison]:
                     Arm("SP, per-role reward, team-wide normalisation, warm start", ("train.advantage_scope=team",),
                         warm_start=True)),
                    quick=("task.num_problems=12", "task.test_size=3"), eval_problems=EVAL_PROBLEMS,
-                   warm_problems=STUDY_WARM_PROBLEMS, levels=arithmetic, default_level="one operation, operands <= 5"),
+                   warm_problems=STUDY_WARM_PROBLEMS, levels=arithmetic, default_level="one operation, operands <= 5",
+                   calibrated_by="study_voting"),
     ]
 
 

@@ -475,3 +475,12 @@ def test_each_roles_own_reward_is_rendered_first_steps_to_last_per_seed():
                                                                           {"tool/turn0": [0.2, 0.2, 0.2, 0.2]}])
     table = learning_render.render_local_rewards([learning.ArmResult("untrained team"), arm], window=3)
     assert "| tree | tool/turn0 | s0: 0.133 -> 1.000; s1: 0.200 -> 0.200 |" in table and "untrained" not in table
+
+
+def test_a_comparison_runs_at_the_level_the_comparison_it_follows_picked():
+    learning = _learning()
+    comps = {c.key: c for c in learning.comparisons()}
+    picked = {"study_voting": {"picked": "one operation, operands <= 20"}, "adv_scope_voting": {"picked": "no such level"}}
+    assert comps["adv_scope_voting"].level(picked).label == "one operation, operands <= 20"  # Voting's own pick
+    assert comps["adv_scope_voting"].level({}).label == "one operation, operands <= 5"  # uncalibrated: its default
+    assert comps["study_voting"].level(picked).label == "one operation, operands <= 20"
