@@ -61,7 +61,8 @@ def render(comp: Comparison, results: list[ArmResult], seeds: list[int], eval_pr
              "|---|---|---|---|---|---|---|---|---|" + ("---|" if warm else "")]
     specialised = []  # team - swapped, per arm scored swapped too
     for arm, arm_result, arm_vs_warm in zip(comp.arms, results, paired_vs_warm_start(comp, results)):
-        extra = also_rows(arm, arm_result, warm_alone, arm_vs_warm)  # the same run scored by other methods: rows under it
+        # the same run scored by other methods: rows under it
+        extra = also_rows(arm, arm_result, warm_start_alone(comp, results, arm), arm_vs_warm)
         for r, vs_warm in [(arm_result, arm_vs_warm)] + [(x, x_vs_warm) for _, x, x_vs_warm in extra]:
             if not r.scores:  # not run yet (a partial page)
                 lines.append(f"| {r.label} | not run yet | | | | | | | |" + (" |" if warm else ""))
@@ -206,11 +207,11 @@ def results_json(grid: list[Comparison], results: dict[str, list[ArmResult]], le
     for comp in grid:
         arms = []
         base = results[comp.key][0]
-        warm = warm_start_alone(comp, results[comp.key])
         for arm, r, dynamics, vs_warm in zip(comp.arms, results[comp.key], study_dynamics(results[comp.key]),
                                              paired_vs_warm_start(comp, results[comp.key])):
             arms.append(_arm_json(comp, base, r, dynamics, vs_warm))
-            for method, x, x_vs_warm in also_rows(arm, r, warm, vs_warm):  # the same run, another method; team - it: the check
+            # the same run, another method; team - it: the check
+            for method, x, x_vs_warm in also_rows(arm, r, warm_start_alone(comp, results[comp.key], arm), vs_warm):
                 team_minus = paired_vs_untrained(x, r)
                 arms.append({**_arm_json(comp, base, x, None, x_vs_warm),
                              "of_arm": r.label, "method": method,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from learning_grid import CLIFF_POINTS, DYNAMICS_WINDOW, Arm, ArmResult, Comparison, merge
+from learning_grid import CLIFF_POINTS, DYNAMICS_WINDOW, Arm, ArmResult, Comparison, _policy_overrides, merge
 
 
 def paired_vs_untrained(untrained: ArmResult, arm: ArmResult) -> dict[int, dict[str, Any]]:
@@ -28,17 +28,27 @@ def paired_vs_untrained(untrained: ArmResult, arm: ArmResult) -> dict[int, dict[
     return out
 
 
-def warm_start_alone(comp: Comparison, results: list[ArmResult]) -> ArmResult | None:
-    """The comparison's "warm start only" result (warm-started, not trained by RL), if it has that arm."""
-    return next((r for a, r in zip(comp.arms, results) if a.warm_start and not a.rl), None)
+def warm_start_alone(comp: Comparison, results: list[ArmResult], arm: Arm | None = None) -> ArmResult | None:
+    """The comparison's "warm start only" result (warm-started, not trained by RL), if it has that arm; for ``arm``,
+    the one of the same policy settings where the grid has it (an arm with ``policy.*`` overrides has a warm start
+    of its own: per-role adapters), else the first. Only a result that has run counts as the arm's own."""
+    alone = [(a, r) for a, r in zip(comp.arms, results) if a.warm_start and not a.rl]
+    if arm is not None:
+        own = next((r for a, r in alone if _policy_overrides(a) == _policy_overrides(arm) and r.scores), None)
+        if own is not None:
+            return own
+    return next((r for _, r in alone), None)
 
 
 def paired_vs_warm_start(comp: Comparison, results: list[ArmResult]) -> list[dict[int, dict[str, Any]] | None]:
-    """Per arm: a warm-started RL arm's paired difference against the warm start alone (RL's own effect, the
-    same statistics as :func:`paired_vs_untrained`); None for every other arm or without a warm-start-only arm."""
-    warm = warm_start_alone(comp, results)
-    return [paired_vs_untrained(warm, r) if warm is not None and a.warm_start and a.rl else None
-            for a, r in zip(comp.arms, results)]
+    """Per arm: a warm-started RL arm's paired difference against its warm start alone (RL's own effect, the same
+    statistics as :func:`paired_vs_untrained`; :func:`warm_start_alone` of the arm); None for every other arm or
+    without a warm-start-only arm."""
+    out: list[dict[int, dict[str, Any]] | None] = []
+    for a, r in zip(comp.arms, results):
+        warm = warm_start_alone(comp, results, a) if a.warm_start and a.rl else None
+        out.append(paired_vs_untrained(warm, r) if warm is not None else None)
+    return out
 
 
 # the row label of an arm's run scored by another method (``Arm.also_eval``): "<arm>, <this>"

@@ -50,7 +50,7 @@ def test_quick_learning_run_writes_every_table_and_curve(tmp_path):
             assert re.search(r"\| IP \(LoRA per role\)[^|]* \| .* \| [a-z_]+ \d+\.\d\d", section), section
     # equal budgets: every RL arm of a comparison sampled the same number of episodes
     for section in page.split("### ")[1:]:
-        table = section.split("Training dynamics")[0]  # the arms' table, not the study's dynamics table under it
+        table = section.split("| arm | held-out")[1].split("\n\n")[0]  # the arms' table, not the tables under it
         episodes = {line.split("|")[6].strip() for line in table.splitlines() if line.startswith("| ") and "---" not in line
                     and not line.startswith("| arm")} - {"-"}
         assert len(episodes) == 1, section
@@ -484,3 +484,26 @@ def test_a_comparison_runs_at_the_level_the_comparison_it_follows_picked():
     assert comps["adv_scope_voting"].level(picked).label == "one operation, operands <= 20"  # Voting's own pick
     assert comps["adv_scope_voting"].level({}).label == "one operation, operands <= 5"  # uncalibrated: its default
     assert comps["study_voting"].level(picked).label == "one operation, operands <= 20"
+
+
+def test_an_arm_with_a_warm_start_of_its_own_pairs_with_that_warm_start_alone():
+    learning = _learning()
+    import learning_stats
+
+    comp = next(c for c in learning.comparisons() if c.key == "study_voting")
+    labels = [a.label for a in comp.arms]
+    ids = [["p0", "p1"]]
+
+    def one(label, scores):
+        return learning.ArmResult(label, seeds=[0], scores=[sum(scores) / 2], problem_ids=ids, problem_scores=[scores])
+    results = [learning.ArmResult(a.label) for a in comp.arms]
+    results[labels.index("warm start only")] = one("warm start only", [0.0, 0.0])
+    results[labels.index("SP (shared policy), warm start")] = one("SP", [1.0, 0.0])
+    results[labels.index("IP (LoRA per role), warm start")] = one("IP", [1.0, 1.0])
+    paired = learning_stats.paired_vs_warm_start(comp, results)
+    assert paired[labels.index("IP (LoRA per role), warm start")][0]["difference"] == 1.0  # no IP warm start run yet: the shared
+    results[labels.index("warm start only, IP (LoRA per role)")] = one("IP warm", [1.0, 0.0])
+    paired = learning_stats.paired_vs_warm_start(comp, results)
+    assert paired[labels.index("IP (LoRA per role), warm start")][0]["difference"] == 0.5  # against its own warm start
+    assert paired[labels.index("SP (shared policy), warm start")][0]["difference"] == 0.5  # SP's is the shared one
+    assert paired[labels.index("warm start only, IP (LoRA per role)")] is None  # not trained by RL
