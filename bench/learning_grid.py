@@ -234,7 +234,12 @@ def comparisons() -> list[Comparison]:
                       # IP's own warm start (one adapter per role), RL's own effect for IP (added after the first seeds:
                       # last, so the arms' indices of running grids stay; on seed 0 IP's warm start scored 0.56 on 16
                       # held-out problems at step 0 against the shared one's 0.31)
-                      Arm("warm start only, IP (LoRA per role)", ("policy.mode=lora_per_role",), warm_start=True, rl=False)),
+                      Arm("warm start only, IP (LoRA per role)", ("policy.mode=lora_per_role",), warm_start=True, rl=False),
+                      # the first grid's learning rate, against the cliffs of 1e-4's (issue learn-3: both rates)
+                      Arm("SP (shared policy), warm start, lr 5e-4", ("policy.mode=shared", "train.role_grad_norms=true",
+                                                                      "train.lr=0.0005"), warm_start=True),
+                      Arm("IP (LoRA per role), warm start, lr 5e-4", ("policy.mode=lora_per_role", "train.lr=0.0005"),
+                          warm_start=True)),
                      quick=("task.num_problems=12", "task.test_size=3"), flag_cliffs=True, eval_problems=EVAL_PROBLEMS,
                      warm_problems=STUDY_WARM_PROBLEMS, levels=arithmetic, default_level="one operation, operands <= 20",
                      calibration_arm=2)
