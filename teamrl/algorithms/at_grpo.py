@@ -241,7 +241,8 @@ class ATGRPO(Algorithm):
             mean_adv = sum(adv) / len(adv)
             rewards = [float(s.reward) for s in own if s.reward is not None]  # every trained sample has one
             out[f"reward/{role}/turn{turn}"] = sum(rewards) / len(own)
-            # the role's own reward, without the team's share (plan_path's tool: 1 when its program printed a solving path)
+            # the role's own reward, without the team's share (plan_path's tool: 1 when its program printed a
+            # solving path)
             out[f"local_reward/{role}/turn{turn}"] = sum(float(s.tags.get("local_reward", 0.0)) for s in own) / len(own)
             out[f"adv_std/{role}/turn{turn}"] = (sum((a - mean_adv) ** 2 for a in adv) / len(adv)) ** 0.5
             groups: dict[Hashable, list[float]] = {}

@@ -33,7 +33,8 @@ DemoRow = tuple[str, list[dict[str, str]], str]
 
 
 def solved_reply(task: Any, problem: Any) -> str | None:
-    """The task's own demonstration reply for ``problem`` (its ``demonstrations`` hook's first row), None without one."""
+    """The task's own demonstration reply for ``problem`` (its ``demonstrations`` hook's first row); None without
+    one."""
     hook = getattr(task, "demonstrations", None)
     rows = hook(problem) if hook is not None else []
     return rows[0][2] if rows else None
