@@ -25,12 +25,15 @@ def _old_fingerprint(learning, comp, index: int, eval_problems: int, quick: bool
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def test_the_per_role_arm_comes_last_and_the_earlier_arms_keep_label_index_and_cache_key():
+def test_the_per_role_arms_come_last_and_the_earlier_arms_keep_label_index_and_cache_key():
     learning = _learning()
     at = next(c for c in learning.comparisons() if c.key == "at_grpo")
     assert [a.label for a in at.arms] == ["untrained team", "warm start only", "single-agent GRPO (planner alone), warm start",
-                                          "AT-GRPO, trajectory grouping, warm start", "AT-GRPO, tree grouping, warm start", PER_ROLE]
-    arm = at.arms[-1]
+                                          "AT-GRPO, trajectory grouping, warm start", "AT-GRPO, tree grouping, warm start", PER_ROLE,
+                                          "warm start only, per-role policies"]
+    arm = at.arms[-2]
+    alone = at.arms[-1]  # its warm start alone: the per-role RL arm's own effect
+    assert alone.overrides == ("policy.mode=lora_per_role",) and alone.warm_start and not alone.rl
     assert arm.overrides == ("at_grpo.grouping=tree", "policy.mode=lora_per_role") and arm.warm_start and arm.rl
     assert arm.also_eval == ("swapped",)
     # calibration still scores the shared tree-grouping arm (bench/calibration.json keeps its levels)
@@ -40,7 +43,8 @@ def test_the_per_role_arm_comes_last_and_the_earlier_arms_keep_label_index_and_c
             for quick in (False, True):
                 for level in (None, *comp.levels):
                     fp = learning.cell_fingerprint(comp, i, 48, quick, level)
-                    if a == arm:  # its own warm start and the swapped scores: a key of its own
+                    if a.also_eval or (a.warm_start and any(o.startswith("policy.") for o in a.overrides)):  # its own warm start or
+                        # the swapped scores: a key of its own
                         assert fp != _old_fingerprint(learning, comp, i, 48, quick, level)
                     else:
                         assert fp == _old_fingerprint(learning, comp, i, 48, quick, level), (comp.key, a.label, quick, level)
@@ -61,12 +65,12 @@ def test_an_arm_that_sets_its_policy_gets_its_own_warm_start(tmp_path, monkeypat
     monkeypatch.setattr(sft, "warm_start", fake_warm_start)
     shared, _ = learning.shared_warm_start(at, 0, tmp_path, True, False, None, at.arms[4])
     again, _ = learning.shared_warm_start(at, 0, tmp_path, True, False, None)  # no arm: the comparison's own
-    per_role, _ = learning.shared_warm_start(at, 0, tmp_path, True, False, None, at.arms[-1])
+    per_role, _ = learning.shared_warm_start(at, 0, tmp_path, True, False, None, at.arms[-2])
     assert shared == again and shared.name == "at_grpo-warm-seed0"
     assert per_role.name == "at_grpo-warm-seed0-lora-per-role"
     assert seen["at_grpo-warm-seed0"][0] == "shared" and seen["at_grpo-warm-seed0-lora-per-role"][0] == "lora_per_role"
     assert seen["at_grpo-warm-seed0"][1:] == seen["at_grpo-warm-seed0-lora-per-role"][1:]
-    assert seen["at_grpo-warm-seed0"][1] == ["planner"]
+    assert seen["at_grpo-warm-seed0"][1] == ["planner", "tool"]  # both roles: the tool's program fits in 256 tokens
 
 
 def _result(learning, label: str, scores: list[float], seed: int = 0, swapped: list[float] | None = None):
@@ -86,7 +90,8 @@ def test_the_swapped_scores_are_a_row_of_their_own_on_the_page_and_in_the_json()
     specialisation check) under the table and in learning_results.json."""
     learning = _learning()
     at = next(c for c in learning.comparisons() if c.key == "at_grpo")
-    scores = {"untrained team": [0.0] * 3, "warm start only": [0.5, 0.0, 0.0], PER_ROLE: [1.0, 1.0, 0.5]}
+    scores = {"untrained team": [0.0] * 3, "warm start only": [0.5, 0.0, 0.0], PER_ROLE: [1.0, 1.0, 0.5],
+              "warm start only, per-role policies": [0.5, 0.5, 0.0]}
     results = [_result(learning, a.label, scores.get(a.label, [0.0] * 3), swapped=[0.5, 0.0, 0.5] if a.also_eval else None)
                for a in at.arms]
     page = learning.render(at, results, [0], 3, None)
@@ -95,19 +100,19 @@ def test_the_swapped_scores_are_a_row_of_their_own_on_the_page_and_in_the_json()
     swapped = lines[at_row + 1]
     assert swapped.startswith(f"| {PER_ROLE}, swapped policies | 0.333 | 0.000 |"), swapped
     assert "| s0: +0.333 +/- 0.167 |" in swapped  # vs the untrained team
-    assert swapped.rstrip().endswith("| s0: +0.167 +/- 0.167 |")  # vs the warm start alone
+    assert swapped.rstrip().endswith("| s0: +0.000 +/- 0.289 |")  # vs its own (per-role) warm start alone
     assert (f"Specialisation check (the team's score minus the same run's with each role on the next role's policy, "
             f"paired per seed): {PER_ROLE}: s0: +0.500 +/- 0.289.") in page
     summary = learning.results_json([at], {at.key: results}, {at.key: None}, {at.key: 3}, "test")
     arms = {a["arm"]: a for a in summary["sections"][0]["arms"]}
-    assert list(arms)[-2:] == [PER_ROLE, f"{PER_ROLE}, swapped policies"]
+    assert list(arms)[-3:] == [PER_ROLE, f"{PER_ROLE}, swapped policies", "warm start only, per-role policies"]
     row = arms[f"{PER_ROLE}, swapped policies"]
     assert row["of_arm"] == PER_ROLE and row["method"] == "swapped" and abs(row["mean"] - 1 / 3) < 1e-12
     assert row["paired_vs_untrained"]["0"]["problems"] == 3 and "paired_vs_warm_start" in row
     assert abs(row["paired_team_minus_method"]["0"]["difference"] - 0.5) < 1e-12
     assert "of_arm" not in arms[PER_ROLE]
     # not run yet: the row says so too
-    results[-1] = learning.ArmResult(PER_ROLE)
+    results[-2] = learning.ArmResult(PER_ROLE)
     assert f"| {PER_ROLE}, swapped policies | not run yet |" in learning.render(at, results, [0], 3, None)
 
 
@@ -122,7 +127,8 @@ def test_quick_per_role_arm_trains_once_scores_team_and_swapped_and_the_cache_re
     out, cells = tmp_path / "a" / "LEARNING.md", tmp_path / "cells"
     args = ["--quick", "--only", "at_grpo", "--out", str(out), "--cells", str(cells)]
     assert learning.main(args) == 0
-    assert methods[-1] == ("lora_per_role", ("team", "swapped")) and methods.count(methods[-1]) == 1
+    assert methods.count(("lora_per_role", ("team", "swapped"))) == 1  # one evaluation scores both
+    assert methods[-1] == ("lora_per_role", ("team",))  # the per-role warm start alone
     cell = json.loads((cells / "at_grpo" / "at-grpo-tree-grouping-per-role-policies-warm-start-seed0.json").read_text())
     (extra,) = cell["result"]["also"]
     assert len(extra["swapped"]["problem_scores"][0]) == 2 and extra["swapped"]["seeds"] == [0]
