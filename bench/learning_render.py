@@ -128,6 +128,8 @@ def render_grad_norms(comp: Comparison, results: list[ArmResult], factor: float 
 def render_study_dynamics(results: list[ArmResult], points: float = CLIFF_POINTS) -> str:
     """The study's training dynamics table (Markdown): peak and final training accuracy per seed, the seeds
     whose curve fell more than ``points`` from its peak, and each role's gradient norm."""
+    from teamrl.trainer.diagnostics import role_capture
+
     lines = [f"Training dynamics (training reward over {DYNAMICS_WINDOW}-step windows; a fall of more than {points:g} points "
              "from the peak is a cliff):", "",
              f"| arm | training peak (step), per seed | training final (last {DYNAMICS_WINDOW} steps), per seed | "
@@ -140,8 +142,8 @@ def render_study_dynamics(results: list[ArmResult], points: float = CLIFF_POINTS
             continue
         fell = [f"s{s}: -{100 * x:.0f} points" for s, x in zip(r.seeds, d["fell_from_peak"]) if 100 * x > points]
         norms = ", ".join(f"{role} {v:.2f}" for role, v in d["role_grad_norm"].items()) or "-"
-        total = sum(d["role_grad_norm"].values())
-        capture = ", ".join(f"{role} {v / total:.2f}" for role, v in d["role_grad_norm"].items()) if total > 0 else "-"
+        shares = role_capture(d["role_grad_norm"])
+        capture = ", ".join(f"{role} {v:.2f}" for role, v in shares.items()) if any(shares.values()) else "-"
         held = [(s, h) for s, h in zip(r.seeds, d["held_out"]) if h is not None]
         curve = "; ".join(f"s{s}: {h['start']:.3f} -> {h['peak']:.3f} ({h['peak_step']}) -> {h['final']:.3f}" for s, h in held) or "-"
         cliffs = "; ".join(f"s{s}: {h['cliffs']}" for s, h in held) or "-"

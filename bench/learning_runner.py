@@ -112,21 +112,13 @@ def run_arm(comp: Comparison, index: int, seed: int, workdir: Path, eval_problem
         groups = [int(sum(m["signal/groups_with_signal"] for m in with_signal)), int(sum(m["signal/groups"] for m in with_signal))]
         result.signal.append(groups[0] / groups[1] if groups[1] else None)
         result.signal_groups.append(groups)
-        norms: dict[str, list[float]] = {}  # the trainer's gradient norm per role type, over the steps that updated it
-        for m in steps:
-            for k, v in m.items():
-                if k.startswith("role_grad_norm/"):
-                    norms.setdefault(k.split("/", 1)[1], []).append(v)
+        # the trainer's gradient norm per role type, over the steps that updated it
+        norms = _series(steps, "role_grad_norm/")
         result.role_grad_norms.append({role: statistics.mean(v) for role, v in sorted(norms.items())})
         result.grad_norms.append([max(v for k, v in m.items() if k.startswith("grad_norm/")) for m in steps
                                   if any(k.startswith("grad_norm/") for k in m)])
         result.eval_curves.append([[m["step"], m["eval/accuracy"]] for m in metrics if "eval/accuracy" in m])
-        local: dict[str, list[float]] = {}
-        for m in steps:
-            for k, v in m.items():
-                if k.startswith("local_reward/"):
-                    local.setdefault(k.split("/", 1)[1], []).append(v)
-        result.role_local_rewards.append(local)
+        result.role_local_rewards.append(_series(steps, "local_reward/"))
     else:
         result.grad_norms.append([])
         result.eval_curves.append([])
@@ -148,6 +140,16 @@ def run_arm(comp: Comparison, index: int, seed: int, workdir: Path, eval_problem
     result.wall.append(time.perf_counter() - t0 + warm_seconds - sum(r.wall[0] for r in extra.values()))
     result.tokens.append(trained_tokens)
     _scored(result, row)
+
+
+def _series(steps: list[dict], prefix: str) -> dict[str, list[float]]:
+    """The step metrics named ``<prefix><name>``: name -> its values, over the steps that logged it."""
+    out: dict[str, list[float]] = {}
+    for m in steps:
+        for k, v in m.items():
+            if k.startswith(prefix):
+                out.setdefault(k[len(prefix):], []).append(v)
+    return out
 
 
 def _scored(result: ArmResult, row) -> ArmResult:

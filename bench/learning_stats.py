@@ -110,16 +110,15 @@ def held_out_dynamics(curve: list[list[float]], points: float = CLIFF_POINTS) ->
     """One run's held-out accuracy evaluated during training ([step, accuracy] pairs, from step 0): its peak and
     that step, its final value, and its cliffs (evaluations more than ``points`` percentage points under the running
     peak, as the trainer's ``train.cliff_points`` counts them); None when the run evaluated nothing."""
+    from teamrl.trainer.diagnostics import CliffDetector
+
     if not curve:
         return None
-    best, cliffs, peak_step, running = curve[0][1], 0, curve[0][0], curve[0][1]
+    watch = CliffDetector(points)
     for step, acc in curve:
-        if acc > running:
-            running, peak_step = acc, step
-        elif 100 * (running - acc) > points:
-            cliffs += 1
-        best = max(best, acc)
-    return {"start": curve[0][1], "peak": best, "peak_step": peak_step, "final": curve[-1][1], "cliffs": cliffs}
+        watch.update(int(step), acc)
+    return {"start": curve[0][1], "peak": watch.peak, "peak_step": watch.peak_step, "final": curve[-1][1],
+            "cliffs": len(watch.cliffs)}
 
 
 SPIKE_FACTOR = 3.0  # a step whose gradient norm is over this many times its run's median is a spike

@@ -287,6 +287,10 @@ class LossConfig:
         return dataclasses.replace(self, importance_correction=mode, max_completion_length=length)
 
 
+# whose samples an advantage is normalised over (train.advantage_scope; the trainer's comparison_keys)
+ADVANTAGE_SCOPES = ("agent", "team")
+
+
 @dataclass
 class TrainConfig:
     steps: int = option(20, ge=1, doc="optimizer iterations")
@@ -306,7 +310,7 @@ class TrainConfig:
     advantage_eps: float = option(1e-4, gt=0, doc="epsilon added to the std")
     advantage_scope: str = option(
         "agent",
-        choices=("agent", "team"),
+        choices=ADVANTAGE_SCOPES,
         doc="whose samples one advantage is normalised over: agent, the algorithm's own comparison groups (each role "
         "against itself: Dr. MAS's agent-wise normalisation); team, one group per problem pooling every role's and "
         "turn's samples (the global GRPO normalisation Dr. MAS compares with)",

@@ -28,7 +28,7 @@ import yaml
 
 from teamrl.algorithms import make_algorithm, workflow_name
 from teamrl.algorithms.base import FinishedEpisode
-from teamrl.core.config import Config, ConfigError, InputError, config_to_dict
+from teamrl.core.config import ADVANTAGE_SCOPES, Config, ConfigError, InputError, config_to_dict
 from teamrl.core.metrics import MetricsSink, read_metrics
 from teamrl.core.sample import Sample, check_steering_tags
 from teamrl.core.seeding import derive_seed, seed_everything
@@ -88,9 +88,6 @@ def check_policy_roles(cfg: Config, task: Any, algorithm: Any) -> None:
             raise ConfigError(f"policy.roles: {role!r} is not a role of the team; its roles are {sorted(team)} (a "
                               "numbered instance of one, such as generator0, may be listed too): remove it or fix its "
                               "spelling") from None
-
-
-ADVANTAGE_SCOPES = ("agent", "team")
 
 
 def comparison_keys(samples: Sequence[Sample], scope: str) -> list[Hashable]:

@@ -69,7 +69,6 @@ class Workflow:
     replayable: bool = True
     task_kind: type | None = None  # the task class it runs on (None: any)
     summary: Summary | None = None
-    # the warm start's demonstrations of its roles: (task, problem, settings) -> [(role type, messages, completion)]
     demonstrations: Callable[..., list[Any]] | None = None
     # roles that do not give the task's answer (teamrl eval's valid replies): role -> check of a reply, None = free text
     # a dict: not hashed

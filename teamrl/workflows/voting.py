@@ -119,10 +119,10 @@ def demonstrations(task: SolveTask, problem: Problem, settings: StudyOptions) ->
         return []
     rows: list[DemoRow] = [("generator", task.prompt(problem), right)]
     n = settings.num_generators
-    wrongs = [wrong_reply(right, problem.data.get("answer"), k) for k in (1, -1, 2, -2, 3, -3)[:n - 1]]
-    if n - 1 <= 6 and all(w is not None for w in wrongs):
+    offsets = [sign * k for k in range(1, n) for sign in (1, -1)][:n - 1]  # +1, -1, +2, ...
+    candidates = [w for k in offsets if (w := wrong_reply(right, problem.data.get("answer"), k)) is not None]
+    if len(candidates) == n - 1:
         pick = zlib.crc32(str(problem.id).encode()) % n
-        candidates = [w for w in wrongs if w is not None]
         candidates.insert(pick, right)
         rows.append(("aggregator", aggregator_prompt(task, problem, candidates), f"Choice: {pick + 1}"))
     return rows
