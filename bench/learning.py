@@ -146,6 +146,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--eval", type=int, default=None, help=f"held-out problems per arm (default {EVAL_PROBLEMS}; --quick: 2)")
     ap.add_argument("--only", default="", help="comma-separated comparison keys (magrpo, magrpo_code, at_grpo, m_grpo, study_eval_opt, "
                                                "study_voting); default all")
+    ap.add_argument("--arms", default="", help="comma-separated arm indices (from 0, in the grid's order) to run now; the "
+                    "other arms' cells are still read; default every arm")
     ap.add_argument("--out", default=None, help="Markdown file to write (PNGs and learning_results.json beside it; default "
                                                 "bench/LEARNING.md, --quick: runs/learn_quick/LEARNING.md)")
     ap.add_argument("--cells", default=None, help="cache of finished runs (default bench/learning_cells; --quick: a temporary folder)")
@@ -198,6 +200,17 @@ def main(argv: list[str] | None = None) -> int:
             print(f"bench --learning: --only {unknown[0]!r} is not a comparison; choose from {[c.key for c in grid]}", file=sys.stderr)
             return 2
         grid = [c for c in grid if c.key in keys]
+    try:
+        arms = {int(a) for a in args.arms.split(",")} if args.arms else None
+    except ValueError:
+        print(f"bench --learning: --arms {args.arms!r} must be comma-separated arm indices, e.g. 1,4", file=sys.stderr)
+        return 2
+    bad = [a for a in sorted(arms or ()) if not all(0 <= a < len(c.arms) for c in grid)]
+    if bad:
+        print(f"bench --learning: --arms {bad[0]} is not an arm of every comparison run; arms are 0.."
+              f"{min(len(c.arms) for c in grid) - 1}", file=sys.stderr)
+        return 2
+    args.arms = arms
     with tempfile.TemporaryDirectory() as d:
         calibration_file = Path(args.calibration) if args.calibration else (Path(d) / "calibration.json" if args.quick
                                                                             else CALIBRATION)
@@ -237,9 +250,9 @@ def _grid(args, grid: list[Comparison], seeds: list[int], eval_problems, calibra
                 for each in (for_seeds(one, seeds) if c.arms[i].seed_free else [one]):
                     merge(results[c.key][i], each)
                 cached += 1
-            else:
+            elif args.arms is None or i in args.arms:
                 runs.append((c, i, s, fp))
-    total = cached + len(runs)
+    total = sum(len(seeds[:1] if a.seed_free else seeds) for c in grid for a in c.arms)
     finished = [cached]  # runs (cells) finished: an arm evaluated once is one run however many seeds it fills
     if args.render_only:
         runs = []

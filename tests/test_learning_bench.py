@@ -383,6 +383,35 @@ def test_arms_evaluated_once_fill_every_seed_and_the_runs_go_seed_by_seed(tmp_pa
     assert learning.main(args) == 0 and order == [] and "12 runs read from the cache" in out.read_text()
 
 
+def test_arms_runs_only_the_named_arms_and_still_reads_every_cell(tmp_path, monkeypatch, capsys):
+    """--arms 3,0 runs only MAGRPO and the untrained team (grid order, seed by seed); a later run without it
+    reads their cells and runs the rest; an index past the comparison's arms is refused, naming the range."""
+    learning = _learning()
+    order = []
+
+    def fake_run(comp, index, seed, workdir, eval_problems, quick, result, one_thread=False, level=None):
+        order.append((index, seed))
+        result.seeds.append(seed)
+        result.scores.append(0.5)
+        result.wall.append(1.0)
+        result.tokens.append(0.0)
+        result.problem_ids.append(["p0"])
+        result.problem_scores.append([0.5])
+        result.signal.append(None)
+        result.signal_groups.append([0, 0])
+    monkeypatch.setattr(learning, "run_arm", fake_run)
+    out, cells = tmp_path / "LEARNING.md", tmp_path / "cells"
+    args = ["--quick", "--only", "magrpo", "--seeds", "2", "--out", str(out), "--cells", str(cells)]
+    assert learning.main([*args, "--arms", "3,0"]) == 0
+    assert order == [(0, 0), (3, 0), (3, 1)]
+    assert "partial: 3 of 9 runs" in out.read_text()
+    order.clear()
+    assert learning.main(args) == 0
+    assert sorted(order) == [(1, 0), (2, 0), (4, 0), (4, 1), (5, 0), (5, 1)]
+    assert learning.main([*args, "--arms", "9"]) == 2
+    assert "--arms 9" in capsys.readouterr().err
+
+
 def test_a_run_that_would_wait_on_a_warm_start_being_built_gives_way(tmp_path):
     learning = _learning()
     seed0, seed1 = tmp_path / "m_grpo-warm-seed0", tmp_path / "m_grpo-warm-seed1"
