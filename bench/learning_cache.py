@@ -23,11 +23,17 @@ def for_seeds(one: ArmResult, seeds: list[int]) -> list[ArmResult]:
     return [dataclasses.replace(one, **{**{f: list(getattr(one, f)) for f in PER_SEED}, "seeds": [s]}) for s in seeds]
 
 
+# Settings that change only how much memory a run takes: a cell run with them is the cell run without them
+MEMORY_SETTINGS = ("train.micro_batch_size=",)
+
+
 def cell_fingerprint(comp: Comparison, index: int, eval_problems: int, quick: bool, level: Level | None) -> str:
     """A digest of everything that decides a run's result: another setting, level, warm start or held-out
     count is another cell (an old cell is then run again, not reused)."""
     arm = comp.arms[index]
-    what = {"config": comp.config, "overrides": _overrides(comp, arm, quick, False, level), "eval": eval_problems,
+    # memory knobs (the same gradient in smaller passes, like the thread count) are not part of what decides it
+    overrides = [o for o in _overrides(comp, arm, quick, False, level) if not o.startswith(MEMORY_SETTINGS)]
+    what = {"config": comp.config, "overrides": overrides, "eval": eval_problems,
             "rl": arm.rl, "warm": [arm.warm_start, list(comp.warm_roles), comp.warm_problems, comp.warm_epochs, WARM_LR]
             if arm.warm_start else None}
     if arm.method:  # only where set: the cells cached before these fields keep their fingerprints

@@ -176,7 +176,9 @@ def comparisons() -> list[Comparison]:
                     # never fit, so the tool never earned its reward and every arm solved the same 5 of 48 grids; 8 grids
                     # a step, 4x the 2 of the first grid
                     "rollout.max_new_tokens=256", "rollout.batch_size=8", "train.steps=20", "train.advantage=mean",
-                    "train.lr=0.0001"),
+                    # 4 completions a pass, not 16: at 16 the tree arm's learn step (8 grids x 2 roles x 4 candidates
+                    # of ~500 tokens) took 13 GB and was killed for memory beside a second run (2026-12-05)
+                    "train.lr=0.0001", "train.micro_batch_size=4"),
                    # the held-out grids come from task.seed + 1 whatever the run's seed: the untrained team is evaluated once
                    (Arm("untrained team", rl=False, seed_free=True), Arm("warm start only", warm_start=True, rl=False),
                     Arm("single-agent GRPO (planner alone), warm start", ("task.agents=planner", "at_grpo.grouping=trajectory"),

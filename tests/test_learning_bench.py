@@ -536,3 +536,18 @@ def test_an_arm_with_a_warm_start_of_its_own_pairs_with_that_warm_start_alone():
     assert paired[labels.index("IP (LoRA per role), warm start")][0]["difference"] == 0.5  # against its own warm start
     assert paired[labels.index("SP (shared policy), warm start")][0]["difference"] == 0.5  # SP's is the shared one
     assert paired[labels.index("warm start only, IP (LoRA per role)")] is None  # not trained by RL
+
+
+def test_a_memory_setting_keeps_the_cells_fingerprint_and_another_setting_changes_it():
+    """train.micro_batch_size splits the same gradient into smaller passes (memory only): a comparison given one
+    keeps its cells; any other setting added makes them cells of other settings."""
+    import dataclasses
+
+    learning = _learning()
+    comp = next(c for c in learning.comparisons() if c.key == "at_grpo")
+    assert "train.micro_batch_size=4" in comp.common
+    fp = learning.cell_fingerprint(comp, 1, 48, False, None)
+    bare = dataclasses.replace(comp, common=tuple(o for o in comp.common if not o.startswith("train.micro_batch_size=")))
+    assert learning.cell_fingerprint(bare, 1, 48, False, None) == fp
+    other = dataclasses.replace(comp, common=(*comp.common, "train.max_grad_norm=0.5"))
+    assert learning.cell_fingerprint(other, 1, 48, False, None) != fp
