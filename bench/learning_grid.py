@@ -190,7 +190,10 @@ def comparisons() -> list[Comparison]:
                     Arm("AT-GRPO, tree grouping, per-role policies, warm start",
                         ("at_grpo.grouping=tree", "policy.mode=lora_per_role"), warm_start=True, also_eval=("swapped",)),
                     # the per-role arm's own warm start alone: its RL's own effect
-                    Arm("warm start only, per-role policies", ("policy.mode=lora_per_role",), warm_start=True, rl=False)),
+                    Arm("warm start only, per-role policies", ("policy.mode=lora_per_role",), warm_start=True, rl=False),
+                    # the team's warm start scored planner-alone (no tool output): the single agent's RL's own effect
+                    # (added 2026-12-05, last: the arms' indices of running grids stay)
+                    Arm("warm start only, planner alone", ("task.agents=planner",), warm_start=True, rl=False)),
                    quick=("task.num_problems=8",),
                    # both roles: the tool's demonstration is the ~230-token BFS program (the same for every grid), the
                    # planner's the path that program prints

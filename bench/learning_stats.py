@@ -30,13 +30,15 @@ def paired_vs_untrained(untrained: ArmResult, arm: ArmResult) -> dict[int, dict[
 
 def warm_start_alone(comp: Comparison, results: list[ArmResult], arm: Arm | None = None) -> ArmResult | None:
     """The comparison's "warm start only" result (warm-started, not trained by RL), if it has that arm; for ``arm``,
-    the one of the same policy settings where the grid has it (an arm with ``policy.*`` overrides has a warm start
-    of its own: per-role adapters), else the first. Only a result that has run counts as the arm's own."""
+    the one scored as the arm is: of its policy settings (an arm with ``policy.*`` overrides has a warm start of
+    its own: per-role adapters) and with the most of its other settings (``task.agents=planner``: the team's warm
+    start scored planner-alone), where the grid has it, else the first. Only a result that has run counts."""
     alone = [(a, r) for a, r in zip(comp.arms, results) if a.warm_start and not a.rl]
     if arm is not None:
-        own = next((r for a, r in alone if _policy_overrides(a) == _policy_overrides(arm) and r.scores), None)
-        if own is not None:
-            return own
+        own = [(len(a.overrides), r) for a, r in alone if _policy_overrides(a) == _policy_overrides(arm)
+               and set(a.overrides) <= set(arm.overrides) and r.scores]
+        if own:
+            return max(own, key=lambda x: x[0])[1]
     return next((r for _, r in alone), None)
 
 

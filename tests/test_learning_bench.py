@@ -425,8 +425,11 @@ def test_a_run_that_would_wait_on_a_warm_start_being_built_gives_way(tmp_path):
     assert learning.next_run(pending, {seed0}) == 0  # built: its arms no longer wait
     comp = next(c for c in learning.comparisons() if c.key == "at_grpo")
     shared = learning.warm_start_dir(comp, 1, tmp_path, None, comp.arms[2])
-    per_role = learning.warm_start_dir(comp, 1, tmp_path, None, comp.arms[-1])
+    labels = [a.label for a in comp.arms]
+    per_role = learning.warm_start_dir(comp, 1, tmp_path, None, comp.arms[labels.index("warm start only, per-role policies")])
     assert comp.arms[2].warm_start and shared.name == "at_grpo-warm-seed1" and per_role != shared  # its own policy mode
+    # the team's warm start scored planner-alone is the team's, not one of its own
+    assert learning.warm_start_dir(comp, 1, tmp_path, None, comp.arms[labels.index("warm start only, planner alone")]) == shared
 
 
 def test_gradient_norm_spikes_are_counted_per_seed_and_rendered_with_the_paired_score(tmp_path):
@@ -536,6 +539,28 @@ def test_an_arm_with_a_warm_start_of_its_own_pairs_with_that_warm_start_alone():
     assert paired[labels.index("IP (LoRA per role), warm start")][0]["difference"] == 0.5  # against its own warm start
     assert paired[labels.index("SP (shared policy), warm start")][0]["difference"] == 0.5  # SP's is the shared one
     assert paired[labels.index("warm start only, IP (LoRA per role)")] is None  # not trained by RL
+
+
+def test_the_single_agent_pairs_with_the_warm_start_scored_alone_and_the_team_arms_with_the_teams():
+    """AT-GRPO's single agent (task.agents=planner) starts from the team's warm start but acts without the tool:
+    its RL's own effect is against that warm start scored planner-alone, not the team's."""
+    learning = _learning()
+    import learning_stats
+
+    comp = next(c for c in learning.comparisons() if c.key == "at_grpo")
+    labels = [a.label for a in comp.arms]
+    ids = [["p0", "p1"]]
+
+    def one(scores):
+        return learning.ArmResult("x", seeds=[0], scores=[sum(scores) / 2], problem_ids=ids, problem_scores=[scores])
+    results = [learning.ArmResult(a.label) for a in comp.arms]
+    results[labels.index("warm start only")] = one([1.0, 1.0])
+    results[labels.index("warm start only, planner alone")] = one([0.0, 0.0])
+    results[labels.index("single-agent GRPO (planner alone), warm start")] = one([0.5, 0.5])
+    results[labels.index("AT-GRPO, tree grouping, warm start")] = one([0.5, 0.5])
+    paired = learning_stats.paired_vs_warm_start(comp, results)
+    assert paired[labels.index("single-agent GRPO (planner alone), warm start")][0]["difference"] == 0.5
+    assert paired[labels.index("AT-GRPO, tree grouping, warm start")][0]["difference"] == -0.5
 
 
 def test_a_memory_setting_keeps_the_cells_fingerprint_and_another_setting_changes_it():
