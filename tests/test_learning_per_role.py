@@ -15,7 +15,10 @@ PER_ROLE = "AT-GRPO, tree grouping, per-role policies, warm start"
 def _old_fingerprint(learning, comp, index: int, eval_problems: int, quick: bool, level) -> str:
     """The cell fingerprint as it was built before the per-role arm (the cached cells hold these)."""
     arm = comp.arms[index]
-    what = {"config": comp.config, "overrides": learning._overrides(comp, arm, quick, False, level), "eval": eval_problems,
+    import learning_cache  # memory settings (train.micro_batch_size) never were part of what decides a cell
+
+    overrides = [o for o in learning._overrides(comp, arm, quick, False, level) if not o.startswith(learning_cache.MEMORY_SETTINGS)]
+    what = {"config": comp.config, "overrides": overrides, "eval": eval_problems,
             "rl": arm.rl, "warm": [arm.warm_start, list(comp.warm_roles), comp.warm_problems, comp.warm_epochs, learning.WARM_LR]
             if arm.warm_start else None}
     if arm.method:
@@ -30,9 +33,9 @@ def test_the_per_role_arms_come_last_and_the_earlier_arms_keep_label_index_and_c
     at = next(c for c in learning.comparisons() if c.key == "at_grpo")
     assert [a.label for a in at.arms] == ["untrained team", "warm start only", "single-agent GRPO (planner alone), warm start",
                                           "AT-GRPO, trajectory grouping, warm start", "AT-GRPO, tree grouping, warm start", PER_ROLE,
-                                          "warm start only, per-role policies"]
-    arm = at.arms[-2]
-    alone = at.arms[-1]  # its warm start alone: the per-role RL arm's own effect
+                                          "warm start only, per-role policies", "warm start only, planner alone"]
+    arm = at.arms[5]
+    alone = at.arms[6]  # its warm start alone: the per-role RL arm's own effect
     assert alone.overrides == ("policy.mode=lora_per_role",) and alone.warm_start and not alone.rl
     assert arm.overrides == ("at_grpo.grouping=tree", "policy.mode=lora_per_role") and arm.warm_start and arm.rl
     assert arm.also_eval == ("swapped",)
@@ -65,7 +68,7 @@ def test_an_arm_that_sets_its_policy_gets_its_own_warm_start(tmp_path, monkeypat
     monkeypatch.setattr(sft, "warm_start", fake_warm_start)
     shared, _ = learning.shared_warm_start(at, 0, tmp_path, True, False, None, at.arms[4])
     again, _ = learning.shared_warm_start(at, 0, tmp_path, True, False, None)  # no arm: the comparison's own
-    per_role, _ = learning.shared_warm_start(at, 0, tmp_path, True, False, None, at.arms[-2])
+    per_role, _ = learning.shared_warm_start(at, 0, tmp_path, True, False, None, at.arms[5])
     assert shared == again and shared.name == "at_grpo-warm-seed0"
     assert per_role.name == "at_grpo-warm-seed0-lora-per-role"
     assert seen["at_grpo-warm-seed0"][0] == "shared" and seen["at_grpo-warm-seed0-lora-per-role"][0] == "lora_per_role"
@@ -105,14 +108,15 @@ def test_the_swapped_scores_are_a_row_of_their_own_on_the_page_and_in_the_json()
             f"paired per seed): {PER_ROLE}: s0: +0.500 +/- 0.289.") in page
     summary = learning.results_json([at], {at.key: results}, {at.key: None}, {at.key: 3}, "test")
     arms = {a["arm"]: a for a in summary["sections"][0]["arms"]}
-    assert list(arms)[-3:] == [PER_ROLE, f"{PER_ROLE}, swapped policies", "warm start only, per-role policies"]
+    assert list(arms)[-4:] == [PER_ROLE, f"{PER_ROLE}, swapped policies", "warm start only, per-role policies",
+                               "warm start only, planner alone"]
     row = arms[f"{PER_ROLE}, swapped policies"]
     assert row["of_arm"] == PER_ROLE and row["method"] == "swapped" and abs(row["mean"] - 1 / 3) < 1e-12
     assert row["paired_vs_untrained"]["0"]["problems"] == 3 and "paired_vs_warm_start" in row
     assert abs(row["paired_team_minus_method"]["0"]["difference"] - 0.5) < 1e-12
     assert "of_arm" not in arms[PER_ROLE]
     # not run yet: the row says so too
-    results[-2] = learning.ArmResult(PER_ROLE)
+    results[5] = learning.ArmResult(PER_ROLE)
     assert f"| {PER_ROLE}, swapped policies | not run yet |" in learning.render(at, results, [0], 3, None)
 
 
@@ -128,7 +132,8 @@ def test_quick_per_role_arm_trains_once_scores_team_and_swapped_and_the_cache_re
     args = ["--quick", "--only", "at_grpo", "--out", str(out), "--cells", str(cells)]
     assert learning.main(args) == 0
     assert methods.count(("lora_per_role", ("team", "swapped"))) == 1  # one evaluation scores both
-    assert methods[-1] == ("lora_per_role", ("team",))  # the per-role warm start alone
+    assert ("lora_per_role", ("team",)) in methods  # the per-role warm start alone
+    assert methods[-1] == ("shared", ("team",))  # last, the team's warm start scored planner-alone
     cell = json.loads((cells / "at_grpo" / "at-grpo-tree-grouping-per-role-policies-warm-start-seed0.json").read_text())
     (extra,) = cell["result"]["also"]
     assert len(extra["swapped"]["problem_scores"][0]) == 2 and extra["swapped"]["seeds"] == [0]
