@@ -237,12 +237,13 @@ def _grid(args, grid: list[Comparison], seeds: list[int], eval_problems, calibra
     lock = threading.Lock()
     levels = {c.key: c.level(calibration) for c in grid}
     results = {c.key: [ArmResult(a.label) for a in c.arms] for c in grid}
-    runs, cached = [], 0
+    runs, cached, total = [], 0, 0  # total: every (arm, seed) run of the grid, cached, to run or left out by --arms
     for c in grid:
         order = []  # seed by seed (a stopped grid still pairs); arms evaluated once: the untrained team first, others last
         for i, arm in enumerate(c.arms):
             for k, s in enumerate(seeds[:1] if arm.seed_free else seeds):
                 order.append(((len(seeds) if arm.seed_free and i else k), i, s))
+        total += len(order)
         for _, i, s in sorted(order):
             fp = cell_fingerprint(c, i, eval_problems(c), args.quick, levels[c.key])
             one = read_cell(cell_path(cells, c, i, s), fp)
@@ -252,7 +253,6 @@ def _grid(args, grid: list[Comparison], seeds: list[int], eval_problems, calibra
                 cached += 1
             elif args.arms is None or i in args.arms:
                 runs.append((c, i, s, fp))
-    total = sum(len(seeds[:1] if a.seed_free else seeds) for c in grid for a in c.arms)
     finished = [cached]  # runs (cells) finished: an arm evaluated once is one run however many seeds it fills
     if args.render_only:
         runs = []
