@@ -65,7 +65,7 @@ def read_cell(path: Path, fingerprint: str) -> ArmResult | None:
 
 
 # per-seed fields added after cells were committed, and the empty entry of one seed
-LATE_FIELDS = {"grad_norms": list, "eval_curves": list, "role_local_rewards": dict}
+LATE_FIELDS = {"grad_norms": list, "eval_curves": list, "role_local_rewards": dict, "held_out_own_rewards": dict}
 
 
 def write_cell(path: Path, fingerprint: str, comp: Comparison, level: Level | None, one: ArmResult) -> None:

@@ -88,6 +88,9 @@ class ArmResult:
     eval_curves: list[list[list[float]]] = field(default_factory=list)
     # per seed: each role's own (local) reward per step where the algorithm logs it (AT-GRPO: "tool/turn0" -> [...])
     role_local_rewards: list[dict[str, list[float]]] = field(default_factory=list)
+    # per seed: each role's own reward in the greedy held-out evaluation, {"mean": ..., "at_one": share of its calls at 1}
+    # (AT-GRPO's Plan-Path tool: the share of held-out grids its program solved); roles given none are absent
+    held_out_own_rewards: list[dict[str, dict[str, float]]] = field(default_factory=list)
     # per seed: the same run scored by each of ``Arm.also_eval``'s methods (method -> that one-seed ArmResult as a dict)
     also: list[dict[str, dict[str, Any]]] = field(default_factory=list)
 
@@ -196,8 +199,10 @@ def comparisons() -> list[Comparison]:
                     Arm("warm start only, planner alone", ("task.agents=planner",), warm_start=True, rl=False)),
                    quick=("task.num_problems=8",),
                    # both roles: the tool's demonstration is the ~230-token BFS program (the same for every grid), the
-                   # planner's the path that program prints
-                   warm_problems=8, eval_problems=EVAL_PROBLEMS,
+                   # planner's the path that program prints. 16 grids x 3 passes (12 steps), not 8 x 2 (4 steps): after
+                   # 4 steps the loss was still falling (0.058, 0.137, 0.093 on seeds 0-2) and on seed 1 no sampled
+                   # program ever ran, so the tool never earned its reward there (2026-12-05)
+                   warm_problems=16, warm_epochs=3, eval_problems=EVAL_PROBLEMS,
                    levels=plan_path, default_level="4x4, walls 0.25", calibration_arm=4),
         Comparison("m_grpo", "M-GRPO, research environment (main + tool-using sub-agent), held-out questions of a fresh seed",
                    ("algorithm=m_grpo", "task.name=research", "task.num_problems=64", "policy.mode=lora_per_role",

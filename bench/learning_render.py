@@ -86,7 +86,7 @@ def render(comp: Comparison, results: list[ArmResult], seeds: list[int], eval_pr
             lines += ["", render_study_dynamics(results)]
     if any(any(n) for r in results for n in r.grad_norms):
         lines += ["", render_grad_norms(comp, results)]
-    if any(any(x) for r in results for x in r.role_local_rewards):
+    if any(any(x) for r in results for x in [*r.role_local_rewards, *r.held_out_own_rewards]):
         lines += ["", render_local_rewards(results)]
     if png:
         lines += ["", f"![{comp.key} training curves]({png})"]
@@ -95,16 +95,27 @@ def render(comp: Comparison, results: list[ArmResult], seeds: list[int], eval_pr
 
 def render_local_rewards(results: list[ArmResult], window: int = DYNAMICS_WINDOW) -> str:
     """Each trained arm's roles' own (local) reward during training: the mean of the first ``window`` steps and of
-    the last ``window``, per seed (Markdown; AT-GRPO's Plan-Path tool: 1 for a program that printed a solving path,
-    0.2 for one that ran and printed something else)."""
-    lines = [f"Each role's own reward during training (mean of the first {window} steps -> the last {window}, per seed):",
-             "", "| arm | role (turn) | per seed |", "|---|---|---|"]
-    for r in results:
-        roles = sorted({k for per_seed in r.role_local_rewards for k in per_seed})
-        for role in roles:
-            cells = [f"s{s}: {statistics.mean(v[:window]):.3f} -> {statistics.mean(v[-window:]):.3f}"
-                     for s, per_seed in zip(r.seeds, r.role_local_rewards) if (v := per_seed.get(role))]
-            lines.append(f"| {r.label} | {role} | {'; '.join(cells)} |")
+    the last ``window``, per seed; and every arm's roles' own reward in the greedy held-out evaluation, with the
+    share of calls at 1 (Markdown; AT-GRPO's Plan-Path tool: 1 for a program that printed a solving path, 0.2 for
+    one that ran and printed something else)."""
+    lines = []
+    if any(any(x) for r in results for x in r.role_local_rewards):
+        lines += [f"Each role's own reward during training (mean of the first {window} steps -> the last {window}, per seed):",
+                  "", "| arm | role (turn) | per seed |", "|---|---|---|"]
+        for r in results:
+            roles = sorted({k for per_seed in r.role_local_rewards for k in per_seed})
+            for role in roles:
+                cells = [f"s{s}: {statistics.mean(v[:window]):.3f} -> {statistics.mean(v[-window:]):.3f}"
+                         for s, per_seed in zip(r.seeds, r.role_local_rewards) if (v := per_seed.get(role))]
+                lines.append(f"| {r.label} | {role} | {'; '.join(cells)} |")
+    if any(any(x) for r in results for x in r.held_out_own_rewards):
+        lines += [*([""] if lines else []), "Each role's own reward on the held-out problems, greedy (mean, and the share of "
+                  "its calls at 1), per seed:", "", "| arm | role | per seed |", "|---|---|---|"]
+        for r in results:
+            for role in sorted({k for per_seed in r.held_out_own_rewards for k in per_seed}):
+                cells = [f"s{s}: {v['mean']:.3f} ({v['at_one']:.2f} at 1)"
+                         for s, per_seed in zip(r.seeds, r.held_out_own_rewards) if (v := per_seed.get(role))]
+                lines.append(f"| {r.label} | {role} | {'; '.join(cells)} |")
     return "\n".join(lines)
 
 

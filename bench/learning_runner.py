@@ -162,4 +162,11 @@ def _scored(result: ArmResult, row) -> ArmResult:
         result.success.append(row.pass_at_1)
     if row.valid is not None:
         result.valid.append(row.valid)
+    own: dict[str, list[float]] = {}
+    for episode in row.episodes:
+        for call in episode["calls"]:
+            if call["own_reward"] is not None:
+                own.setdefault(call["role"], []).append(call["own_reward"])
+    result.held_out_own_rewards.append({role: {"mean": statistics.mean(v), "at_one": sum(x >= 1.0 for x in v) / len(v)}
+                                        for role, v in sorted(own.items())})
     return result

@@ -509,6 +509,25 @@ def test_each_roles_own_reward_is_rendered_first_steps_to_last_per_seed():
     assert "| tree | tool/turn0 | s0: 0.133 -> 1.000; s1: 0.200 -> 0.200 |" in table and "untrained" not in table
 
 
+def test_each_roles_held_out_own_reward_is_kept_per_seed_and_rendered_for_untrained_arms_too():
+    """AT-GRPO's tool earns its reward when its greedy program solves held-out grids: the evaluation's calls
+    carry each role's own reward; the arm keeps its mean and the share of calls at 1 (a solving program)."""
+    learning = _learning()
+    import learning_render
+    import learning_runner
+    from types import SimpleNamespace
+
+    calls = [[{"role": "tool", "own_reward": 1.0}, {"role": "planner", "own_reward": None}],
+             [{"role": "tool", "own_reward": 0.2}, {"role": "planner", "own_reward": None}],
+             [{"role": "tool", "own_reward": 1.0}], [{"role": "tool", "own_reward": 0.0}]]
+    row = SimpleNamespace(mean=0.5, scores=[1.0, 0.0, 1.0, 0.0], pass_at_1=None, valid=None,
+                          episodes=[{"problem_id": f"p{i}", "calls": c} for i, c in enumerate(calls)])
+    warm = learning_runner._scored(learning.ArmResult("warm start only", seeds=[3]), row)
+    assert warm.held_out_own_rewards == [{"tool": {"mean": 0.55, "at_one": 0.5}}]  # the planner has none
+    table = learning_render.render_local_rewards([learning.ArmResult("untrained team"), warm])
+    assert "| warm start only | tool | s3: 0.550 (0.50 at 1) |" in table and "untrained" not in table
+
+
 def test_a_comparison_runs_at_the_level_the_comparison_it_follows_picked():
     learning = _learning()
     comps = {c.key: c for c in learning.comparisons()}
