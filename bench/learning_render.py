@@ -110,10 +110,10 @@ def render_local_rewards(results: list[ArmResult], window: int = DYNAMICS_WINDOW
                 lines.append(f"| {r.label} | {role} | {'; '.join(cells)} |")
     if any(any(x) for r in results for x in r.held_out_own_rewards):
         lines += [*([""] if lines else []), "Each role's own reward on the held-out problems, greedy (mean, and the share of "
-                  "its calls at 1), per seed:", "", "| arm | role | per seed |", "|---|---|---|"]
+                  "its calls at 1 or more: on Plan-Path the tool's solved grids, the planner's optimal paths), per seed:", "", "| arm | role | per seed |", "|---|---|---|"]
         for r in results:
             for role in sorted({k for per_seed in r.held_out_own_rewards for k in per_seed}):
-                cells = [f"s{s}: {v['mean']:.3f} ({v['at_one']:.2f} at 1)"
+                cells = [f"s{s}: {v['mean']:.3f} ({v['at_one']:.2f} at >= 1)"
                          for s, per_seed in zip(r.seeds, r.held_out_own_rewards) if (v := per_seed.get(role))]
                 lines.append(f"| {r.label} | {role} | {'; '.join(cells)} |")
     return "\n".join(lines)
