@@ -3,6 +3,7 @@ training-curve plot and ``learning_results.json``."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 import statistics
 import time
 from pathlib import Path
@@ -86,8 +87,8 @@ def render(comp: Comparison, results: list[ArmResult], seeds: list[int], eval_pr
             lines += ["", render_study_dynamics(results)]
     if any(any(n) for r in results for n in r.grad_norms):
         lines += ["", render_grad_norms(comp, results)]
-    if any(any(x) for r in results for x in [*r.role_local_rewards, *r.held_out_own_rewards]):
-        lines += ["", render_local_rewards(results)]
+    if own := render_local_rewards(results):
+        lines += ["", own]
     if png:
         lines += ["", f"![{comp.key} training curves]({png})"]
     return "\n".join(lines) + "\n"
@@ -97,26 +98,32 @@ def render_local_rewards(results: list[ArmResult], window: int = DYNAMICS_WINDOW
     """Each trained arm's roles' own (local) reward during training: the mean of the first ``window`` steps and of
     the last ``window``, per seed; and every arm's roles' own reward in the greedy held-out evaluation, with the
     share of calls at 1 (Markdown; AT-GRPO's Plan-Path tool: 1 for a program that printed a solving path, 0.2 for
-    one that ran and printed something else)."""
+    one that ran and printed something else); "" where no arm has either."""
     lines = []
-    if any(any(x) for r in results for x in r.role_local_rewards):
+    training = _per_role_rows(results, lambda r: r.role_local_rewards,
+                              lambda v: f"{statistics.mean(v[:window]):.3f} -> {statistics.mean(v[-window:]):.3f}")
+    if training:
         lines += [f"Each role's own reward during training (mean of the first {window} steps -> the last {window}, per seed):",
-                  "", "| arm | role (turn) | per seed |", "|---|---|---|"]
-        for r in results:
-            roles = sorted({k for per_seed in r.role_local_rewards for k in per_seed})
-            for role in roles:
-                cells = [f"s{s}: {statistics.mean(v[:window]):.3f} -> {statistics.mean(v[-window:]):.3f}"
-                         for s, per_seed in zip(r.seeds, r.role_local_rewards) if (v := per_seed.get(role))]
-                lines.append(f"| {r.label} | {role} | {'; '.join(cells)} |")
-    if any(any(x) for r in results for x in r.held_out_own_rewards):
-        lines += [*([""] if lines else []), "Each role's own reward on the held-out problems, greedy (mean, and the share of "
-                  "its calls at 1 or more: on Plan-Path the tool's solved grids, the planner's optimal paths), per seed:", "", "| arm | role | per seed |", "|---|---|---|"]
-        for r in results:
-            for role in sorted({k for per_seed in r.held_out_own_rewards for k in per_seed}):
-                cells = [f"s{s}: {v['mean']:.3f} ({v['at_one']:.2f} at >= 1)"
-                         for s, per_seed in zip(r.seeds, r.held_out_own_rewards) if (v := per_seed.get(role))]
-                lines.append(f"| {r.label} | {role} | {'; '.join(cells)} |")
+                  "", "| arm | role (turn) | per seed |", "|---|---|---|", *training]
+    held_out = _per_role_rows(results, lambda r: r.held_out_own_rewards, lambda v: f"{v['mean']:.3f} ({v['at_one']:.2f} at >= 1)")
+    if held_out:
+        lines += [*([""] if lines else []),
+                  "Each role's own reward on the held-out problems, greedy (mean, and the share of its calls at 1 or more: "
+                  "on Plan-Path the tool's solved grids, the planner's optimal paths), per seed:",
+                  "", "| arm | role | per seed |", "|---|---|---|", *held_out]
     return "\n".join(lines)
+
+
+def _per_role_rows(results: list[ArmResult], per_seed_of: Callable[[ArmResult], list[dict[str, Any]]],
+                   cell: Callable[[Any], str]) -> list[str]:
+    """One Markdown row per arm and role of ``per_seed_of(arm)`` (per seed: role -> value), ``cell(value)`` per seed."""
+    rows = []
+    for r in results:
+        per_seed = per_seed_of(r)
+        for role in sorted({k for one in per_seed for k in one}):
+            cells = [f"s{s}: {cell(v)}" for s, one in zip(r.seeds, per_seed) if (v := one.get(role))]
+            rows.append(f"| {r.label} | {role} | {'; '.join(cells)} |")
+    return rows
 
 
 def render_grad_norms(comp: Comparison, results: list[ArmResult], factor: float = SPIKE_FACTOR) -> str:
