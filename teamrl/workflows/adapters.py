@@ -1,7 +1,8 @@
 """The old episode protocols as workflows: each task kind's default workflow (``default_workflow``).
 
 - ``single``: a one-role :class:`Task`: the agent answers the task's prompt once; the task scores it
-  (a :class:`SolveTask`'s episode returns an :class:`EpisodeOutcome`, so the study statistics apply).
+  (a :class:`SolveTask`'s episode returns an :class:`EpisodeOutcome`, so the study statistics apply; its
+  reward is correctness, 1/0, unless the task overrides ``reward``: then that, e.g. partial credit).
 - ``team``: a :class:`TeamTask`: each turn every role generates at once on its local prompt; the
   task's reward of the joint output is a team reward per turn, ``role_rewards`` local rewards; its
   feedback and the history go into the next turn's prompts (``turns`` turns, MAGRPO's ``num_turns``).
@@ -32,12 +33,16 @@ from teamrl.workflows.outcome import EpisodeOutcome
 
 
 async def single(ctx, task: Task, problem: Problem, settings: object = None) -> EpisodeOutcome | float:
-    """One answer to the task's prompt: its checked reward (a SolveTask: the outcome by correctness)."""
+    """One answer to the task's prompt: its checked reward. A SolveTask: the outcome by correctness, its
+    reward the task's own ``reward`` where the task's class overrides :meth:`SolveTask.reward` (partial credit)."""
     text = await ctx.generate("agent", task.prompt(problem))
     if isinstance(task, SolveTask):
         answer = task.extract(text)
         (correct,) = task.correct_many(problem, [answer])
-        return EpisodeOutcome(text, answer, correct)
+        own = None
+        if type(task).reward is not SolveTask.reward:  # else the reward is correctness itself (1/0)
+            own = checked_reward(task.name, f"reward(problem {problem.id!r})", task.reward(problem, text))
+        return EpisodeOutcome(text, answer, correct, team_reward=own)
     return checked_reward(task.name, f"reward(problem {problem.id!r})", task.reward(problem, text))
 
 

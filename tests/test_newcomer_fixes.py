@@ -1,0 +1,104 @@
+"""What a newcomer writing their own task hit (issue 55): a single-role task's own ``reward`` (partial credit) is
+what the default ``single`` workflow scores, in training and in ``teamrl eval``; eval scores the whole split by
+default; a run holding only a warm start has a report; sft and eval show progress."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from difflib import SequenceMatcher
+from pathlib import Path
+
+from teamrl.cli import main
+from teamrl.rollout.engine import SamplingParams
+from teamrl.rollout.scheduler import GenerationScheduler
+from teamrl.tasks.solve import MathSolve, MathSolveOptions, SolveTask
+from teamrl.tasks.task import Problem
+from teamrl.workflows.adapters import single
+from teamrl.workflows.context import EpisodeContext
+from teamrl.workflows.episode import run_episode
+from tests.scripted import TOK, ScriptedEngine
+
+TINY = ["model=tiny-random", "rollout.max_new_tokens=8", "policy.device=cpu", "run.tensorboard=false"]
+PARTIAL = "task.name=tests.test_newcomer_fixes:PartialCredit"
+
+
+@dataclass
+class PartialCreditOptions:
+    name: str = "partial_credit"
+    num_problems: int = 6
+
+
+class PartialCredit(SolveTask):
+    """Spell a word back; the reward is the reply's similarity to it (partial credit), 1 only for the word itself."""
+
+    Options = PartialCreditOptions
+    name = "partial_credit"
+    answer_instruction = "Reply with the word only."
+    WORDS = ("teamrl", "policy", "reward", "sample", "branch", "critic")
+
+    def __init__(self, opts: PartialCreditOptions | None = None) -> None:
+        self._problems = [Problem(f"w{i}", {"word": self.WORDS[i % len(self.WORDS)]})
+                          for i in range((opts or PartialCreditOptions()).num_problems)]
+
+    def problems(self) -> list[Problem]:
+        return list(self._problems)
+
+    def question(self, problem: Problem) -> str:
+        return f"Spell the word {problem.data['word']}."
+
+    def extract(self, text: str) -> str | None:
+        return text.strip() or None
+
+    def correct_many(self, problem: Problem, answers) -> list[bool]:
+        return [a == problem.data["word"] for a in answers]
+
+    def reward(self, problem: Problem, text: str) -> float:
+        # a floor of 0.25 so that even a random model's reply earns something other than 0 or 1
+        return 1.0 if self.correct_many(problem, [self.extract(text)])[0] else 0.25 + 0.5 * SequenceMatcher(
+            None, text, problem.data["word"]).ratio()
+
+
+def _single_episode(task, problem: Problem, reply: str):
+    sched = GenerationScheduler(ScriptedEngine(lambda policy, prompt, n: [reply] * n))
+    ctx = EpisodeContext(sched, lambda role: role, TOK, SamplingParams(max_new_tokens=8), problem.id, 0)
+    (result,) = sched.run([run_episode(lambda c: single(c, task, problem), ctx)])
+    return result
+
+
+def test_single_scores_a_tasks_own_reward_and_keeps_correctness_from_correct_many():
+    task = PartialCredit()
+    problem = task.problems()[0]  # "teamrl"
+    near = _single_episode(task, problem, "teamrI")
+    assert near.team_return == task.reward(problem, "teamrI") and 0.25 < near.team_return < 1.0
+    assert near.outcome is not None and near.outcome.correct is False and near.outcome.answer == "teamrI"
+    exact = _single_episode(task, problem, "teamrl")
+    assert exact.team_return == 1.0 and exact.outcome.correct is True
+
+
+def test_a_shipped_solve_task_without_its_own_reward_is_still_scored_by_correctness():
+    task = MathSolve(MathSolveOptions(num_problems=4, test_size=1))
+    problem = task.problems()[0]
+    truth = problem.data["answer"]
+    right = _single_episode(task, problem, f"Answer: {truth}")
+    wrong = _single_episode(task, problem, f"Answer: {truth}1")
+    assert (right.team_return, right.outcome.correct) == (1.0, True)
+    assert (wrong.team_return, wrong.outcome.correct) == (0.0, False)
+    assert right.outcome.team_reward is None  # the reward is correctness, not a number of the task's
+
+
+def test_training_and_eval_score_a_tasks_partial_credit(tmp_path, capsys):
+    assert main(["train", PARTIAL, *TINY, "train.steps=1", "rollout.batch_size=2", "rollout.group_size=2",
+                 f"run.dir={tmp_path}", "name=partial", "run.progress=false"]) == 0
+    (step,) = [json.loads(line) for line in (tmp_path / "partial" / "metrics.jsonl").read_text().splitlines()]
+    assert step["reward_mean"] >= 0.25, step  # every reply earns at least the floor; exact match gave 0.000
+    out = tmp_path / "eval"
+    assert main(["eval", PARTIAL, *TINY, "--method", "untrained", "--out", str(out), "run.progress=false"]) == 0
+    task = PartialCredit()
+    words = {p.id: p for p in task.problems()}
+    episodes = [json.loads(line) for line in (out / "untrained.jsonl").read_text().splitlines()]
+    assert len(episodes) == len(words)
+    for e in episodes:
+        (call,) = e["calls"]
+        assert e["score"] == task.reward(words[e["problem_id"]], call["completion"]), e
+        assert e["score"] >= 0.25
