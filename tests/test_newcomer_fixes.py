@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from difflib import SequenceMatcher
-from pathlib import Path
 
 from teamrl.cli import main
 from teamrl.rollout.engine import SamplingParams
