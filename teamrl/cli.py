@@ -211,7 +211,8 @@ def _main(argv: list[str]) -> int:
         "workflow takes (default: team with --checkpoint, untrained and the workflow's baselines)",
     )
     p_eval.add_argument(
-        "--limit", type=_number(int, ge=1), default=20, help="number of evaluation problems (default 20)"
+        "--limit", type=_number(int, ge=1), default=None,
+        help="score only the first N evaluation problems (default: all of them)",
     )
     p_eval.add_argument(
         "--temperature",
@@ -445,7 +446,8 @@ def _final_eval(cfg, run_dir: Path, argv: list[str]) -> None:
 
     held_out, where = held_out_config(cfg)
     rows = evaluate(
-        held_out, ["untrained", "team"], checkpoint=run_dir, limit=cfg.train.final_eval_problems, progress=False
+        held_out, ["untrained", "team"], checkpoint=run_dir, limit=cfg.train.final_eval_problems, progress=False,
+        limit_name="train.final_eval_problems",
     )
     print(f"untrained vs trained team, greedy, on {rows[0].problems} {where}:")
     print(format_table(rows))

@@ -101,3 +101,14 @@ def test_training_and_eval_score_a_tasks_partial_credit(tmp_path, capsys):
         (call,) = e["calls"]
         assert e["score"] == task.reward(words[e["problem_id"]], call["completion"]), e
         assert e["score"] >= 0.25
+
+
+def test_eval_scores_the_whole_split_by_default_and_says_when_limit_cuts_it(tmp_path, capsys):
+    many = [PARTIAL, "task.num_problems=24", *TINY, "--method", "untrained", "run.progress=false"]
+    assert main(["eval", *many, "--out", str(tmp_path / "all")]) == 0
+    assert "scoring" not in capsys.readouterr().err
+    results = json.loads((tmp_path / "all" / "results.json").read_text())
+    assert results["methods"]["untrained"]["problems"] == 24 and len(results["problems"]["ids"]) == 24
+    assert main(["eval", *many, "--limit", "5", "--out", str(tmp_path / "five")]) == 0
+    assert "scoring 5 of 24 problems (--limit 5)" in capsys.readouterr().err
+    assert json.loads((tmp_path / "five" / "results.json").read_text())["methods"]["untrained"]["problems"] == 5

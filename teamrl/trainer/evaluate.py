@@ -212,9 +212,10 @@ def _route(baseline: Baseline, router: PolicyRouter, roles: Sequence[str]) -> Ca
     return lambda role: BASE
 
 
-def evaluate(cfg: Config, methods: list[str], checkpoint: Path | None = None, limit: int = 20,
-             temperature: float = 0.0, progress: bool = True) -> list[EvalRow]:
-    """Run each method on the first ``limit`` evaluation problems and return one row per method.
+def evaluate(cfg: Config, methods: list[str], checkpoint: Path | None = None, limit: int | None = None,
+             temperature: float = 0.0, progress: bool = True, limit_name: str = "--limit") -> list[EvalRow]:
+    """Run each method on the first ``limit`` evaluation problems (None: all of them) and return one row per method.
+    A ``limit`` that leaves problems out is said on stderr in one line, naming it as ``limit_name``.
 
     ``team`` runs the run's workflow with every role on its trained policy (the checkpoint's);
     ``untrained`` the same workflow on the base model; the baselines are the run's workflow's
@@ -248,9 +249,12 @@ def evaluate(cfg: Config, methods: list[str], checkpoint: Path | None = None, li
     engine = HFEngine(models, router.tokenizer, device=router.device, row_models=SharedBaseAdapters(router.policies))
     # as before: the benchmark settings ignore_eos / min_new_tokens are not applied to evaluation
     params = SamplingParams.from_rollout(cfg.rollout, temperature=temperature, ignore_eos=False, min_new_tokens=0)
-    problems = task.problems()[:limit]
+    every = task.problems()
+    problems = every[:limit]
     if not problems:
         raise ConfigError(f"task {task.name!r}: no problems to evaluate (check task.split / task.test_size / --limit)")
+    if len(problems) < len(every):  # never a silent subset
+        print(f"scoring {len(problems)} of {len(every)} problems ({limit_name} {limit})", file=sys.stderr, flush=True)
     max_reward = getattr(task, "max_reward", 1.0)
     rows = []
     for method, baseline in chosen.items():
