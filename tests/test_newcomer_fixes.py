@@ -112,3 +112,31 @@ def test_eval_scores_the_whole_split_by_default_and_says_when_limit_cuts_it(tmp_
     assert main(["eval", *many, "--limit", "5", "--out", str(tmp_path / "five")]) == 0
     assert "scoring 5 of 24 problems (--limit 5)" in capsys.readouterr().err
     assert json.loads((tmp_path / "five" / "results.json").read_text())["methods"]["untrained"]["problems"] == 5
+
+
+SFT = ["sft", "model=tiny-random", "task.name=math.solve", "task.num_problems=12", "task.test_size=4", "policy.device=cpu",
+       "--problems", "4", "--epochs", "2", "--batch-size", "2"]
+
+
+def test_report_of_a_run_that_holds_only_a_warm_start_says_so_and_shows_its_eval(tmp_path, capsys):
+    run = tmp_path / "warm"
+    assert main([*SFT, f"run.dir={tmp_path}", "name=warm", "run.progress=false"]) == 0
+    assert main(["report", str(run)]) == 0, capsys.readouterr().err
+    page = (run / "report" / "index.html").read_text()
+    markdown = (run / "report" / "report.md").read_text()
+    for text in (page, markdown):
+        assert "warm start" in text and "no RL step yet" in text and "--resume" in text
+    assert "No eval yet" in page
+    assert main(["eval", "--checkpoint", str(run), "--method", "team", "--limit", "2", "task.split=test",
+                 "rollout.max_new_tokens=4", "run.progress=false"]) == 0
+    (evaluated,) = (run / "eval").iterdir()
+    assert main(["report", str(run)]) == 0
+    page = (run / "report" / "index.html").read_text()
+    assert "no RL step yet" in page and "No eval yet" not in page and evaluated.name in page
+    assert f"Latest eval ({evaluated.name})" in (run / "report" / "report.md").read_text()
+
+
+def test_report_of_a_folder_with_neither_a_step_nor_a_warm_start_is_still_refused(tmp_path, capsys):
+    (tmp_path / "metrics.jsonl").touch()
+    assert main(["report", str(tmp_path)]) == 2
+    assert "metrics.jsonl is empty" in capsys.readouterr().err

@@ -159,7 +159,8 @@ def write_report(run_dir: str | Path) -> Path:
         raise FileNotFoundError(f"{run_dir}: no metrics.jsonl; is it a run directory (runs/<name>)?")
     everything, skipped = read_report_metrics(mfile)
     metrics = training_records(everything)
-    if not metrics:
+    warm = None if metrics else warm_start_note(run_dir)
+    if not metrics and warm is None:
         raise ValueError(f"{mfile} is empty: the run has not finished a step yet")
     out = run_dir / "report"
     try:
@@ -172,9 +173,12 @@ def write_report(run_dir: str | Path) -> Path:
                 f"{', '.join(map(str, skipped[:5]))}{', ...' if len(skipped) > 5 else ''}): not a record of a step")
         print(f"teamrl report: {note}", file=sys.stderr)
         page += [note, ""]
-    main, k, first, last, secs = summary(metrics)
-    page += ["| steps | " + main + f", first {k} | " + main + f", last {k} | seconds per step |", "|---|---|---|---|",
-             f"| {len(metrics)} | {first:.3f} | {last:.3f} | {secs:.1f} |", ""]
+    if warm is not None:
+        page += [warm, ""]
+    else:
+        main, k, first, last, secs = summary(metrics)
+        page += ["| steps | " + main + f", first {k} | " + main + f", last {k} | seconds per step |",
+                 "|---|---|---|---|", f"| {len(metrics)} | {first:.3f} | {last:.3f} | {secs:.1f} |", ""]
     acc = accuracy_summary(everything)
     if acc:
         page += ["| held-out accuracy: first | peak (step) | final | cliffs at steps |", "|---|---|---|---|",
@@ -206,6 +210,26 @@ def write_report(run_dir: str | Path) -> Path:
     path = out / "index.html"
     path.write_text(html_page)
     return path
+
+
+def warm_start_note(run_dir: Path) -> str | None:
+    """What a run that holds a warm start (``teamrl sft`` wrote ``sft.jsonl``) and no RL step yet has, in one line
+    (the demonstration loss per policy, first step -> last); None for a folder without a warm start."""
+    path = Path(run_dir) / "sft.jsonl"
+    if not path.is_file():
+        return None
+    losses: dict[str, list[float]] = {}
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            r = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(r, dict) and isinstance(r.get("policy"), str) and isinstance(r.get("loss"), (int, float)):
+            losses.setdefault(r["policy"], []).append(float(r["loss"]))
+    loss = "; ".join(f"policy {name}: demonstration loss {v[0]:.3f} -> {v[-1]:.3f} over {len(v)} steps"
+                     for name, v in losses.items())
+    return (f"This run holds a warm start (teamrl sft{': ' + loss if loss else ''}) and no RL step yet: continue "
+            f"with teamrl train ... name={Path(run_dir).name} --resume.")
 
 
 def read_report_metrics(path: Path) -> tuple[list[dict[str, Any]], list[int]]:

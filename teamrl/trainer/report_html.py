@@ -17,7 +17,7 @@ import re
 from pathlib import Path
 from typing import Any, Iterable
 
-from teamrl.trainer.report import Series, plot_groups, run_workflow, summary
+from teamrl.trainer.report import Series, plot_groups, run_workflow, summary, warm_start_note
 
 
 COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
@@ -454,13 +454,16 @@ def render_html(run_dir: Path, everything: list[dict], results_file: Path | None
     from teamrl.core.metrics import accuracy_summary, training_records
 
     metrics = training_records(everything)
-    main, k, first, last, secs = summary(metrics)
-    top = (
-        f'<table id="run-summary"><thead><tr><th>steps</th><th>{_e(main)}, first {k}</th><th>{_e(main)}, last {k}</th>'
-        f'<th>seconds per step</th></tr></thead><tbody><tr><td class="n">{len(metrics)}</td>'
-        f'<td class="n">{_num(first)}</td>'
-        f'<td class="n">{_num(last)}</td><td class="n">{secs:.1f}</td></tr></tbody></table>'
-    )
+    if not metrics:  # a warm start only (teamrl sft, before teamrl train --resume): say what the run holds
+        top = f'<p id="run-summary">{_e(warm_start_note(run_dir) or "No training step yet.")}</p>'
+    else:
+        main, k, first, last, secs = summary(metrics)
+        top = (
+            f'<table id="run-summary"><thead><tr><th>steps</th><th>{_e(main)}, first {k}</th>'
+            f'<th>{_e(main)}, last {k}</th><th>seconds per step</th></tr></thead><tbody><tr>'
+            f'<td class="n">{len(metrics)}</td><td class="n">{_num(first)}</td>'
+            f'<td class="n">{_num(last)}</td><td class="n">{secs:.1f}</td></tr></tbody></table>'
+        )
     acc = accuracy_summary(everything)
     if acc:
         top += (
