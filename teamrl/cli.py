@@ -578,7 +578,7 @@ def _eval(cfg, ns, argv: list[str]) -> int:
         else:  # the run's workflow, trained and untrained, and the baselines declared for it
             methods = default_methods(cfg, has_checkpoint=bool(ns.checkpoint))
         rows = evaluate(cfg, methods, checkpoint=Path(ns.checkpoint) if ns.checkpoint else None, limit=ns.limit,
-                        temperature=ns.temperature)
+                        temperature=ns.temperature, progress=cfg.run.progress)
     except (ConfigError, FileNotFoundError) as e:
         print(f"teamrl: {e}", file=sys.stderr)
         return 2

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from difflib import SequenceMatcher
 
 from teamrl.cli import main
+from teamrl.core.metrics import ProgressLines
 from teamrl.rollout.engine import SamplingParams
 from teamrl.rollout.scheduler import GenerationScheduler
 from teamrl.tasks.solve import MathSolve, MathSolveOptions, SolveTask
@@ -140,3 +141,37 @@ def test_report_of_a_folder_with_neither_a_step_nor_a_warm_start_is_still_refuse
     (tmp_path / "metrics.jsonl").touch()
     assert main(["report", str(tmp_path)]) == 2
     assert "metrics.jsonl is empty" in capsys.readouterr().err
+
+
+def test_sft_and_eval_show_progress_on_stderr_and_are_quiet_with_progress_off(tmp_path, capsys):
+    assert main([*SFT, f"run.dir={tmp_path}", "name=loud"]) == 0  # 4 demonstrations, 2 a step, 2 epochs: 4 steps
+    err = capsys.readouterr().err
+    for line in ("[teamrl sft] 0/4 steps", "[teamrl sft] 4/4 steps, loss "):
+        assert line in err, err
+    assert main(["eval", "--checkpoint", str(tmp_path / "loud"), "--method", "team,untrained", "--limit", "3",
+                 "task.split=test", "rollout.max_new_tokens=4"]) == 0
+    err = capsys.readouterr().err
+    for method in ("team", "untrained"):
+        assert f"[teamrl eval] {method}: 0/3 problems" in err and f"[teamrl eval] {method}: 3/3 problems, " in err, err
+    assert main([*SFT, f"run.dir={tmp_path}", "name=quiet", "run.progress=false"]) == 0
+    assert main(["eval", "--checkpoint", str(tmp_path / "quiet"), "--method", "team", "--limit", "3",
+                 "task.split=test", "rollout.max_new_tokens=4", "run.progress=false"]) == 0
+    assert "[teamrl" not in capsys.readouterr().err
+
+
+def test_progress_lines_show_count_figures_elapsed_and_eta_at_most_every_few_seconds(capsys):
+    every = ProgressLines("[x]", 4, "steps", every_s=0.0)
+    for done in range(5):
+        every.update(done, loss=f"{done / 10:.3f}")
+    lines = capsys.readouterr().err.splitlines()
+    assert [line.split(",")[0] for line in lines] == [f"[x] {k}/4 steps" for k in range(5)]
+    assert all(f"loss {k / 10:.3f}" in lines[k] and "elapsed" in lines[k] for k in range(5))
+    assert ["eta" in line for line in lines] == [False, True, True, True, False]  # none before a step, none at the end
+    throttled = ProgressLines("[x]", 4, "steps", every_s=3600.0)
+    for done in range(5):
+        throttled.update(done)
+    assert [line.split(",")[0] for line in capsys.readouterr().err.splitlines()] == ["[x] 0/4 steps", "[x] 4/4 steps"]
+    quiet = ProgressLines("[x]", 4, "steps", enabled=False)
+    for done in range(5):
+        quiet.update(done)
+    assert capsys.readouterr().err == ""

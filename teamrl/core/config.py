@@ -365,7 +365,7 @@ class RunConfig:
     save_every: int = option(10, ge=1, doc="checkpoint every N steps (and at the end)")
     keep_checkpoints: int = option(2, ge=1, doc="how many recent checkpoints to keep")
     log_episodes: bool = option(True, doc="write sampled episodes to episodes/step_000001.jsonl, one file per step")
-    progress: bool = option(True, doc="show a progress bar")
+    progress: bool = option(True, doc="show progress on stderr (the training bar; teamrl sft and eval progress lines)")
     tensorboard: bool = option(True, doc="also write metrics as TensorBoard events under tensorboard/")
     wandb: bool = option(False, doc="also log to Weights & Biases (needs `pip install wandb` and a login)")
     wandb_project: str = option("teamrl", doc="W&B project name")

@@ -1,11 +1,41 @@
-"""The metrics sink: one JSON line per step in ``metrics.jsonl``, optionally TensorBoard and W&B too."""
+"""The metrics sink: one JSON line per step in ``metrics.jsonl``, optionally TensorBoard and W&B too; and the
+progress lines of long work outside the training loop (``teamrl sft``, ``teamrl eval``)."""
 
 from __future__ import annotations
 
 import json
 import math
+import sys
+import time
 from pathlib import Path
 from typing import Any
+
+
+class ProgressLines:
+    """Progress of long work as lines on stderr, ``{prefix} 3/40 steps, loss 1.234, 00:12 elapsed, eta 02:28``: the
+    first update, the last and one every ``every_s`` seconds between; nothing when ``enabled`` is false (``run.progress
+    =false``, as for the training bar). Lines rather than a bar, so that a log file reads them too."""
+
+    def __init__(self, prefix: str, total: int, unit: str, enabled: bool = True, every_s: float = 10.0) -> None:
+        self.prefix, self.total, self.unit, self.enabled, self.every_s = prefix, total, unit, enabled, every_s
+        self.start = time.perf_counter()
+        self.shown_at: float | None = None
+
+    def update(self, done: int, **figures: str) -> None:
+        """``done`` of the ``total`` finished; ``figures`` (name -> text, such as ``loss="1.234"``) follow the count."""
+        from tqdm import tqdm  # its time format, as on the training bar
+
+        now = time.perf_counter()
+        due = self.shown_at is None or done >= self.total or now - self.shown_at >= self.every_s
+        if not self.enabled or not due:
+            return
+        elapsed = now - self.start
+        parts = [f"{done}/{self.total} {self.unit}", *(f"{k} {v}" for k, v in figures.items()),
+                 f"{tqdm.format_interval(elapsed)} elapsed"]
+        if 0 < done < self.total:
+            parts.append(f"eta {tqdm.format_interval(elapsed / done * (self.total - done))}")
+        print(f"{self.prefix} " + ", ".join(parts), file=sys.stderr, flush=True)
+        self.shown_at = now
 
 
 class MetricsSink:

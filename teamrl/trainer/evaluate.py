@@ -28,6 +28,7 @@ import torch
 from teamrl.algorithms import configured_workflow_options, workflow_name
 from teamrl.algorithms.episodes import workflow_options_or_defaults
 from teamrl.core.config import Config, ConfigError
+from teamrl.core.metrics import ProgressLines
 from teamrl.policies.models import check_max_new_tokens
 from teamrl.core.seeding import derive_seed, seed_everything
 from teamrl.policies.multi_lora import SharedBaseAdapters
@@ -273,10 +274,19 @@ def evaluate(cfg: Config, methods: list[str], checkpoint: Path | None = None, li
         for ctx in ctxs:
             ctx.workflow = baseline.name
         t0 = time.perf_counter()
-        if progress:
-            print(f"[teamrl eval] {method}: {len(problems)} problems ...", file=sys.stderr, flush=True)
+        shown = ProgressLines(f"[teamrl eval] {method}:", len(problems), "problems", enabled=progress)
+        shown.update(0)
+        finished = 0
+
+        async def counted(episode):
+            nonlocal finished
+            result = await episode
+            finished += 1
+            shown.update(finished)
+            return result
+
         with torch.no_grad():
-            results = scheduler.run([run_episode(lambda c, _p=p: run_fn(c, task, _p, settings), ctx)
+            results = scheduler.run([counted(run_episode(lambda c, _p=p: run_fn(c, task, _p, settings), ctx))
                                      for p, ctx in zip(problems, ctxs)])
         wall = time.perf_counter() - t0
         scores = [r.team_return / max_reward for r in results]

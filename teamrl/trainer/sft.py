@@ -28,6 +28,7 @@ import torch
 import yaml
 
 from teamrl.core.config import Config, ConfigError, InputError, InputFileMissing, config_to_dict
+from teamrl.core.metrics import ProgressLines
 from teamrl.core.seeding import derive_seed, seed_everything
 from teamrl.policies.chat import Messages, encode_chat
 from teamrl.policies.logprobs import build_token_batch, completion_logprobs, to_device
@@ -195,6 +196,9 @@ def warm_start(cfg: Config, demonstrations: Sequence[Demonstration], epochs: int
         by_policy.setdefault(name, []).append((encode_chat(tok, d.messages), completion))
     records: list[dict[str, float]] = []
     step = 0
+    total = epochs * sum(math.ceil(len(rows) / batch_size) for rows in by_policy.values())
+    steps = ProgressLines("[teamrl sft]", total, "steps", enabled=progress)
+    steps.update(0)
     for epoch in range(1, epochs + 1):
         for name, rows in by_policy.items():
             order = list(range(len(rows)))
@@ -213,6 +217,8 @@ def warm_start(cfg: Config, demonstrations: Sequence[Demonstration], epochs: int
                         "demonstrations": len(part),
                     }
                 )
+                which = {"policy": name} if len(by_policy) > 1 else {}
+                steps.update(step, **which, loss=f"{records[-1]['loss']:.3f}")
         if progress:
             last = {r["policy"]: r["loss"] for r in records if r["epoch"] == epoch}
             print(f"[teamrl sft] epoch {epoch}/{epochs}: " + ", ".join(f"{k} loss {v:.3f}" for k, v in last.items()),
