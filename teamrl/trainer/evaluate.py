@@ -212,6 +212,28 @@ def _route(baseline: Baseline, router: PolicyRouter, roles: Sequence[str]) -> Ca
     return lambda role: BASE
 
 
+def team_engine(cfg: Config, roles: Sequence[str], checkpoint: Path | None = None) -> tuple[PolicyRouter, HFEngine]:
+    """The team's policies (``checkpoint``: a run directory, its last checkpoint loaded) and the engine that samples
+    them; the policy :data:`BASE` routes to the base model (adapters off)."""
+    router = PolicyRouter(cfg.policy.mode, list(roles), cfg.model, cfg.policy.lora, lr=cfg.train.lr, seed=cfg.seed,
+                          need_reference=cfg.policy.lora is None, device=cfg.policy.device, dtype=cfg.policy.dtype,
+                          role_map=cfg.policy.roles)
+    check_max_new_tokens(next(iter(router.policies.values())).model, cfg.rollout.max_new_tokens, cfg.model)
+    if checkpoint is not None:
+        ckpts = list_checkpoints(Path(checkpoint) / "checkpoints")
+        if not ckpts:
+            raise FileNotFoundError(f"--checkpoint {checkpoint}: no checkpoints/step_N folder in it")
+        load_checkpoint(ckpts[-1], router)
+
+    def models(name: str):
+        if name == BASE:
+            return next(iter(router.policies.values())).reference()
+        return router.policies[name].generation_model()
+
+    return router, HFEngine(models, router.tokenizer, device=router.device,
+                            row_models=SharedBaseAdapters(router.policies))
+
+
 def evaluate(cfg: Config, methods: list[str], checkpoint: Path | None = None, limit: int = 20,
              temperature: float = 0.0, progress: bool = True) -> list[EvalRow]:
     """Run each method on the first ``limit`` evaluation problems and return one row per method.
@@ -230,22 +252,7 @@ def evaluate(cfg: Config, methods: list[str], checkpoint: Path | None = None, li
         )
     seed_everything(cfg.seed)
     roles = list(run.roles)
-    router = PolicyRouter(cfg.policy.mode, roles, cfg.model, cfg.policy.lora, lr=cfg.train.lr, seed=cfg.seed,
-                          need_reference=cfg.policy.lora is None, device=cfg.policy.device, dtype=cfg.policy.dtype,
-                          role_map=cfg.policy.roles)
-    check_max_new_tokens(next(iter(router.policies.values())).model, cfg.rollout.max_new_tokens, cfg.model)
-    if checkpoint is not None:
-        ckpts = list_checkpoints(Path(checkpoint) / "checkpoints")
-        if not ckpts:
-            raise FileNotFoundError(f"--checkpoint {checkpoint}: no checkpoints/step_N folder in it")
-        load_checkpoint(ckpts[-1], router)
-
-    def models(name: str):
-        if name == BASE:
-            return next(iter(router.policies.values())).reference()
-        return router.policies[name].generation_model()
-
-    engine = HFEngine(models, router.tokenizer, device=router.device, row_models=SharedBaseAdapters(router.policies))
+    router, engine = team_engine(cfg, roles, checkpoint)
     # as before: the benchmark settings ignore_eos / min_new_tokens are not applied to evaluation
     params = SamplingParams.from_rollout(cfg.rollout, temperature=temperature, ignore_eos=False, min_new_tokens=0)
     problems = task.problems()[:limit]
