@@ -25,6 +25,7 @@ from typing import Any, Callable, Hashable, Mapping, Sequence
 
 import torch
 
+from teamrl.algorithms.grpo import assign_rewards, reward_view
 from teamrl.core.config import Config, ConfigError, config_to_dict
 from teamrl.core.seeding import derive_seed, seed_everything
 from teamrl.policies.models import check_max_new_tokens
@@ -130,33 +131,36 @@ def _figures(rewards: Mapping[Hashable, list[float]], calls: Sequence[Mapping[st
 
 
 def setting_figures(records: Sequence[Mapping[str, Any]], roles: Sequence[str]) -> dict[str, Any]:
-    """The figures of one setting from its episode records alone (:func:`~teamrl.trainer.evaluate.episode_record`).
+    """The figures of one setting from its episode records alone (:func:`~teamrl.trainer.evaluate.episode_record`,
+    each call with its training ``reward``).
 
-    The team row: each episode's score (normalised return), grouped by problem; ``success``: the share of episodes
-    whose outcome is correct (None where the workflow reports none). A role's row: each of its calls' own reward
-    (the episode's score where the workflow gives the call none), grouped by (problem, turn) as GRPO groups a role's
-    calls. A group varied when its rewards are not all equal; ``valid``: the share of judged replies in their role's
-    format; ``truncated``: the share of replies that ended at max_new_tokens (``finish_reason`` length);
-    ``silent_roles``: declared roles with no call."""
+    Rewards are the calls' training rewards (``workflow.reward`` applied to each call, as GRPO applies it), grouped
+    as GRPO compares them: by (problem, role, turn) over the G episodes of a problem; the team row holds every
+    group, a role's row its own. A group varied when its rewards are not all equal; ``valid``: the share of judged
+    replies in their role's format; ``truncated``: the share of replies that ended at max_new_tokens
+    (``finish_reason`` length). The team row adds ``score`` (the episodes' mean normalised return) and ``success``
+    (the share of episodes whose outcome is correct; None where the workflow reports none); ``silent_roles``:
+    declared roles with no call."""
     team: dict[Hashable, list[float]] = {}
     by_role: dict[str, dict[Hashable, list[float]]] = {r: {} for r in roles}
     role_calls: dict[str, list[Mapping[str, Any]]] = {r: [] for r in roles}
     all_calls = []
     for e in records:
-        team.setdefault(e["problem_id"], []).append(e["score"])
         for c in e["calls"]:
             try:
                 role = declared_role(c["role"], roles)
             except KeyError:  # a role the team does not declare (a sub-agent): its own row
                 role = c["role"]
-            reward = e["score"] if c.get("own_reward") is None else c["own_reward"]
-            by_role.setdefault(role, {}).setdefault((e["problem_id"], c["turn"]), []).append(reward)
+            group = (e["problem_id"], role, c["turn"])
+            team.setdefault(group, []).append(c["reward"])
+            by_role.setdefault(role, {}).setdefault(group, []).append(c["reward"])
             role_calls.setdefault(role, []).append(c)
             all_calls.append(c)
     correct = [bool(e["correct"]) for e in records if e.get("correct") is not None]
     return {
         "episodes": len(records),
         **_figures(team, all_calls, len(records)),
+        "score": statistics.fmean(e["score"] for e in records) if records else None,
         "success": _share(correct),
         "roles": {r: _figures(by_role[r], role_calls[r], len(records)) for r in by_role},
         "silent_roles": [r for r in roles if not role_calls[r]],
@@ -250,15 +254,24 @@ def measure(load: Callable[[Sequence[str]], Config], settings: Sequence[tuple[st
         changes = tuple(o for o in s if _dotted(config_to_dict(cfg), o.split("=", 1)[0])
                         != _dotted(base, o.split("=", 1)[0]))
         label = " ".join(changes) or "as configured"
-        records = [{**episode_record("calibrate", run.name, p, ctx, r, max_reward, task, spec.formats),
-                    "setting": label, "episode": k} for (p, k, ctx), r in zip(episodes, results)]
+        records = [_record(p, k, ctx, r, label, cfg.workflow.reward, run.name, max_reward, task, spec.formats)
+                   for (p, k, ctx), r in zip(episodes, results)]
         figures = setting_figures(records, roles)
         out.results.append(SettingResult(tuple(s), changes, g, figures, records))
         bar.update(1)
         bar.set_postfix(varied=f"{figures['groups_varied']}/{figures['groups']}",
-                        reward=f"{figures['reward_mean']:.3f}")
+                        reward=_num(figures["reward_mean"]))
     bar.close()
     return out
+
+
+def _record(problem: Any, episode: int, ctx: EpisodeContext, result: Any, setting: str, reward: str, workflow: str,
+            max_reward: float, task: Any, formats: Any) -> dict[str, Any]:
+    """``teamrl eval``'s episode record, plus the setting, the episode's place in its group and each call's
+    training reward (``workflow.reward`` applied as GRPO applies it)."""
+    assign_rewards(ctx.samples, reward_view(result), reward)  # every call's: those in events and the gateway's
+    record = episode_record("calibrate", workflow, problem, ctx, result, max_reward, task, formats)
+    return {**record, "setting": setting, "episode": episode}
 
 
 # ---- what it means --------------------------------------------------------------------------------------------
@@ -266,6 +279,10 @@ def measure(load: Callable[[Sequence[str]], Config], settings: Sequence[tuple[st
 
 def _pct(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:.0f}%"
+
+
+def _num(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3f}"
 
 
 def best_setting(cal: Calibration) -> SettingResult | None:
@@ -289,18 +306,20 @@ def advice(cal: Calibration) -> list[str]:
     groups = sum(r.figures["groups"] for r in cal.results)
     varied = [r for r in cal.results if r.figures["groups_varied"]]
     scores = [e["score"] for r in cal.results for e in r.episodes]
+    rewards = [c["reward"] for r in cal.results for e in r.episodes for c in e["calls"]]
     if not varied:
         where = f"0 of {groups} groups varied at {len(cal.results)} setting{'s' * (len(cal.results) != 1)}"
-        if all(s == 0 for s in scores):
+        if rewards and all(v == 0 for v in rewards):
             lines.append(f"{where}: every reward 0 -> the task is too hard for this model: a warm start (teamrl sft), "
                          "an easier level (--set / --level a task option), or a larger model")
         elif all(s == 1 for s in scores):
             lines.append(f"{where}: every reward 1 (the task's maximum) -> the task is too easy for this model: a "
                          "harder level (--set / --level a task option)")
         else:
-            lines.append(f"{where}: every episode of a problem scored alike (rewards {min(scores):.3f}..."
-                         f"{max(scores):.3f} across problems) -> the reward does not tell this team's samples apart: "
-                         "check workflow.reward and the task's reward, or sample larger groups (rollout.group_size)")
+            span = f"{min(rewards, default=0):.3f}..{max(rewards, default=0):.3f}"
+            lines.append(f"{where}: the calls of a group were rewarded alike (rewards {span} across groups) -> the "
+                         "reward does not tell this team's samples apart: check workflow.reward and the task's "
+                         "reward, or sample larger groups (rollout.group_size)")
     elif not f["groups_varied"]:
         at = ", ".join(f"{r.label} ({r.figures['groups_varied']} of {r.figures['groups']})" for r in varied)
         lines.append(f"0 of {f['groups']} groups varied as configured; groups vary only at {at} -> set "
@@ -342,10 +361,11 @@ def paste_overrides(cal: Calibration) -> str:
 
 def format_report(cal: Calibration) -> str:
     """The table (one row per setting and role: the team first) and the advice."""
-    head = ("| setting | role | reward mean +/- std | groups varied | success | valid replies | calls / episode | "
-            "tool calls / episode | cut at max_new_tokens | completion tokens |")
-    lines = [f"{cal.problems} training problems, groups of G episodes per problem; rewards: the episode's normalised "
-             "return (a role: its own reward where the workflow gives one)", "", head, "|---" * 10 + "|"]
+    head = ("| setting | role | reward mean +/- std | groups varied | normalised return | success | valid replies | "
+            "calls / episode | tool calls / episode | cut at max_new_tokens | completion tokens |")
+    lines = [f"{cal.problems} training problems, G episodes each; reward: each call's training reward "
+             "(workflow.reward), a group: a (problem, role, turn)'s calls over the G episodes", "", head,
+             "|---" * 11 + "|"]
     for r in cal.results:
         # a one-role team's role row is its team row again
         rows = [("team", r.figures)] + (list(r.figures["roles"].items()) if len(r.figures["roles"]) > 1 else [])
@@ -353,7 +373,8 @@ def format_report(cal: Calibration) -> str:
             reward = "-" if f["reward_mean"] is None else f"{f['reward_mean']:.3f} +/- {f['reward_std']:.3f}"
             tokens = "-" if f["completion_tokens"] is None else f"{f['completion_tokens']:.1f}"
             lines.append(f"| {r.label} (G={r.group_size}) | {role} | {reward} | {f['groups_varied']} of {f['groups']} "
-                         f"({_pct(f['groups_varied_share'])}) | {_pct(f.get('success'))} | {_pct(f['valid'])} | "
+                         f"({_pct(f['groups_varied_share'])}) | {_num(f.get('score'))} | {_pct(f.get('success'))} | "
+                         f"{_pct(f['valid'])} | "
                          f"{f['calls_per_episode']:.2f} | {f['tool_calls_per_episode']:.2f} | {_pct(f['truncated'])} | "
                          f"{tokens} |")
     for s in cal.skipped:

@@ -375,22 +375,32 @@ def episode_record(method: str, workflow: str, problem: Any, ctx: EpisodeContext
     turn, the prompt messages and rendered prompt, the completion, token counts, the call's own reward,
     whether it is a valid reply of its role: :func:`~teamrl.tasks.task.reply_valid` with the workflow's
     ``formats``) and every reward the workflow reported, in order
-    (``after_call``: the index of the last call issued before it)."""
+    (``after_call``: the index of the last call issued before it). Calls the gateway answered (an OpenAI-API
+    team's, recorded in ``ctx.samples`` only) follow with ``call`` and ``messages`` None; a call whose sample has
+    its training reward (``teamrl calibrate``) carries it as ``reward``."""
     calls, rewards, last_call = [], [], None
+
+    def call(index: int | None, messages: Any, s: Any) -> dict[str, Any]:
+        return {
+            "call": index, "role": s.role, "policy": s.policy, "turn": s.turn, "branch": s.branch,
+            "messages": _plain(messages), "prompt": s.prompt_text, "completion": s.text,
+            "finish_reason": s.finish_reason, "prompt_tokens": len(s.prompt_ids),
+            "completion_tokens": len(s.completion_ids), "own_reward": own_reward(s),
+            "valid": reply_valid(task, problem, s.text, role=s.role, formats=formats),
+            **({"reward": s.reward} if s.reward is not None else {}),
+            **({"tags": _plain(s.tags)} if s.tags else {}),
+        }
+
+    in_events = set()
     for event in ctx.events:
         if isinstance(event, RewardEvent):
             rewards.append({"after_call": last_call, "role": event.role, "value": event.value})
             continue
         last_call = event.index
         for s in event.samples:
-            calls.append({
-                "call": event.index, "role": s.role, "policy": s.policy, "turn": s.turn, "branch": s.branch,
-                "messages": _plain(event.messages), "prompt": s.prompt_text, "completion": s.text,
-                "finish_reason": s.finish_reason, "prompt_tokens": len(s.prompt_ids),
-                "completion_tokens": len(s.completion_ids), "own_reward": own_reward(s),
-                "valid": reply_valid(task, problem, s.text, role=s.role, formats=formats),
-                **({"tags": _plain(s.tags)} if s.tags else {}),
-            })
+            in_events.add(id(s))
+            calls.append(call(event.index, event.messages, s))
+    calls += [call(None, None, s) for s in getattr(ctx, "samples", ()) if id(s) not in in_events]
     outcome = result.outcome
     return {
         "method": method,
