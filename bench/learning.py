@@ -43,7 +43,8 @@ and the JSON from the cache alone.
 **Calibration** (``--calibrate``): each task's difficulty levels (``Comparison.levels``) are scored
 with the embedded model, after the warm start where the comparison has one: greedy success and valid
 replies on held-out problems, and at the training temperature with the comparison's group size the
-success and the share of groups whose rewards vary (the real target: only those groups teach). The
+success and the share of groups whose rewards vary (the real target: only those groups teach; measured
+by ``teamrl calibrate``'s own code, ``teamrl.trainer.calibrate.measure``: G episodes per problem). The
 level whose sampled success is within 15-50% with the most varied groups is picked; the grid then
 runs at the picked level. Results go to bench/calibration.json (cached per level, resumable) and a
 table into docs/learning.md.

@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -20,43 +19,17 @@ BAND = (0.15, 0.50)
 CALIBRATE_PROBLEMS = 16
 
 
-def _sampled_signal(cfg, resume: bool, problems: int) -> dict[str, Any]:
-    """At the training temperature and group size, on ``problems`` training problems: the rollouts and
-    advantages of training steps, without the update (the trainer's own sampler, groups and advantages)."""
-    from teamrl.core.seeding import derive_seed
-    from teamrl.rollout.scheduler import GenerationScheduler
-    from teamrl.trainer.diagnostics import learning_signal
-    from teamrl.trainer.trainer import Trainer
-    from teamrl.workflows.context import EpisodeContext
+def _sampled_signal(load, checkpoint: Path | None, problems: int) -> dict[str, Any]:
+    """At the training temperature and group size, on ``problems`` training problems: the share of groups whose
+    rewards vary and the sampled success, measured as ``teamrl calibrate`` measures them (one way to measure signal:
+    :func:`teamrl.trainer.calibrate.measure`, groups of G episodes per problem)."""
+    from teamrl.trainer.calibrate import measure
 
-    trainer = Trainer(cfg, resume=resume)
-    varied = groups = 0
-    success: list[float] = []
-    rewards: list[float] = []
-    try:
-        for step in range(max(1, -(-problems // cfg.rollout.batch_size))):
-            batch = trainer._next_problems()
-            scheduler = GenerationScheduler(trainer.engine, seed=derive_seed(cfg.seed, step + 1, 1))
-
-            def make_ctx(problem, episode: int, tags: dict, scheduler=scheduler) -> EpisodeContext:
-                params = trainer.greedy_params if tags.get("greedy") else trainer.params
-                return EpisodeContext(scheduler, trainer.route, trainer.tokenizer, params, problem.id, episode, tags)
-
-            samples = trainer._rollout(batch, make_ctx, scheduler)
-            train = trainer._assign_advantages(samples)
-            sig = learning_signal(train, trainer.roles)
-            varied += int(sig.get("signal/groups_with_signal", 0))
-            groups += int(sig.get("signal/groups", 0))
-            rewards += [s.reward for s in train]
-            m = trainer.algorithm.metrics(train)
-            rate = m.get("success_rate", m.get("accuracy"))
-            if rate is not None:
-                success.append(rate)
-    finally:
-        trainer.shutdown()
-    return {"sampled_success": statistics.mean(success) if success else None,
-            "sampled_reward": statistics.mean(rewards) if rewards else None,
-            "groups_varied": varied / groups if groups else 0.0, "groups": groups, "groups_with_signal": varied}
+    (result,) = measure(load, [()], problems=problems, checkpoint=checkpoint, progress=False).results
+    f = result.figures
+    return {"sampled_success": f["success"], "sampled_reward": f["reward_mean"],
+            "groups_varied": f["groups_varied_share"], "groups": f["groups"], "groups_with_signal": f["groups_varied"],
+            "group_size": result.group_size, "measured_by": "teamrl calibrate"}
 
 
 def calibrate_level(comp: Comparison, level: Level, quick: bool, workdir: Path, problems: int, seed: int = 0) -> dict[str, Any]:
@@ -79,7 +52,9 @@ def calibrate_level(comp: Comparison, level: Level, quick: bool, workdir: Path, 
     out = {"settings": list(level.overrides), "warm_start": arm.warm_start, "problems": row.problems,
            "greedy_success": row.pass_at_1, "greedy_return": row.mean, "valid": row.valid,
            "temperature": cfg.rollout.temperature, "group_size": cfg.rollout.group_size}
-    out.update(_sampled_signal(cfg, arm.warm_start, problems))
+    out.update(_sampled_signal(lambda extra: _config(comp, arm, quick, False, seed, workdir, name, f"run.save_every={10**6}",
+                                                     *extra, level=level),
+                               workdir / name if arm.warm_start else None, problems))
     out["seconds"] = round(time.perf_counter() - t0, 1)
     return out
 

@@ -5,13 +5,15 @@
   teamrl eval [CONFIG.yaml] [--checkpoint RUN_DIR] [--method team,single,...] [--limit N] [--out DIR]
               [key.sub=value ...]
   teamrl sft [CONFIG.yaml] [--data DEMOS.jsonl] [--epochs N] [key.sub=value ...]   # warm start, then train --resume
+  teamrl calibrate [CONFIG.yaml] [--checkpoint RUN_DIR] [--set KEY=V1,V2 ...] [--level 'K=V K2=V2' ...]
+                   [key.sub=value ...]   # why groups' rewards do not vary, and the settings where they do
   teamrl report RUN_DIR                              # RUN_DIR/report/index.html (+ PNG plots, report.md)
   teamrl study STUDY.yaml [--table]                  # a workflow x policy x task x model x seed grid -> study.md
   teamrl serve --model NAME [--port 8000] [--lora NAME=PATH ...]   # OpenAI-compatible completions server
   teamrl bench [--only a,b,c,d] [--steps N] ...      # side-by-side benchmarks -> bench/RESULTS.md (= make bench)
   teamrl bench --learning [--quick] [--seeds N] ...  # the learning benchmark -> bench/LEARNING.md (= make learn)
 
-``--plugin FILE.py`` (repeatable; train, config, eval, sft) imports a file that registers your own
+``--plugin FILE.py`` (repeatable; train, config, eval, sft, calibrate) imports a file that registers your own
 tasks, workflows or rewards (see docs/extending.md) before the config is read.
 
 Bad input (a config, a data file, a model name, what a task's reward returned, a plugin or workflow
@@ -247,6 +249,22 @@ def _main(argv: list[str]) -> int:
     )
     p_sft.add_argument("--lr", type=_number(float, "train.lr"), default=None, help="learning rate (default train.lr)")
     p_sft.add_argument("args", nargs="*", help="CONFIG.yaml and key.sub=value overrides (the RL run's own)")
+    p_cal = sub.add_parser("calibrate", help="sample a few training problems in groups at a few settings: why rewards "
+                           "do not vary within groups (no learning signal), and the settings where they do")
+    p_cal.add_argument("--checkpoint", default=None, help="a run directory: its last checkpoint is sampled (e.g. a "
+                       "warm start), and its config.yaml is the config when none is given")
+    p_cal.add_argument("--problems", type=_number(int, ge=1), default=8, help="training problems (default 8)")
+    p_cal.add_argument("--group-size", type=_number(int, ge=2), default=None,
+                       help="episodes per problem (default rollout.group_size, or 4 where that is 1)")
+    p_cal.add_argument("--set", action="append", default=[], metavar="KEY=V1,V2", dest="sweeps",
+                       help="sweep a task., rollout. or workflow. key over these values (repeatable; '|' separates "
+                            "values that hold commas); rollout.temperature and rollout.max_new_tokens default to the "
+                            "config's and a higher one")
+    p_cal.add_argument("--level", action="append", default=[], metavar="'KEY=V KEY2=V2'", dest="levels",
+                       help="one setting of several overrides, e.g. a task's difficulty level (repeatable)")
+    p_cal.add_argument("--out", default=None, metavar="DIR",
+                       help="where calibration.json and the episodes go (default run.dir/NAME/calibrate/<timestamp>)")
+    p_cal.add_argument("args", nargs="*", help="CONFIG.yaml and key.sub=value overrides (the run's own)")
     p_report = sub.add_parser(
         "report", help="RUN_DIR/report/index.html: curves, the latest eval, transcripts (+ PNG plots, report.md)"
     )
@@ -315,7 +333,7 @@ def _main(argv: list[str]) -> int:
         help="with --strict: sampling defaults as generation_config.json would set them, "
         'e.g. \'{"repetition_penalty": 1.1}\'',
     )
-    for p in (p_train, p_cfg, p_eval, p_sft):
+    for p in (p_train, p_cfg, p_eval, p_sft, p_cal):
         p.add_argument("--plugin", action="append", default=[], metavar="FILE.py",
                        help="import a Python file that registers tasks, workflows or rewards (repeatable)")
     sub.add_parser(
@@ -328,8 +346,8 @@ def _main(argv: list[str]) -> int:
         ns.args += unknown
     elif unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
-    if plugins and ns.command not in ("train", "config", "eval", "sft"):
-        raise SystemExit(f"teamrl {ns.command}: --plugin is taken by train, config, eval and sft")
+    if plugins and ns.command not in ("train", "config", "eval", "sft", "calibrate"):
+        raise SystemExit(f"teamrl {ns.command}: --plugin is taken by train, config, eval, sft and calibrate")
     if ns.command in ("train", "eval", "study") and os.environ.get("TEAMRL_LOW_MEMORY", "") not in ("", "0"):
         from teamrl.core.memory import return_freed_memory_to_os
 
@@ -391,6 +409,8 @@ def _main(argv: list[str]) -> int:
         return _eval(cfg, ns, argv)
     if ns.command == "sft":
         return _sft(cfg, ns)
+    if ns.command == "calibrate":
+        return _calibrate(cfg, config, overrides, ns, argv)
     from teamrl.rollout.completions_api import ServerError
     from teamrl.trainer.learner import WorkerFailed
     from teamrl.trainer.trainer import RunExists, make_trainer
@@ -430,6 +450,9 @@ def _main(argv: list[str]) -> int:
     no_signal = signal_summary(metrics)  # a run whose groups never varied learned nothing from its rewards: say so
     if no_signal:
         print(no_signal)
+        if no_signal.startswith("no learning signal"):
+            plugin_args = "".join(f" --plugin {p}" for p in plugins)
+            print(f"why, and what to change: teamrl calibrate --checkpoint {trainer.run_dir}{plugin_args}")
     acc = accuracy_summary(everything)
     if acc:
         print(f"held-out accuracy: first {acc['untrained']:.3f}, peak {acc['peak']:.3f} (step {acc['peak_step']}), "
@@ -563,6 +586,28 @@ def _sft(cfg, ns) -> int:
         )
     print(f"{len(demos)} demonstrations, warm start saved in {run_dir / 'checkpoints'}; "
           f"continue with RL: teamrl train ... name={cfg.name} --resume")
+    return 0
+
+
+def _calibrate(cfg, config: str | None, overrides: list[str], ns, argv: list[str]) -> int:
+    from teamrl.core.config import load_config
+    from teamrl.trainer.calibrate import (calibrate_output_dir, format_report, measure, parse_level, parse_sweep,
+                                          settings_grid, write_calibration)
+
+    if ns.out:
+        _check_out_dir(Path(ns.out), "--out")
+    axes = [parse_sweep(text) for text in ns.sweeps] + ([[parse_level(t) for t in ns.levels]] if ns.levels else [])
+    checkpoint = Path(ns.checkpoint) if ns.checkpoint else None
+    try:
+        cal = measure(lambda extra: load_config(config, [*overrides, *extra]), settings_grid(cfg, axes),
+                      problems=ns.problems, group_size=ns.group_size, checkpoint=checkpoint, progress=cfg.run.progress)
+    except FileNotFoundError as e:  # a --checkpoint folder without checkpoints
+        print(f"teamrl: {e}", file=sys.stderr)
+        return 2
+    print(format_report(cal))
+    out = write_calibration(cal, calibrate_output_dir(cfg, Path(ns.out) if ns.out else None), cfg, ["teamrl", *argv],
+                            checkpoint=checkpoint)
+    print(f"calibration: {out}/calibration.json; each setting's episodes: {out}/setting<N>.jsonl")
     return 0
 
 

@@ -213,6 +213,28 @@ def _route(baseline: Baseline, router: PolicyRouter, roles: Sequence[str]) -> Ca
     return lambda role: BASE
 
 
+def team_engine(cfg: Config, roles: Sequence[str], checkpoint: Path | None = None) -> tuple[PolicyRouter, HFEngine]:
+    """The team's policies (``checkpoint``: a run directory, its last checkpoint loaded) and the engine that samples
+    them; the policy :data:`BASE` routes to the base model (adapters off)."""
+    router = PolicyRouter(cfg.policy.mode, list(roles), cfg.model, cfg.policy.lora, lr=cfg.train.lr, seed=cfg.seed,
+                          need_reference=cfg.policy.lora is None, device=cfg.policy.device, dtype=cfg.policy.dtype,
+                          role_map=cfg.policy.roles)
+    check_max_new_tokens(next(iter(router.policies.values())).model, cfg.rollout.max_new_tokens, cfg.model)
+    if checkpoint is not None:
+        ckpts = list_checkpoints(Path(checkpoint) / "checkpoints")
+        if not ckpts:
+            raise FileNotFoundError(f"--checkpoint {checkpoint}: no checkpoints/step_N folder in it")
+        load_checkpoint(ckpts[-1], router)
+
+    def models(name: str):
+        if name == BASE:
+            return next(iter(router.policies.values())).reference()
+        return router.policies[name].generation_model()
+
+    return router, HFEngine(models, router.tokenizer, device=router.device,
+                            row_models=SharedBaseAdapters(router.policies))
+
+
 def evaluate(cfg: Config, methods: list[str], checkpoint: Path | None = None, limit: int | None = None,
              temperature: float = 0.0, progress: bool = True, limit_name: str = "--limit") -> list[EvalRow]:
     """Run each method on the first ``limit`` evaluation problems (None: all of them) and return one row per method.
@@ -232,22 +254,7 @@ def evaluate(cfg: Config, methods: list[str], checkpoint: Path | None = None, li
         )
     seed_everything(cfg.seed)
     roles = list(run.roles)
-    router = PolicyRouter(cfg.policy.mode, roles, cfg.model, cfg.policy.lora, lr=cfg.train.lr, seed=cfg.seed,
-                          need_reference=cfg.policy.lora is None, device=cfg.policy.device, dtype=cfg.policy.dtype,
-                          role_map=cfg.policy.roles)
-    check_max_new_tokens(next(iter(router.policies.values())).model, cfg.rollout.max_new_tokens, cfg.model)
-    if checkpoint is not None:
-        ckpts = list_checkpoints(Path(checkpoint) / "checkpoints")
-        if not ckpts:
-            raise FileNotFoundError(f"--checkpoint {checkpoint}: no checkpoints/step_N folder in it")
-        load_checkpoint(ckpts[-1], router)
-
-    def models(name: str):
-        if name == BASE:
-            return next(iter(router.policies.values())).reference()
-        return router.policies[name].generation_model()
-
-    engine = HFEngine(models, router.tokenizer, device=router.device, row_models=SharedBaseAdapters(router.policies))
+    router, engine = team_engine(cfg, roles, checkpoint)
     # as before: the benchmark settings ignore_eos / min_new_tokens are not applied to evaluation
     params = SamplingParams.from_rollout(cfg.rollout, temperature=temperature, ignore_eos=False, min_new_tokens=0)
     every = task.problems()
@@ -382,22 +389,32 @@ def episode_record(method: str, workflow: str, problem: Any, ctx: EpisodeContext
     turn, the prompt messages and rendered prompt, the completion, token counts, the call's own reward,
     whether it is a valid reply of its role: :func:`~teamrl.tasks.task.reply_valid` with the workflow's
     ``formats``) and every reward the workflow reported, in order
-    (``after_call``: the index of the last call issued before it)."""
+    (``after_call``: the index of the last call issued before it). Calls the gateway answered (an OpenAI-API
+    team's, recorded in ``ctx.samples`` only) follow with ``call`` and ``messages`` None; a call whose sample has
+    its training reward (``teamrl calibrate``) carries it as ``reward``."""
     calls, rewards, last_call = [], [], None
+
+    def call(index: int | None, messages: Any, s: Any) -> dict[str, Any]:
+        return {
+            "call": index, "role": s.role, "policy": s.policy, "turn": s.turn, "branch": s.branch,
+            "messages": _plain(messages), "prompt": s.prompt_text, "completion": s.text,
+            "finish_reason": s.finish_reason, "prompt_tokens": len(s.prompt_ids),
+            "completion_tokens": len(s.completion_ids), "own_reward": own_reward(s),
+            "valid": reply_valid(task, problem, s.text, role=s.role, formats=formats),
+            **({"reward": s.reward} if s.reward is not None else {}),
+            **({"tags": _plain(s.tags)} if s.tags else {}),
+        }
+
+    in_events = set()
     for event in ctx.events:
         if isinstance(event, RewardEvent):
             rewards.append({"after_call": last_call, "role": event.role, "value": event.value})
             continue
         last_call = event.index
         for s in event.samples:
-            calls.append({
-                "call": event.index, "role": s.role, "policy": s.policy, "turn": s.turn, "branch": s.branch,
-                "messages": _plain(event.messages), "prompt": s.prompt_text, "completion": s.text,
-                "finish_reason": s.finish_reason, "prompt_tokens": len(s.prompt_ids),
-                "completion_tokens": len(s.completion_ids), "own_reward": own_reward(s),
-                "valid": reply_valid(task, problem, s.text, role=s.role, formats=formats),
-                **({"tags": _plain(s.tags)} if s.tags else {}),
-            })
+            in_events.add(id(s))
+            calls.append(call(event.index, event.messages, s))
+    calls += [call(None, None, s) for s in getattr(ctx, "samples", ()) if id(s) not in in_events]
     outcome = result.outcome
     return {
         "method": method,

@@ -55,6 +55,14 @@ from teamrl.workflows import WORKFLOWS, default_workflow
 from teamrl.workflows.context import EpisodeContext
 
 
+def progress_bar(total: int, desc: str, unit: str, enabled: bool, initial: int = 0) -> Any:
+    """The progress bar a command shows on stderr (``run.progress``): a ``tqdm`` of ``total`` units."""
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=initial, desc=desc, unit=unit, disable=not enabled, file=sys.stderr,
+                dynamic_ncols=True)
+
+
 class RunExists(RuntimeError):
     """The run directory already holds checkpoints and ``resume`` was not asked for."""
 
@@ -548,11 +556,8 @@ class Trainer:
                     unlock_run_dir(self.run_dir)
 
     def _train_loop(self) -> list[dict[str, Any]]:
-        from tqdm import tqdm
-
         total = self.cfg.train.steps
-        bar = tqdm(total=total, initial=self.step, desc=f"train {self.cfg.name}", unit="step",
-                   disable=not self.cfg.run.progress, file=sys.stderr, dynamic_ncols=True)
+        bar = progress_bar(total, f"train {self.cfg.name}", "step", self.cfg.run.progress, initial=self.step)
         if self.eval_task is not None and self.step == 0:  # the untrained workflow's accuracy starts the running peak
             self.metrics.log({"step": 0, **self._evaluate_and_watch(0)})
         while self.step < total and not self.stopped_at_cliff:
