@@ -4,7 +4,10 @@ A demonstration is (role, messages, completion): the chat a role was shown and t
 should give. They come from a JSONL file (one ``{"role": ..., "messages": [...] or "text",
 "completion": "..."}`` per line) or from the task's own solver: an optional task method
 ``demonstrations(problem) -> list[(role, messages, completion)]`` (``math.solve``'s known
-answers, ``plan_path``'s shortest paths and BFS program).
+answers, ``plan_path``'s shortest paths and BFS program). Without either, the team's own successful
+episodes can be the demonstrations (``teamrl sft --self-play N`` / ``--from-episodes PATH``:
+:mod:`teamrl.trainer.self_play`, which trains on the token ids the calls recorded through
+:func:`sft_router`, :func:`sft_epochs` and :func:`save_warm_start` here).
 
 The policies, adapters, checkpoints and run directory are RL's own (:class:`PolicyRouter`,
 :mod:`teamrl.trainer.checkpoint`, ``runs/<name>/``); the loss is the cross-entropy of the
