@@ -173,6 +173,9 @@ def train_round(cfg: Config, router: PolicyRouter, roles: Sequence[str], keep: K
     """Fine-tune each policy on its own calls of the round's kept episodes; fills ``keep.trained`` and
     ``keep.records``."""
     keep.trained = training_rows(router, keep.kept, roles)
+    if not keep.trained:  # e.g. eval records of a gateway workflow, whose calls are not in the record
+        raise InputError(f"sft: the {len(keep.kept)} kept episodes hold no call to train (no recorded completion); "
+                         "sample them again with --self-play N")
     keep.records = sft_epochs(cfg, router, keep.trained, epochs, batch_size, progress, first_step=first_step)
     for r in keep.records:
         r["round"] = keep.round
