@@ -5,6 +5,7 @@
   teamrl eval [CONFIG.yaml] [--checkpoint RUN_DIR] [--method team,single,...] [--limit N] [--out DIR]
               [key.sub=value ...]
   teamrl sft [CONFIG.yaml] [--data DEMOS.jsonl] [--epochs N] [key.sub=value ...]   # warm start, then train --resume
+  teamrl sft CONFIG.yaml --self-play N [--min-reward R] [--rounds K] [--player mod:fn] | --from-episodes PATH
   teamrl calibrate [CONFIG.yaml] [--checkpoint RUN_DIR] [--set KEY=V1,V2 ...] [--level 'K=V K2=V2' ...]
                    [key.sub=value ...]   # why groups' rewards do not vary, and the settings where they do
   teamrl report RUN_DIR                              # RUN_DIR/report/index.html (+ PNG plots, report.md)
@@ -248,6 +249,20 @@ def _main(argv: list[str]) -> int:
         "--batch-size", type=_number(int, ge=1), default=8, help="demonstrations per optimizer step (default 8)"
     )
     p_sft.add_argument("--lr", type=_number(float, "train.lr"), default=None, help="learning rate (default train.lr)")
+    # warm starts from the team's own successes (teamrl/trainer/self_play.py)
+    p_sft.add_argument("--self-play", type=_number(int, ge=1), default=None, metavar="N", help="sample the team N "
+                       "times per training problem and train on the episodes that reach --min-reward")
+    p_sft.add_argument("--from-episodes", default=None, metavar="PATH", help="train on the episodes at PATH that reach "
+                       "--min-reward: a run directory (its episodes/ logs) or an eval / calibrate output directory")
+    p_sft.add_argument("--min-reward", type=_number(float), default=1.0, help="keep the episodes whose normalised "
+                       "reward (team return / the task's max reward) is at least this (default 1.0: full success)")
+    p_sft.add_argument("--temperature", type=_number(float, "rollout.temperature"), default=1.0,
+                       help="--self-play sampling temperature (default 1.0)")
+    p_sft.add_argument("--rounds", type=_number(int, ge=1), default=1, help="--self-play: sample -> keep -> train this "
+                       "many times, each round sampling from the last round's weights (default 1)")
+    p_sft.add_argument("--player", default=None, metavar="MODULE:FUNCTION", help="--self-play: a function (role, "
+                       "messages) -> str (or FILE.py:function) that writes the replies instead of the model")
+    p_sft.add_argument("--player-roles", default=None, metavar="A,B", help="the roles --player answers (default all)")
     p_sft.add_argument("args", nargs="*", help="CONFIG.yaml and key.sub=value overrides (the RL run's own)")
     p_cal = sub.add_parser("calibrate", help="sample a few training problems in groups at a few settings: why rewards "
                            "do not vary within groups (no learning signal), and the settings where they do")
@@ -568,6 +583,12 @@ def _sft(cfg, ns) -> int:
     from teamrl.tasks import make_task
     from teamrl.trainer.sft import load_demonstrations, run_demonstrations, warm_start
 
+    if ns.self_play or ns.from_episodes:
+        return _sft_from_successes(cfg, ns)
+    if ns.player or ns.player_roles:
+        from teamrl.core.config import ConfigError
+
+        raise ConfigError("sft: --player and --player-roles go with --self-play N")
     if ns.data:
         demos = load_demonstrations(ns.data)
     else:
@@ -608,6 +629,33 @@ def _calibrate(cfg, config: str | None, overrides: list[str], ns, argv: list[str
     out = write_calibration(cal, calibrate_output_dir(cfg, Path(ns.out) if ns.out else None), cfg, ["teamrl", *argv],
                             checkpoint=checkpoint)
     print(f"calibration: {out}/calibration.json; each setting's episodes: {out}/setting<N>.jsonl")
+    return 0
+
+
+def _sft_from_successes(cfg, ns) -> int:
+    """``teamrl sft --self-play N`` or ``--from-episodes PATH``: a warm start from the team's own successes."""
+    from teamrl.core.config import ConfigError
+    from teamrl.trainer.self_play import format_summary, from_episodes, self_play
+    from teamrl.workflows.player import load_player
+
+    if ns.self_play and ns.from_episodes or ns.data or ns.as_role:
+        raise ConfigError("sft: --self-play and --from-episodes take no --data / --as-role, nor each other")
+    if ns.from_episodes:
+        if ns.player or ns.player_roles or ns.rounds != 1:
+            raise ConfigError("sft: --player, --player-roles and --rounds go with --self-play N")
+        run_dir, keep, _ = from_episodes(cfg, ns.from_episodes, ns.min_reward, epochs=ns.epochs,
+                                         batch_size=ns.batch_size, lr=ns.lr, progress=cfg.run.progress)
+        rounds = [keep]
+    else:
+        player = load_player(ns.player) if ns.player else None
+        roles = [r.strip() for r in ns.player_roles.split(",") if r.strip()] if ns.player_roles else None
+        if roles and player is None:
+            raise ConfigError("sft: --player-roles names the roles --player answers; give --player too")
+        run_dir, rounds = self_play(cfg, ns.self_play, problems=ns.problems, temperature=ns.temperature,
+                                    min_reward=ns.min_reward, rounds=ns.rounds, player=player, player_roles=roles,
+                                    epochs=ns.epochs, batch_size=ns.batch_size, lr=ns.lr, progress=cfg.run.progress)
+    print(format_summary(rounds))
+    print(f"warm start saved in {run_dir / 'checkpoints'}; continue with RL: teamrl train ... name={cfg.name} --resume")
     return 0
 
 

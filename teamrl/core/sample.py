@@ -66,7 +66,8 @@ class Sample:
         check_steering_tags([self])
 
     def to_record(self) -> dict[str, Any]:
-        """A JSON-friendly view for episode logs (texts, not token ids)."""
+        """A JSON-friendly view for episode logs: the texts and the exact token ids (``teamrl sft --from-episodes``
+        trains on those ids)."""
         return {
             "role": self.role,
             "policy": self.policy,
@@ -78,6 +79,8 @@ class Sample:
             "completion": self.text,
             "finish_reason": self.finish_reason,
             "completion_tokens": len(self.completion_ids),
+            "prompt_ids": list(self.prompt_ids),
+            "completion_ids": list(self.completion_ids),
             "reward": self.reward,
             "advantage": self.advantage,
             "group": repr(self.group),

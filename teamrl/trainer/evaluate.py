@@ -386,7 +386,8 @@ def _plain(value: Any) -> Any:
 def episode_record(method: str, workflow: str, problem: Any, ctx: EpisodeContext, result: Any, max_reward: float,
                    task: Any, formats: Mapping[str, Callable[[str], bool] | None] | None = None) -> dict[str, Any]:
     """One evaluated episode as a JSON-friendly dict: its score and outcome, every call (role, policy,
-    turn, the prompt messages and rendered prompt, the completion, token counts, the call's own reward,
+    turn, the prompt messages and rendered prompt, the completion, token counts and the exact token ids
+    (``prompt_ids``, ``completion_ids``: what ``teamrl sft --from-episodes`` trains), the call's own reward,
     whether it is a valid reply of its role: :func:`~teamrl.tasks.task.reply_valid` with the workflow's
     ``formats``) and every reward the workflow reported, in order
     (``after_call``: the index of the last call issued before it). Calls the gateway answered (an OpenAI-API
@@ -400,6 +401,7 @@ def episode_record(method: str, workflow: str, problem: Any, ctx: EpisodeContext
             "messages": _plain(messages), "prompt": s.prompt_text, "completion": s.text,
             "finish_reason": s.finish_reason, "prompt_tokens": len(s.prompt_ids),
             "completion_tokens": len(s.completion_ids), "own_reward": own_reward(s),
+            "prompt_ids": list(s.prompt_ids), "completion_ids": list(s.completion_ids),
             "valid": reply_valid(task, problem, s.text, role=s.role, formats=formats),
             **({"reward": s.reward} if s.reward is not None else {}),
             **({"tags": _plain(s.tags)} if s.tags else {}),

@@ -4,7 +4,10 @@ A demonstration is (role, messages, completion): the chat a role was shown and t
 should give. They come from a JSONL file (one ``{"role": ..., "messages": [...] or "text",
 "completion": "..."}`` per line) or from the task's own solver: an optional task method
 ``demonstrations(problem) -> list[(role, messages, completion)]`` (``math.solve``'s known
-answers, ``plan_path``'s shortest paths and BFS program).
+answers, ``plan_path``'s shortest paths and BFS program). Without either, the team's own successful
+episodes can be the demonstrations (``teamrl sft --self-play N`` / ``--from-episodes PATH``:
+:mod:`teamrl.trainer.self_play`, which trains on the token ids the calls recorded through
+:func:`sft_router`, :func:`sft_epochs` and :func:`save_warm_start` here).
 
 The policies, adapters, checkpoints and run directory are RL's own (:class:`PolicyRouter`,
 :mod:`teamrl.trainer.checkpoint`, ``runs/<name>/``); the loss is the cross-entropy of the
@@ -167,25 +170,12 @@ def warm_start(cfg: Config, demonstrations: Sequence[Demonstration], epochs: int
     passes in a seeded order. Returns (run directory, one record per optimizer step:
     epoch, step, policy, loss). The per-step records also go to ``RUN_DIR/sft.jsonl``.
     """
-    from teamrl.algorithms import make_algorithm
-
     if epochs < 1 or batch_size < 1:
         raise ConfigError(f"sft: --epochs {epochs} and --batch-size {batch_size} must be >= 1")
-    run_dir = Path(cfg.run.dir) / cfg.name
-    if list_checkpoints(run_dir / "checkpoints"):
-        raise ConfigError(
-            f"sft: run directory {run_dir} already has checkpoints; warm-start a new run (choose another name=)"
-        )
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    seed_everything(cfg.seed)
-    task = make_task(cfg.task)
-    roles = list(getattr(make_algorithm(cfg, task), "roles", None) or task.roles)  # the roles RL will train
-    router = PolicyRouter(cfg.policy.mode, roles, cfg.model, cfg.policy.lora, lr=lr or cfg.train.lr,
-                          weight_decay=cfg.train.weight_decay, seed=cfg.seed, device=cfg.policy.device,
-                          dtype=cfg.policy.dtype, role_map=cfg.policy.roles)
+    fresh_run_dir(cfg)
+    router, roles = sft_router(cfg, lr)
     tok = router.tokenizer
-    by_policy: dict[str, list[tuple[list[int], list[int]]]] = {}
+    by_policy: dict[str, list[TokenRow]] = {}
     for d in demonstrations:
         try:
             name = router.policy_name(d.role)
@@ -194,8 +184,46 @@ def warm_start(cfg: Config, demonstrations: Sequence[Demonstration], epochs: int
                              "(teamrl sft --as-role ROLE trains one of them on the task's demonstrations)") from None
         completion = tok(d.completion, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]  # learn to stop too
         by_policy.setdefault(name, []).append((encode_chat(tok, d.messages), completion))
+    records = sft_epochs(cfg, router, by_policy, epochs, batch_size, progress)
+    return save_warm_start(cfg, router, records), records
+
+
+TokenRow = tuple[list[int], list[int]]  # (prompt token ids, completion token ids) of one training call
+
+
+def fresh_run_dir(cfg: Config) -> Path:
+    """The run directory a warm start writes; refused when it already holds checkpoints."""
+    run_dir = Path(cfg.run.dir) / cfg.name
+    if list_checkpoints(run_dir / "checkpoints"):
+        raise ConfigError(
+            f"sft: run directory {run_dir} already has checkpoints; warm-start a new run (choose another name=)"
+        )
+    return run_dir
+
+
+def sft_router(cfg: Config, lr: float | None = None) -> tuple[PolicyRouter, list[str]]:
+    """(the run's policies, seeded, at SFT's learning rate ``lr`` (default ``train.lr``); the roles RL will train)."""
+    from teamrl.algorithms import make_algorithm
+
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    seed_everything(cfg.seed)
+    task = make_task(cfg.task)
+    roles = list(getattr(make_algorithm(cfg, task), "roles", None) or task.roles)  # the roles RL will train
+    router = PolicyRouter(cfg.policy.mode, roles, cfg.model, cfg.policy.lora, lr=lr or cfg.train.lr,
+                          weight_decay=cfg.train.weight_decay, seed=cfg.seed, device=cfg.policy.device,
+                          dtype=cfg.policy.dtype, role_map=cfg.policy.roles)
+    return router, roles
+
+
+def sft_epochs(cfg: Config, router: PolicyRouter, by_policy: dict[str, list[TokenRow]], epochs: int, batch_size: int,
+               progress: bool, first_step: int = 0) -> list[dict[str, float]]:
+    """``epochs`` seeded passes of each policy over its own rows, ``batch_size`` rows per optimizer step
+    (:func:`sft_step`); one record per step (epoch, step, policy, loss, demonstrations), steps counted from
+    ``first_step``."""
+    tok = router.tokenizer
     records: list[dict[str, float]] = []
-    step = 0
+    step = first_step
     total = epochs * sum(math.ceil(len(rows) / batch_size) for rows in by_policy.values())
     steps = ProgressLines("[teamrl sft]", total, "steps", enabled=progress)
     steps.update(0)
@@ -218,18 +246,30 @@ def warm_start(cfg: Config, demonstrations: Sequence[Demonstration], epochs: int
                     }
                 )
                 which = {"policy": name} if len(by_policy) > 1 else {}
-                steps.update(step, **which, loss=f"{records[-1]['loss']:.3f}")
+                steps.update(step - first_step, **which, loss=f"{records[-1]['loss']:.3f}")
         if progress:
             last = {r["policy"]: r["loss"] for r in records if r["epoch"] == epoch}
             print(f"[teamrl sft] epoch {epoch}/{epochs}: " + ", ".join(f"{k} loss {v:.3f}" for k, v in last.items()),
                   file=sys.stderr, flush=True)
+    return records
+
+
+def save_warm_start(cfg: Config, router: PolicyRouter, records: Sequence[dict[str, Any]],
+                    trained_on: dict[str, Any] | None = None) -> Path:
+    """Save ``router``'s policies as the run's checkpoint ``step_000000`` (``warm_start: True`` and ``trained_on``,
+    what the warm start learned from, in its trainer state) with RL's fresh optimizer; the config and the SFT step
+    records (``sft.jsonl``) beside it. Returns the run directory."""
+    run_dir = fresh_run_dir(cfg)
     for policy in router.policies.values():  # RL starts with its own learning rate and no SFT moments
         policy.optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
-    save_checkpoint(run_dir / "checkpoints", WARM_START_STEP, router, {"data_position": 0, "warm_start": True})
+    state: dict[str, Any] = {"data_position": 0, "warm_start": True}
+    if trained_on:
+        state["trained_on"] = trained_on
+    save_checkpoint(run_dir / "checkpoints", WARM_START_STEP, router, state)
     (run_dir / "metrics.jsonl").touch()  # RL's metrics start here when it resumes from the warm start
     with (run_dir / "sft.jsonl").open("w") as f:
         for r in records:
             f.write(json.dumps(r) + "\n")
-    return run_dir, records
+    return run_dir

@@ -248,6 +248,11 @@ class EpisodeContext(BaseContext):
         return await self.sample(call.role, call.messages, call.n, call.turn, branch, call.params, call.tags,
                                  tools=call.tools)
 
+    def render(self, messages: Messages | str, tools: list[dict[str, Any]] | None = None) -> tuple[str, list[int]]:
+        """(prompt text, prompt token ids) of a call: ``messages`` through the policy's chat template."""
+        prompt_text = render_chat(self.tokenizer, messages, tools)
+        return prompt_text, self.tokenizer(prompt_text, add_special_tokens=False)["input_ids"]
+
     async def sample(self, role: str, messages: Messages | str, n: int, turn: int, branch: int,
                      params: SamplingParams, tags: dict[str, Any],
                      tools: list[dict[str, Any]] | None = None) -> list[Sample]:
@@ -261,8 +266,7 @@ class EpisodeContext(BaseContext):
                 f"{e.args[0] if e.args else e}; declare it in register_workflow(name, roles=(...)) or "
                 "call a declared role"
             ) from None
-        prompt_text = render_chat(self.tokenizer, messages, tools)
-        prompt_ids = self.tokenizer(prompt_text, add_special_tokens=False)["input_ids"]
+        prompt_text, prompt_ids = self.render(messages, tools)
         completions = await self.scheduler.generate(policy, GenerationRequest(prompt_ids, params, n=n))
         out = [Sample(
             role=role, policy=policy, problem_id=self.problem_id, prompt_ids=prompt_ids,
