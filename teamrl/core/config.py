@@ -237,7 +237,11 @@ class LossConfig:
     eps_low: float = option(0.2, ge=0, le=1, doc="lower PPO clip: ratio >= 1 - eps_low")
     eps_high: float = option(0.2, ge=0, doc="upper PPO clip: ratio <= 1 + eps_high (DAPO clip-higher when > eps_low)")
     dual_clip: float | None = option(None, gt=1, doc="dual-clip constant c > 1 for negative advantages; null disables")
-    kl_coef: float = option(0.0, ge=0, doc="weight of the k3 KL to the reference (base with adapters off)")
+    kl_coef: float = option(0.0, ge=0, doc="weight of the k3 KL to the reference (train.loss.kl_reference)")
+    kl_reference: str = option(
+        "auto", choices=("auto", "base", "warm_start"),
+        doc="what the KL term pulls toward: base (the base model, adapters off), warm_start (the weights teamrl sft "
+            "saved, the run's step 0), auto: the warm start when the run began from one, else the base")
     kl_bias_correction: bool = option(
         False,
         doc="multiply k3 by the importance ratio (unbiased KL gradient; TRL 1.16's "

@@ -34,6 +34,8 @@ class Policy:
         self.lr, self.weight_decay = lr, weight_decay
         self.optimizer = torch.optim.AdamW(self._params, lr=lr, weight_decay=weight_decay)
         self.version = 0  # bumped by every change of this policy's weights
+        # a LoRA's KL reference when it is not the base (a warm start): its own weights by name, swapped in to compute
+        self._reference_state: dict[str, torch.Tensor] | None = None
         self._merged: nn.Module | None = None
         self._merged_version = -1
 
@@ -159,10 +161,44 @@ class Policy:
                 p.requires_grad_(True)
         yield self.model
 
+    def set_reference(self, state: dict[str, torch.Tensor]) -> None:
+        """Make ``state`` (this policy's own weights by name, as :meth:`named_state` gives them: a warm start) the
+        KL reference instead of the base. A LoRA keeps a copy of its adapter's weights (no second base); full
+        weights load into the reference copy, which exists when ``train.loss.kl_coef`` > 0."""
+        own = self.named_state()
+        if set(state) != set(own):
+            diff = sorted(set(state) ^ set(own))[:3]
+            raise KeyError(f"policy {self.name!r}: a reference must hold exactly this policy's weights; "
+                           f"differs in {diff}")
+        if self.adapter is not None:
+            self._reference_state = {n: t.detach().to(own[n].device, copy=True) for n, t in state.items()}
+            return
+        if self.reference_model is None:
+            raise RuntimeError(f"policy {self.name!r} trains full weights and has no reference copy; "
+                               "set train.loss.kl_coef > 0 before building it")
+        ref = dict(self.reference_model.named_parameters())
+        with torch.no_grad():
+            for n, t in state.items():
+                ref[n].copy_(t)
+
     @contextlib.contextmanager
     def reference(self) -> Iterator[nn.Module]:
-        """Compute with the KL reference: the base with adapters off, never a second copy of a LoRA's base."""
-        if self.adapter is not None:
+        """Compute with the KL reference: the base with adapters off (never a second copy of a LoRA's base), or the
+        weights :meth:`set_reference` gave (a LoRA's are swapped in for the computation and swapped back after)."""
+        if self.adapter is not None and self._reference_state is not None:
+            own = {n: p for n, p in self.model.named_parameters() if n in self._reference_state}
+            current = {n: p.detach().clone() for n, p in own.items()}
+            with torch.no_grad():
+                for n, p in own.items():
+                    p.copy_(self._reference_state[n])
+            try:
+                with self.active() as model:
+                    yield model
+            finally:
+                with torch.no_grad():
+                    for n, p in own.items():
+                        p.copy_(current[n])
+        elif self.adapter is not None:
             with self.model.disable_adapter():
                 yield self.model
         elif self.reference_model is not None:

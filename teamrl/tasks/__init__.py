@@ -18,6 +18,7 @@ from teamrl.tasks.environment import Environment
 from teamrl.tasks.math_env import MathEnv
 from teamrl.tasks.plan_path import PlanPath
 from teamrl.tasks.research import ResearchEnv
+from teamrl.tasks.reverse_text import ReverseText, ReverseTextTeam
 from teamrl.tasks.sokoban import Sokoban
 from teamrl.tasks.solve import CodeSolve, MathSolve
 from teamrl.tasks.sudoku import Sudoku
@@ -37,7 +38,8 @@ def _task_class(obj: Any) -> TaskClass:
 
 TASKS: Registry[TaskClass] = Registry("task", convert=_task_class)
 for _cls in (WordCountTask, WritingTLDR, WritingExpand, CodeHelperMain, CoderTester, PlanPath, Sokoban, Sudoku, MathEnv,
-             CodeEnv, MathSolve, CodeSolve, ResearchEnv):
+             CodeEnv, MathSolve, CodeSolve, ResearchEnv, ReverseText,
+             ReverseTextTeam):
     TASKS.register(_cls.name, _cls)
 
 

@@ -105,6 +105,10 @@ class PolicyWorker:
         policy.load_named_state(state)
         return policy.version
 
+    def set_reference(self, name: str, state: dict[str, torch.Tensor]) -> None:
+        """Make ``state`` (policy ``name``'s own weights by name: its warm start) its KL reference."""
+        self.policy(name).set_reference(state)
+
     def optimizer_state(self, name: str) -> dict[str, Any]:
         """Policy ``name``'s optimizer state (for a checkpoint)."""
         return self.policy(name).optimizer.state_dict()
@@ -244,6 +248,8 @@ class Learner(Protocol):
 
     def load_state(self, name: str, weights: dict[str, torch.Tensor], optimizer: dict[str, Any]) -> None: ...
 
+    def set_reference(self, name: str, weights: dict[str, torch.Tensor]) -> None: ...
+
     def where(self) -> dict[str, dict[str, Any]]: ...
 
     def shutdown(self) -> None: ...
@@ -279,6 +285,9 @@ class LocalLearner:
     def load_state(self, name: str, weights: dict[str, torch.Tensor], optimizer: dict[str, Any]) -> None:
         self.worker.load_adapter_state(name, weights)
         self.worker.load_optimizer_state(name, optimizer)
+
+    def set_reference(self, name: str, weights: dict[str, torch.Tensor]) -> None:
+        self.worker.set_reference(name, weights)
 
     def where(self) -> dict[str, dict[str, Any]]:
         return {"local": self.worker.where()}
@@ -376,6 +385,9 @@ class RayLearner:
         actor = self._actor(name)
         self._versions[name] = self._call(name, actor.load_adapter_state.remote(name, weights))
         self._call(name, actor.load_optimizer_state.remote(name, optimizer))
+
+    def set_reference(self, name: str, weights: dict[str, torch.Tensor]) -> None:
+        self._call(name, self._actor(name).set_reference.remote(name, weights))
 
     def where(self) -> dict[str, dict[str, Any]]:
         """Worker name -> where it runs (:meth:`PolicyWorker.where`)."""

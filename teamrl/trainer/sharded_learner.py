@@ -38,7 +38,7 @@ import torch.distributed as dist
 import torch.utils.checkpoint
 from torch.distributed.tensor import DTensor
 
-from teamrl.core.config import Config
+from teamrl.core.config import Config, ConfigError
 from teamrl.core.memory import trim_freed_memory
 from teamrl.policies.policy import Policy
 from teamrl.policies.router import PolicyRouter
@@ -430,6 +430,10 @@ class ShardedLearner:
     def load_state(self, name: str, weights: dict[str, torch.Tensor], optimizer: dict[str, Any]) -> None:
         self._versions[name] = self._on(name, lambda a, *r: a.load_adapter_state.remote(*r), name, weights)
         self._on(name, lambda a, *r: a.load_optimizer_state.remote(*r), name, optimizer)
+
+    def set_reference(self, name: str, weights: dict[str, torch.Tensor]) -> None:
+        raise ConfigError(f"train.loss.kl_reference: policy {name!r} is sharded (policy.ranks); a KL to the warm start "
+                          "is not supported sharded yet: set train.loss.kl_reference=base or train.loss.kl_coef=0")
 
     def memory(self) -> dict[str, list[dict[str, float]]]:
         """Worker name -> each rank's bytes of parameters, trainable parameters, optimizer state and peak resident

@@ -41,7 +41,8 @@ from teamrl.rollout.scheduler import GenerationScheduler
 from teamrl.tasks import Problem, make_task
 from teamrl.tasks.solve import SolveTask
 from teamrl.trainer.checkpoint import (check_resume_settings, check_run_dir, checkpoint_to_resume, list_checkpoints,
-                                      load_checkpoint, lock_run_dir, run_dir_writes, save_checkpoint, unlock_run_dir)
+                                      load_checkpoint, lock_run_dir, run_dir_writes, save_checkpoint, unlock_run_dir,
+                                      warm_start_weights)
 from teamrl.trainer.collector import Collector, Rollout
 from teamrl.trainer.diagnostics import CliffDetector, learning_signal
 from teamrl.trainer.evaluate import workflow_stats
@@ -188,6 +189,7 @@ class Trainer:
             for rec in read_metrics(self.run_dir / "metrics.jsonl"):  # replay the evaluations for the running peak
                 if "eval/accuracy" in rec and rec["step"] <= self.step:
                     self.cliffs.update(rec["step"], rec["eval/accuracy"])
+        self.kl_reference = self._set_kl_reference()
         # updates of each policy published to the engine: one per trained step (every policy is published after every
         # step, changed or not), so a resumed run knows them from its step
         self.policy_versions: dict[str, int] = {name: self.step for name in self.router.policies}
@@ -211,6 +213,26 @@ class Trainer:
                 run_name=cfg.name,
                 config=config_to_dict(cfg),
             )
+
+    def _set_kl_reference(self) -> str:
+        """Point each policy's KL term at the warm start (``train.loss.kl_reference``: ``warm_start``, or ``auto`` in a
+        run that began from one), else leave it on the base; returns which (``"base"``, ``"warm start"``, ``"none"``
+        without a KL term). A warm start is what RL must keep: a KL to the base would pull toward what it undid."""
+        loss = self.cfg.train.loss
+        if loss.kl_coef == 0:
+            return "none"
+        if loss.kl_reference == "base":
+            return "base"
+        weights = warm_start_weights(self.run_dir / "checkpoints", self.learner)
+        if weights is None:
+            if loss.kl_reference == "warm_start":
+                raise ConfigError(f"train.loss.kl_reference=warm_start: run {self.run_dir} has no warm start "
+                                  f"({self.run_dir}/checkpoints/step_000000 from teamrl sft); run teamrl sft first, or "
+                                  "set train.loss.kl_reference to base or auto")
+            return "base"
+        for name, state in weights.items():
+            self.learner.set_reference(name, state)
+        return "warm start"
 
     def _eval_task(self) -> SolveTask:
         """The held-out split of the task, for evaluation during training."""
