@@ -34,7 +34,7 @@ from teamrl.policies.logprobs import build_token_batch, completion_logprobs, to_
 from teamrl.policies.policy import Policy
 from teamrl.policies.router import PolicyRouter
 from teamrl.tasks import Problem, make_task
-from teamrl.trainer.checkpoint import list_checkpoints, save_checkpoint
+from teamrl.trainer.checkpoint import list_checkpoints, record_warm_start, save_checkpoint
 
 WARM_START_STEP = 0  # the checkpoint step of the warm start: RL resumes from it at step 0
 
@@ -159,12 +159,15 @@ def sft_step(policy: Policy, prompts: Sequence[Sequence[int]], completions: Sequ
 
 
 def warm_start(cfg: Config, demonstrations: Sequence[Demonstration], epochs: int = 3, batch_size: int = 8,
-               lr: float | None = None, progress: bool = True) -> tuple[Path, list[dict[str, float]]]:
+               lr: float | None = None, progress: bool = True, source: str = "") -> tuple[Path, list[dict[str, float]]]:
     """Fine-tune the config's policies on ``demonstrations`` and save them as the run's step-0 checkpoint.
 
     Each policy steps on its own roles' demonstrations, ``batch_size`` at a time, ``epochs``
     passes in a seeded order. Returns (run directory, one record per optimizer step:
-    epoch, step, policy, loss). The per-step records also go to ``RUN_DIR/sft.jsonl``.
+    epoch, step, policy, loss). The per-step records also go to ``RUN_DIR/sft.jsonl``; the warm
+    start is also kept in ``RUN_DIR/warm_start/`` with what it was trained on (``source``: where
+    the demonstrations came from) in ``RUN_DIR/warm_start.json``
+    (:func:`~teamrl.trainer.checkpoint.record_warm_start`), for RL's comparisons with it.
     """
     from teamrl.algorithms import make_algorithm
 
@@ -221,7 +224,12 @@ def warm_start(cfg: Config, demonstrations: Sequence[Demonstration], epochs: int
         policy.optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
-    save_checkpoint(run_dir / "checkpoints", WARM_START_STEP, router, {"data_position": 0, "warm_start": True})
+    saved = save_checkpoint(run_dir / "checkpoints", WARM_START_STEP, router, {"data_position": 0, "warm_start": True})
+    record_warm_start(run_dir, saved, {
+        "trained_by": "teamrl sft", "source": source, "demonstrations": len(demonstrations),
+        "roles": {r: sum(d.role == r for d in demonstrations) for r in dict.fromkeys(d.role for d in demonstrations)},
+        "epochs": epochs, "batch_size": batch_size, "lr": lr or cfg.train.lr, "sft_steps": len(records),
+    })
     (run_dir / "metrics.jsonl").touch()  # RL's metrics start here when it resumes from the warm start
     with (run_dir / "sft.jsonl").open("w") as f:
         for r in records:
