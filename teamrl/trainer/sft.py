@@ -11,7 +11,9 @@ The policies, adapters, checkpoints and run directory are RL's own (:class:`Poli
 completion tokens only (prompt and padding carry none), computed with the RL loss's log-prob
 code. The warm-started weights are saved as checkpoint ``step_000000`` with a fresh optimizer
 (RL's learning rate, no SFT moments), so ``teamrl train CONFIG --resume`` (same ``name``)
-starts RL from them at step 0.
+starts RL from them at step 0. They are also kept in ``RUN_DIR/warm_start/`` (out of the rotation of
+``checkpoints/``) and described in ``RUN_DIR/warm_start.json``, so that train, eval and report can
+compare RL with its warm start.
 """
 
 from __future__ import annotations

@@ -599,7 +599,8 @@ class Trainer:
         total = self.cfg.train.steps
         bar = tqdm(total=total, initial=self.step, desc=f"train {self.cfg.name}", unit="step",
                    disable=not self.cfg.run.progress, file=sys.stderr, dynamic_ncols=True)
-        if self.eval_task is not None and self.step == 0:  # the untrained workflow's accuracy starts the running peak
+        # the untrained (or warm-started) workflow's accuracy starts the running peak
+        if self.eval_task is not None and self.step == 0:
             self.metrics.log({"step": 0, **self._evaluate_and_watch(0)})
         while self.step < total and not self.stopped_at_cliff:
             rec = self.train_step()
