@@ -7,7 +7,9 @@ A write that fails (a full disk, a read-only run directory) removes the temporar
 :class:`CheckpointWriteError` (one line; the checkpoints before it are untouched). A file that does
 not read back whole (truncated, corrupt) is a :class:`CheckpointUnreadable` naming it;
 :func:`checkpoint_to_resume` checks the newest checkpoint before a resume and finds the newest
-intact one.
+intact one. A run's warm start (``teamrl sft``) is kept apart from the rotated checkpoints, in
+``RUN_DIR/warm_start/`` with ``RUN_DIR/warm_start.json`` (:func:`record_warm_start`);
+:func:`resolve_checkpoint` reads a run directory or a checkpoint folder given on the command line.
 """
 
 from __future__ import annotations
@@ -396,7 +398,8 @@ def warm_start_checkpoint(run_dir: Path) -> Path | None:
     path = Path(run_dir) / record["checkpoint"]
     if not (path / "trainer_state.pt").is_file():
         raise InputFileMissing(f"{Path(run_dir) / WARM_START_FILE} names the warm start {path}, which holds no "
-                               "checkpoint (trainer_state.pt); it was moved or deleted")
+                               "checkpoint (trainer_state.pt; moved or deleted?); evaluate without it: "
+                               "--method team,untrained")
     return path
 
 

@@ -505,7 +505,7 @@ def paired_comparisons(rows: Sequence[EvalRow]) -> list[Comparison]:
     pairs = [p for p in (("team", "warm_start"), ("warm_start", "untrained")) if p[0] in by and p[1] in by]
     # untrained first: the comparison train and eval print without a warm start
     pairs += [(first, m) for m in sorted((m for m in by if m != first), key=lambda m: m != "untrained")
-              if (first, m) not in pairs]
+              if (first, m) not in pairs and (m, first) not in pairs]
     out = []
     for trained, untrained in pairs:
         c = compare(rows, trained, untrained)
