@@ -2,8 +2,8 @@
 
   teamrl train [CONFIG.yaml] [--resume | --resume-intact] [--plugin FILE.py ...] [key.sub=value ...]
   teamrl config [CONFIG.yaml] [--plugin FILE.py ...] [key.sub=value ...]   # validate and print the resolved config
-  teamrl eval [CONFIG.yaml] [--checkpoint RUN_DIR] [--method team,single,...] [--limit N] [--out DIR]
-              [key.sub=value ...]
+  teamrl eval [CONFIG.yaml] [--checkpoint RUN_DIR] [--baseline RUN_OR_CHECKPOINT] [--method team,single,...]
+              [--limit N] [--out DIR] [key.sub=value ...]
   teamrl sft [CONFIG.yaml] [--data DEMOS.jsonl] [--epochs N] [key.sub=value ...]   # warm start, then train --resume
   teamrl sft CONFIG.yaml --self-play N [--min-reward R] [--rounds K] [--player mod:fn] | --from-episodes PATH
   teamrl calibrate [CONFIG.yaml] [--checkpoint RUN_DIR] [--set KEY=V1,V2 ...] [--level 'K=V K2=V2' ...]
@@ -206,12 +206,17 @@ def _main(argv: list[str]) -> int:
     p_eval = sub.add_parser(
         "eval", help="trained vs untrained team and prompt baselines: normalised return, validity, tokens/s"
     )
-    p_eval.add_argument("--checkpoint", default=None, help="a run directory: its last checkpoint is the trained team")
+    p_eval.add_argument("--checkpoint", default=None, help="a run directory (its last checkpoint is the trained team) "
+                        "or a checkpoint folder (RUN_DIR/checkpoints/step_N, RUN_DIR/best/step_N)")
+    p_eval.add_argument("--baseline", default=None, metavar="RUN_OR_CHECKPOINT", help="compare the trained team with "
+                        "this run's last checkpoint or this checkpoint folder (the baseline row), paired over the same "
+                        "problems")
     p_eval.add_argument(
         "--method",
         default=None,
-        help="comma-separated subset of team,untrained,single,concat,sequential,discussion,swapped: those the run's "
-        "workflow takes (default: team with --checkpoint, untrained and the workflow's baselines)",
+        help="comma-separated subset of team,warm_start,baseline,untrained,single,concat,sequential,discussion,"
+        "swapped: those the run's workflow takes (default: team with --checkpoint, warm_start for a warm-started run, "
+        "baseline with --baseline, untrained and the workflow's baselines)",
     )
     p_eval.add_argument(
         "--limit", type=_number(int, ge=1), default=None,
@@ -402,7 +407,10 @@ def _main(argv: list[str]) -> int:
     try:
         config, overrides = _split(ns.args)
         if config is None and getattr(ns, "checkpoint", None):
-            config = str(Path(ns.checkpoint) / "config.yaml")  # evaluate a run with its own config
+            from teamrl.trainer.checkpoint import resolve_checkpoint
+
+            # evaluate a run (or one of its checkpoints) with the run's own config
+            config = str(resolve_checkpoint(Path(ns.checkpoint), "--checkpoint")[0] / "config.yaml")
         cfg = load_config(config, overrides)
     except ConfigError as e:
         print(f"teamrl: config error: {e}", file=sys.stderr)
@@ -470,24 +478,36 @@ def _main(argv: list[str]) -> int:
             print(f"why, and what to change: teamrl calibrate --checkpoint {trainer.run_dir}{plugin_args}")
     acc = accuracy_summary(everything)
     if acc:
-        print(f"held-out accuracy: first {acc['untrained']:.3f}, peak {acc['peak']:.3f} (step {acc['peak_step']}), "
+        first = "first (the warm start)" if trainer.warm_start is not None else "first"
+        print(f"held-out accuracy: {first} {acc['untrained']:.3f}, peak {acc['peak']:.3f} (step {acc['peak_step']}), "
               f"final {acc['final']:.3f}")
+    if trainer.warm_start is not None:
+        from teamrl.trainer.checkpoint import describe_warm_start
+
+        print(describe_warm_start(trainer.warm_start, trainer.run_dir))
+    best = trainer.best_checkpoint_line()  # with a warm start only: the step RL may not have beaten
+    if best and not cfg.train.final_eval_problems:
+        print(best)
     if cfg.train.final_eval_problems:
         _final_eval(cfg, trainer.run_dir, argv)
+        if best:
+            print(best)
     print(f"run directory: {trainer.run_dir}")
     return 0
 
 
 def _final_eval(cfg, run_dir: Path, argv: list[str]) -> None:
-    """Untrained vs trained team, greedy, on held-out problems, with the paired comparison."""
-    from teamrl.trainer.evaluate import eval_output_dir, evaluate, format_table, held_out_config, write_results
+    """Untrained vs trained team (and the warm start, where RL started from one), greedy, on held-out problems,
+    with the paired comparisons."""
+    from teamrl.trainer.evaluate import (eval_output_dir, evaluate, format_table, held_out_config,
+                                         warm_start_to_compare, write_results)
 
     held_out, where = held_out_config(cfg)
-    rows = evaluate(
-        held_out, ["untrained", "team"], checkpoint=run_dir, limit=cfg.train.final_eval_problems, progress=False,
-        limit_name="train.final_eval_problems",
-    )
-    print(f"untrained vs trained team, greedy, on {rows[0].problems} {where}:")
+    warm = warm_start_to_compare(run_dir) is not None
+    methods = ["untrained", *(["warm_start"] if warm else []), "team"]
+    rows = evaluate(held_out, methods, checkpoint=run_dir, limit=cfg.train.final_eval_problems, progress=False,
+                    limit_name="train.final_eval_problems")
+    print(f"untrained vs {'warm start vs ' if warm else ''}trained team, greedy, on {rows[0].problems} {where}:")
     print(format_table(rows))
     out = write_results(rows, eval_output_dir(run_dir, held_out), held_out, ["teamrl", *argv],
                         checkpoint=run_dir, limit=cfg.train.final_eval_problems)
@@ -596,16 +616,20 @@ def _sft(cfg, ns) -> int:
         demos = run_demonstrations(cfg, task, task.problems()[:ns.problems])
     if ns.as_role:
         demos = [replace(d, role=ns.as_role) for d in demos]
-    run_dir, records = warm_start(
-        cfg, demos, epochs=ns.epochs, batch_size=ns.batch_size, lr=ns.lr, progress=cfg.run.progress
-    )
+    source = (f"--data {ns.data}" if ns.data else f"the demonstrations of the first {ns.problems} training problems "
+              f"of task {cfg.task.get('name')}" + (f" (workflow {cfg.workflow.name})" if cfg.workflow.name else ""))
+    if ns.as_role:
+        source += f", as role {ns.as_role}"
+    run_dir, records = warm_start(cfg, demos, epochs=ns.epochs, batch_size=ns.batch_size, lr=ns.lr,
+                                  progress=cfg.run.progress, source=source)
     for name in dict.fromkeys(r["policy"] for r in records):
         own = [r["loss"] for r in records if r["policy"] == name]
         print(
             f"policy {name}: demonstration loss {own[0]:.3f} (first step) -> {own[-1]:.3f} (last step), "
             f"{len(own)} steps"
         )
-    print(f"{len(demos)} demonstrations, warm start saved in {run_dir / 'checkpoints'}; "
+    print(f"{len(demos)} demonstrations, warm start saved in {run_dir / 'checkpoints'} (and kept for comparisons in "
+          f"{run_dir / 'warm_start'}); "
           f"continue with RL: teamrl train ... name={cfg.name} --resume")
     return 0
 
@@ -661,22 +685,26 @@ def _sft_from_successes(cfg, ns) -> int:
 
 def _eval(cfg, ns, argv: list[str]) -> int:
     from teamrl.core.config import ConfigError
-    from teamrl.trainer.evaluate import default_methods, eval_output_dir, evaluate, format_table, write_results
+    from teamrl.trainer.evaluate import (default_methods, eval_output_dir, evaluate, format_table,
+                                         warm_start_to_compare, write_results)
 
     if ns.out:
         _check_out_dir(Path(ns.out), "--out")
+    checkpoint = Path(ns.checkpoint) if ns.checkpoint else None
     try:
         if ns.method:
             methods = [m.strip() for m in ns.method.split(",") if m.strip()]
-        else:  # the run's workflow, trained and untrained, and the baselines declared for it
-            methods = default_methods(cfg, has_checkpoint=bool(ns.checkpoint))
-        rows = evaluate(cfg, methods, checkpoint=Path(ns.checkpoint) if ns.checkpoint else None, limit=ns.limit,
-                        temperature=ns.temperature, progress=cfg.run.progress)
+        else:  # the run's workflow, trained (and its warm start) and untrained, and the baselines declared for it
+            methods = default_methods(cfg, has_checkpoint=checkpoint is not None,
+                                      warm_start=warm_start_to_compare(checkpoint) is not None)
+        if ns.baseline and "baseline" not in methods:
+            methods.insert(1 if methods[:1] == ["team"] else 0, "baseline")
+        rows = evaluate(cfg, methods, checkpoint=checkpoint, limit=ns.limit, temperature=ns.temperature,
+                        baseline=Path(ns.baseline) if ns.baseline else None, progress=cfg.run.progress)
     except (ConfigError, FileNotFoundError) as e:
         print(f"teamrl: {e}", file=sys.stderr)
         return 2
     print(format_table(rows))
-    checkpoint = Path(ns.checkpoint) if ns.checkpoint else None
     out = write_results(
         rows,
         eval_output_dir(checkpoint, cfg, Path(ns.out) if ns.out else None),

@@ -52,7 +52,7 @@ def runnable_examples() -> list[tuple[str, str, str]]:
 
 def test_the_runnable_examples_are_found():
     found = {name for _, name, _ in runnable_examples()}
-    assert {"sandbox_example.py", "sub_episode_example.py"} <= found, found
+    assert {"sandbox_example.py", "sub_episode_example.py", "warm_start_example.py"} <= found, found
 
 
 @pytest.mark.parametrize("page, name, script", runnable_examples(), ids=lambda v: v if v.endswith(".py") else "")

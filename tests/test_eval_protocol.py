@@ -28,7 +28,7 @@ def test_default_methods_are_the_run_workflows_baselines(monkeypatch):
 def test_a_method_the_workflow_has_no_baseline_for_is_refused_in_one_line():
     cfg = load_config(None, [*TINY, "task.name=word_count"])
     with pytest.raises(ConfigError, match=r"^--method concat: workflow 'single' has no concat baseline; it takes "
-                                          r"\['team', 'untrained', 'single'\]$"):
+                                          r"\['team', 'warm_start', 'untrained', 'baseline', 'single'\]$"):
         evaluate(cfg, ["concat"], progress=False)
     env = load_config(None, [*TINY, "algorithm=at_grpo", "task.name=plan_path"])
     with pytest.raises(ConfigError, match="workflow 'env' has no discussion baseline"):

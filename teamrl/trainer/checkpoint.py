@@ -7,12 +7,15 @@ A write that fails (a full disk, a read-only run directory) removes the temporar
 :class:`CheckpointWriteError` (one line; the checkpoints before it are untouched). A file that does
 not read back whole (truncated, corrupt) is a :class:`CheckpointUnreadable` naming it;
 :func:`checkpoint_to_resume` checks the newest checkpoint before a resume and finds the newest
-intact one.
+intact one. A run's warm start (``teamrl sft``) is kept apart from the rotated checkpoints, in
+``RUN_DIR/warm_start/`` with ``RUN_DIR/warm_start.json`` (:func:`record_warm_start`);
+:func:`resolve_checkpoint` reads a run directory or a checkpoint folder given on the command line.
 """
 
 from __future__ import annotations
 
 import errno
+import json
 import os
 import pickle
 import re
@@ -360,23 +363,108 @@ def list_checkpoints(folder: Path) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
+# ---- the warm start: RUN_DIR/warm_start/step_N (never rotated) and RUN_DIR/warm_start.json (what it is) -------
+WARM_START_DIR = "warm_start"
+WARM_START_FILE = "warm_start.json"
+
+
+def record_warm_start(run_dir: Path, checkpoint: Path, info: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Keep the warm start ``checkpoint`` of ``run_dir`` for comparisons: a copy in ``RUN_DIR/warm_start/`` (out of
+    ``checkpoints/``, whose rotation would delete it once RL saves two steps) and ``RUN_DIR/warm_start.json``
+    (its path relative to the run, its step and ``info``: what it was trained on). A warm start already kept stays as
+    it is; ``info`` is added to its record. Returns the record."""
+    run_dir, checkpoint = Path(run_dir), Path(checkpoint)
+    kept = run_dir / WARM_START_DIR / checkpoint.name
+    if not (kept / "trainer_state.pt").is_file():
+        tmp = kept.with_name(f".tmp_{kept.name}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(checkpoint, tmp)
+        shutil.rmtree(kept, ignore_errors=True)
+        tmp.rename(kept)
+    record = warm_start_of(run_dir) or {}
+    record.update(info or {})
+    record.update({"checkpoint": f"{WARM_START_DIR}/{kept.name}", "step": int(kept.name.rsplit("_", 1)[-1])})
+    (run_dir / WARM_START_FILE).write_text(json.dumps(record, indent=1) + "\n")
+    return record
+
+
+def warm_start_of(run_dir: Path) -> dict[str, Any] | None:
+    """The warm start recorded for ``run_dir`` (:func:`record_warm_start`), or None: a run without one, or a record
+    that is not a JSON object naming its checkpoint (a one-line :class:`CheckpointMismatch`)."""
+    path = Path(run_dir) / WARM_START_FILE
+    if not path.is_file():
+        return None
+    try:
+        record = json.loads(path.read_text())
+    except ValueError as e:
+        raise CheckpointMismatch(f"{path}: not JSON ({e}); teamrl sft writes it: remove it, or warm-start again"
+                                 ) from None
+    if not isinstance(record, dict) or not isinstance(record.get("checkpoint"), str):
+        raise CheckpointMismatch(f"{path}: expected an object with the warm start's checkpoint path, as teamrl sft "
+                                 "writes it; remove it, or warm-start again")
+    return record
+
+
+def describe_warm_start(record: dict[str, Any], run_dir: Path | None = None) -> str:
+    """One line on a warm start record (:func:`warm_start_of`): whether RL resumed from it, where its weights are
+    (under ``run_dir`` when given, else relative to the run) and what it was trained on, as far as it says."""
+    where = str(Path(run_dir) / record["checkpoint"]) if run_dir is not None else record["checkpoint"]
+    counts = [f"{v} {k if v != 1 else k[:-1]}" for k in ("demonstrations", "epochs")
+              if isinstance(v := record.get(k), int)]
+    how = ": ".join(str(record[k]) for k in ("trained_by", "source") if record.get(k))
+    how = "; ".join(x for x in (how, ", ".join(counts)) if x)
+    lead = f"warm start: RL resumed from {where}" if record.get("rl_resumed_from") else (
+        f"warm start: {where} (RL has not resumed from it yet)")
+    return lead + (f" ({how})" if how else "")
+
+
+def warm_start_checkpoint(run_dir: Path) -> Path | None:
+    """The folder of ``run_dir``'s warm start weights, or None without a warm start (one whose weights are gone
+    is a one-line :class:`InputFileMissing`)."""
+    record = warm_start_of(run_dir)
+    if record is None:
+        return None
+    path = Path(run_dir) / record["checkpoint"]
+    if not (path / "trainer_state.pt").is_file():
+        raise InputFileMissing(f"{Path(run_dir) / WARM_START_FILE} names the warm start {path}, which holds no "
+                               "checkpoint (trainer_state.pt; moved or deleted?); evaluate without it: "
+                               "--method team,untrained")
+    return path
+
+
+def resolve_checkpoint(path: Path, flag: str) -> tuple[Path, Path]:
+    """(run directory, checkpoint folder) of ``path``: a run directory (its newest ``checkpoints/step_N``) or a
+    checkpoint folder itself (``runs/x/checkpoints/step_000004``, ``runs/x/best/step_N``,
+    ``runs/x/warm_start/step_000000``: its run is two folders up). Anything else is a one-line
+    :class:`InputFileMissing` naming ``flag``."""
+    path = Path(path)
+    if (path / "trainer_state.pt").is_file():
+        return path.parent.parent, path
+    ckpts = list_checkpoints(path / "checkpoints")
+    if ckpts:
+        return path, ckpts[-1]
+    what = "does not exist" if not path.exists() else "holds neither checkpoints/step_N nor a trainer_state.pt"
+    raise InputFileMissing(f"{flag} {path}: {what}; give a run directory (runs/NAME) or a checkpoint folder "
+                           "(runs/NAME/checkpoints/step_N)")
+
+
 # what the weights' names and shapes follow: a resume under other values cannot restore them
 RESUME_KEYS = ("model", "policy.mode", "policy.lora", "policy.lora.r", "policy.lora.target_modules")
 
 
-def check_resume_settings(run_dir: Path, cfg: Any) -> None:
-    """Refuse, before any model loads, a ``--resume`` whose model or LoRA settings differ from those the run's
-    checkpoints were trained with (its ``config.yaml``): a :class:`CheckpointMismatch` naming the key and both values.
-    A run without a readable ``config.yaml`` is left to the tensor checks of :func:`load_checkpoint`."""
+def settings_mismatch(run_dir: Path, cfg: Any) -> tuple[str, Any, Any, Path] | None:
+    """(key, the run's value, ``cfg``'s value, the run's config file) of the first :data:`RESUME_KEYS` key on which
+    ``cfg`` differs from what ``run_dir``'s checkpoints were trained with (its ``config.yaml``); None when none
+    does, or the run has no readable ``config.yaml`` (left to the tensor checks of :func:`load_checkpoint`)."""
     from teamrl.core.config import ConfigError, config_to_dict, read_yaml_mapping
 
     saved_file = run_dir / "config.yaml"
     if not saved_file.is_file():
-        return
+        return None
     try:
         saved = read_yaml_mapping(saved_file, "the run's config")
     except ConfigError:
-        return
+        return None
     now = config_to_dict(cfg)
 
     def get(tree: Any, dotted: str) -> tuple[bool, Any]:
@@ -391,13 +479,24 @@ def check_resume_settings(run_dir: Path, cfg: Any) -> None:
         if not had or (key == "policy.lora" and old is not None and new is not None):
             continue  # policy.lora itself: only null against settings (its keys are compared one by one)
         if old != new:
-            import yaml
+            return key, old, new, saved_file
+    return None
 
-            as_given = yaml.safe_dump(old, default_flow_style=True, width=10**6).strip().removesuffix("...").strip()
-            raise CheckpointMismatch(
-                f"--resume: {key} is {new!r}, but the checkpoints of {run_dir} were trained with "
-                f"{old!r} ({saved_file}); resume with {key}={as_given}, or start a new run (another name=)"
-            )
+
+def check_resume_settings(run_dir: Path, cfg: Any) -> None:
+    """Refuse, before any model loads, a ``--resume`` whose model or LoRA settings differ from those the run's
+    checkpoints were trained with (its ``config.yaml``): a :class:`CheckpointMismatch` naming the key and both values.
+    A run without a readable ``config.yaml`` is left to the tensor checks of :func:`load_checkpoint`."""
+    mismatch = settings_mismatch(run_dir, cfg)
+    if mismatch is not None:
+        import yaml
+
+        key, old, new, saved_file = mismatch
+        as_given = yaml.safe_dump(old, default_flow_style=True, width=10**6).strip().removesuffix("...").strip()
+        raise CheckpointMismatch(
+            f"--resume: {key} is {new!r}, but the checkpoints of {run_dir} were trained with "
+            f"{old!r} ({saved_file}); resume with {key}={as_given}, or start a new run (another name=)"
+        )
 
 
 def _kind(obj: Any) -> str:

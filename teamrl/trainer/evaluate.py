@@ -9,6 +9,12 @@ for is refused with the methods it takes. An episode's score is its team return 
 workflow returns an :class:`~teamrl.workflows.EpisodeOutcome`. Each row keeps every problem's episode
 (:func:`episode_record`); :func:`write_results` saves them with the figures (``results.json`` and one
 ``<method>.jsonl`` per method), which ``teamrl eval`` does into :func:`eval_output_dir`.
+
+A run warm-started by ``teamrl sft`` also has a ``warm_start`` row (the same workflow on the warm
+start's weights, kept in ``RUN_DIR/warm_start/``), and its comparisons say what RL itself did
+(``team - warm start``) apart from what the warm start did (``warm start - untrained``):
+:func:`paired_comparisons`. ``baseline`` is the same workflow on any other checkpoint's weights
+(``teamrl eval --baseline``), paired with ``team`` over the same problems.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ from teamrl.algorithms.episodes import workflow_options_or_defaults
 from teamrl.core.config import Config, ConfigError
 from teamrl.core.metrics import ProgressLines
 from teamrl.policies.models import check_max_new_tokens
-from teamrl.core.seeding import derive_seed, seed_everything
+from teamrl.core.seeding import derive_seed, rng_state, seed_everything, set_rng_state
 from teamrl.policies.multi_lora import SharedBaseAdapters
 from teamrl.policies.router import PolicyRouter
 from teamrl.rollout.engine import SamplingParams
@@ -38,13 +44,19 @@ from teamrl.rollout.hf_engine import HFEngine
 from teamrl.rollout.scheduler import GenerationScheduler
 from teamrl.tasks import make_task
 from teamrl.tasks.task import reply_valid
-from teamrl.trainer.checkpoint import list_checkpoints, load_checkpoint
+from teamrl.trainer.checkpoint import (CheckpointMismatch, load_checkpoint, resolve_checkpoint, settings_mismatch,
+                                      warm_start_checkpoint, warm_start_of)
 from teamrl.workflows import WORKFLOWS, Baseline, EpisodeOutcome, Workflow, check_task, eval_baselines, outcome_metrics
 from teamrl.workflows.context import EpisodeContext, RewardEvent
 from teamrl.workflows.episode import run_episode
 from teamrl.workflows.outcome import own_reward, stat_means
 
-EVAL_METHODS = ("team", "single", "concat", "sequential", "discussion", "untrained", "swapped")
+EVAL_METHODS = (
+    "team", "warm_start", "baseline", "single", "concat", "sequential", "discussion", "untrained", "swapped"
+)
+# the methods that run the run's own workflow on a checkpoint's weights, and which one: --checkpoint's, the run's warm
+# start, --baseline's
+CHECKPOINT_WEIGHTS = ("trained", "warm_start", "baseline")
 BASE = "__base__"  # the policy name that routes to the base model (adapters off)
 
 
@@ -67,11 +79,12 @@ class EvalRow:
     episodes: list[dict[str, Any]] = field(default_factory=list)
     note: str = ""  # a line the table opens with: :func:`training_problems_note`
     scored_by: str = ""  # what its scores measure (:func:`score_measure`); rows that differ are not comparable
+    weights: str = ""  # the checkpoint folder its weights came from ('' for the base weights)
 
 
 @dataclass(frozen=True)
 class Comparison:
-    """The paired difference ``trained - untrained`` over the same problems."""
+    """The paired difference ``trained - untrained`` (two rows' methods) over the same problems."""
 
     trained: str
     untrained: str
@@ -79,6 +92,7 @@ class Comparison:
     stderr: float
     problems: int
     same_measure: bool = True  # both rows scored by one measure (else the difference compares unlike numbers)
+    note: str = ""  # what the difference measures (RL's own effect, ...) or which checkpoint, shown after the names
 
     @property
     def beyond_noise(self) -> bool:
@@ -107,13 +121,18 @@ def compare(rows: Sequence[EvalRow], trained: str = "team", untrained: str = "un
     return Comparison(trained, untrained, diff, se, len(a), by[trained].scored_by == by[untrained].scored_by)
 
 
+# how a comparison line names a method (the row keeps its method name)
+COMPARISON_LABELS = {"warm_start": "warm start"}
+
+
 def format_comparison(c: Comparison) -> str:
     """One line: the paired difference, its standard error and whether it exceeds the noise."""
     verdict = (
         "exceeds 2 standard errors" if c.beyond_noise else "within 2 standard errors (not distinguishable from noise)"
     )
     unlike = "" if c.same_measure else " [scored by different measures: not comparable]"
-    return (f"{c.trained} - {c.untrained}: {c.difference:+.3f} +/- {c.stderr:.3f} normalised return "
+    names = " - ".join(COMPARISON_LABELS.get(m, m) for m in (c.trained, c.untrained))
+    return (f"{names}{f' ({c.note})' if c.note else ''}: {c.difference:+.3f} +/- {c.stderr:.3f} normalised return "
             f"(paired over the same {c.problems} problems): {verdict}{unlike}")
 
 
@@ -175,15 +194,34 @@ def run_workflow(cfg: Config, task: Any) -> RunWorkflow:
     settings = configured_workflow_options(cfg) if cfg.workflow.name else workflow_options_or_defaults(spec)
     if dataclasses.is_dataclass(settings) and "pass_at_1" in {f.name for f in dataclasses.fields(settings)}:
         settings = dataclasses.replace(settings, pass_at_1=True)
-    own = {"team": Baseline(name, None, weights="trained"), "untrained": Baseline(name, None)}
+    own = {"team": Baseline(name, None, weights="trained"),
+           "warm_start": Baseline(name, None, weights="warm_start", by_default=False, doc="the run's warm start"),
+           "untrained": Baseline(name, None),
+           "baseline": Baseline(name, None, weights="baseline", by_default=False, doc="--baseline's checkpoint")}
     return RunWorkflow(name, settings, spec.roles_for(task), {**own, **eval_baselines(name)})
 
 
-def default_methods(cfg: Config, has_checkpoint: bool) -> list[str]:
-    """What ``teamrl eval`` runs when no ``--method`` is given: ``team`` (with a checkpoint), ``untrained``
-    and the run's workflow's default baselines."""
+def default_methods(cfg: Config, has_checkpoint: bool, warm_start: bool = False) -> list[str]:
+    """What ``teamrl eval`` runs when no ``--method`` is given: ``team`` (with a checkpoint), ``warm_start``
+    (``warm_start``: the checkpoint's run has one, :func:`warm_start_to_compare`), ``untrained`` and the run's
+    workflow's default baselines."""
     run = run_workflow(cfg, make_task(cfg.task))
-    return [m for m, b in run.methods.items() if (m != "team" or has_checkpoint) and b.by_default]
+    return [m for m, b in run.methods.items()
+            if (m != "team" or has_checkpoint) and (b.by_default or (m == "warm_start" and warm_start))]
+
+
+def warm_start_to_compare(checkpoint: Path | None) -> Path | None:
+    """The warm start of ``checkpoint``'s run (a run directory or a checkpoint folder) that its weights can be
+    compared with: None without one, or where the checkpoint is that warm start itself (no RL step yet)."""
+    if checkpoint is None:
+        return None
+    run_dir, ckpt = resolve_checkpoint(checkpoint, "--checkpoint")
+    record = warm_start_of(run_dir)
+    if record is None:
+        return None
+    warm = warm_start_checkpoint(run_dir)
+    same = ckpt.resolve() == warm.resolve() or (ckpt.parent.name == "checkpoints" and ckpt.name == warm.name)
+    return None if same else warm
 
 
 def _method_checked(run: RunWorkflow, method: str, task: Any) -> Baseline:
@@ -204,8 +242,9 @@ def _method_checked(run: RunWorkflow, method: str, task: Any) -> Baseline:
 
 
 def _route(baseline: Baseline, router: PolicyRouter, roles: Sequence[str]) -> Callable[[str], str]:
-    """Which policy each role's calls go to: trained, base (adapters off), or the next role's trained policy."""
-    if baseline.weights == "trained":
+    """Which policy each role's calls go to: a checkpoint's (trained, the warm start, --baseline's: loaded
+    before the method runs), base (adapters off), or the next role's trained policy."""
+    if baseline.weights in CHECKPOINT_WEIGHTS:
         return router.policy_name
     if baseline.weights == "swapped":
         swap = {r: roles[(i + 1) % len(roles)] for i, r in enumerate(roles)}
@@ -214,17 +253,14 @@ def _route(baseline: Baseline, router: PolicyRouter, roles: Sequence[str]) -> Ca
 
 
 def team_engine(cfg: Config, roles: Sequence[str], checkpoint: Path | None = None) -> tuple[PolicyRouter, HFEngine]:
-    """The team's policies (``checkpoint``: a run directory, its last checkpoint loaded) and the engine that samples
-    them; the policy :data:`BASE` routes to the base model (adapters off)."""
+    """The team's policies (``checkpoint``: a run directory, its newest checkpoint loaded, or a checkpoint folder)
+    and the engine that samples them; the policy :data:`BASE` routes to the base model (adapters off)."""
     router = PolicyRouter(cfg.policy.mode, list(roles), cfg.model, cfg.policy.lora, lr=cfg.train.lr, seed=cfg.seed,
                           need_reference=cfg.policy.lora is None, device=cfg.policy.device, dtype=cfg.policy.dtype,
                           role_map=cfg.policy.roles)
     check_max_new_tokens(next(iter(router.policies.values())).model, cfg.rollout.max_new_tokens, cfg.model)
     if checkpoint is not None:
-        ckpts = list_checkpoints(Path(checkpoint) / "checkpoints")
-        if not ckpts:
-            raise FileNotFoundError(f"--checkpoint {checkpoint}: no checkpoints/step_N folder in it")
-        load_checkpoint(ckpts[-1], router)
+        load_checkpoint(resolve_checkpoint(Path(checkpoint), "--checkpoint")[1], router)
 
     def models(name: str):
         if name == BASE:
@@ -235,26 +271,74 @@ def team_engine(cfg: Config, roles: Sequence[str], checkpoint: Path | None = Non
                             row_models=SharedBaseAdapters(router.policies))
 
 
+def _method_weights(cfg: Config, chosen: Mapping[str, Baseline], checkpoint: Path | None,
+                    baseline: Path | None) -> dict[str, Path]:
+    """The checkpoint folder each chosen method's weights come from (methods on the base weights: none); a
+    method whose checkpoint is missing, or a ``baseline`` trained with another model or LoRA setting, is refused
+    in one line."""
+    needs = {m: b.weights for m, b in chosen.items() if b.weights != "base"}
+    if needs and checkpoint is None:
+        raise ConfigError(f"--method {next(iter(needs))} needs --checkpoint RUN_DIR (a trained run); the untrained "
+                          "team is the untrained method")
+    if baseline is not None and "baseline" not in needs:
+        raise ConfigError("--baseline is compared by the baseline method; add it to --method (or leave --method out)")
+    if not needs:
+        return {}
+    run_dir, team = resolve_checkpoint(checkpoint, "--checkpoint")
+    sources = {"trained": team, "swapped": team}
+    if "warm_start" in needs.values():
+        warm = warm_start_checkpoint(run_dir)
+        if warm is None:
+            raise ConfigError(f"--method warm_start: run {run_dir} has no warm start ({run_dir}/warm_start.json, "
+                              "which teamrl sft writes); leave warm_start out")
+        sources["warm_start"] = warm
+    if "baseline" in needs.values():
+        if baseline is None:
+            raise ConfigError("--method baseline needs --baseline RUN_DIR or CHECKPOINT_DIR (the weights to compare "
+                              "with)")
+        other_run, sources["baseline"] = resolve_checkpoint(baseline, "--baseline")
+        mismatch = settings_mismatch(other_run, cfg)
+        if mismatch is not None:
+            key, old, new, saved_file = mismatch
+            raise CheckpointMismatch(f"--baseline {baseline}: trained with {key}={old!r} ({saved_file}), the evaluated "
+                                     f"run with {new!r}; compare checkpoints of one model and LoRA setting")
+    return {m: sources[w] for m, w in needs.items()}
+
+
 def evaluate(cfg: Config, methods: list[str], checkpoint: Path | None = None, limit: int | None = None,
-             temperature: float = 0.0, progress: bool = True, limit_name: str = "--limit") -> list[EvalRow]:
+             temperature: float = 0.0, progress: bool = True, limit_name: str = "--limit",
+             baseline: Path | None = None) -> list[EvalRow]:
     """Run each method on the first ``limit`` evaluation problems (None: all of them) and return one row per method.
     A ``limit`` that leaves problems out is said on stderr in one line, naming it as ``limit_name``.
 
-    ``team`` runs the run's workflow with every role on its trained policy (the checkpoint's);
-    ``untrained`` the same workflow on the base model; the baselines are the run's workflow's
-    (:func:`~teamrl.workflows.eval_baselines`), on the base model (``swapped``: each role on the
-    next role's trained policy).
+    ``team`` runs the run's workflow with every role on its trained policy (``checkpoint``: a run
+    directory's newest checkpoint, or a checkpoint folder); ``warm_start`` the same on the run's warm
+    start; ``baseline`` on ``baseline``'s (a run directory or a checkpoint folder of the same model and
+    LoRA settings); ``untrained`` the same workflow on the base model; the baselines are the run's
+    workflow's (:func:`~teamrl.workflows.eval_baselines`), on the base model (``swapped``: each role on
+    the next role's trained policy).
     """
     task = make_task(cfg.task)
     run = run_workflow(cfg, task)
     chosen = {m: _method_checked(run, m, task) for m in methods}
-    if any(b.weights != "base" for b in chosen.values()) and checkpoint is None:
-        raise ConfigError(
-            "--method team needs --checkpoint RUN_DIR (a trained run); the untrained team is the untrained method"
-        )
+    weights = _method_weights(cfg, chosen, checkpoint, baseline)
     seed_everything(cfg.seed)
     roles = list(run.roles)
-    router, engine = team_engine(cfg, roles, checkpoint)
+    router, engine = team_engine(cfg, roles)
+    loaded: list[Path] = []
+
+    def load(path: Path | None) -> None:
+        """Put ``path``'s weights in the policies (once per switch), leaving the RNG as it was: a row does not
+        depend on the checkpoints loaded before it."""
+        if path is None or loaded[-1:] == [path]:
+            return
+        state = rng_state()
+        load_checkpoint(path, router)
+        set_rng_state(state)
+        loaded.append(path)
+
+    for path in dict.fromkeys(weights.values()):  # every checkpoint reads whole and fits, before any method runs
+        load(path)
     # as before: the benchmark settings ignore_eos / min_new_tokens are not applied to evaluation
     params = SamplingParams.from_rollout(cfg.rollout, temperature=temperature, ignore_eos=False, min_new_tokens=0)
     every = task.problems()
@@ -265,21 +349,22 @@ def evaluate(cfg: Config, methods: list[str], checkpoint: Path | None = None, li
         print(f"scoring {len(problems)} of {len(every)} problems ({limit_name} {limit})", file=sys.stderr, flush=True)
     max_reward = getattr(task, "max_reward", 1.0)
     rows = []
-    for method, baseline in chosen.items():
-        spec = baseline.workflow or WORKFLOWS.get_entry(run.name, "workflow.name")
+    for method, way in chosen.items():
+        load(weights.get(method))
+        spec = way.workflow or WORKFLOWS.get_entry(run.name, "workflow.name")
         run_fn = spec.run
-        settings = run.settings if baseline.workflow is None else None
+        settings = run.settings if way.workflow is None else None
         scheduler = GenerationScheduler(engine, seed=derive_seed(cfg.seed, 7))
         # One agent writing every part of a team task gets the whole team's token budget.
         p_method = (
-            dataclasses.replace(params, max_new_tokens=params.max_new_tokens * len(roles)) if baseline.widen else params
+            dataclasses.replace(params, max_new_tokens=params.max_new_tokens * len(roles)) if way.widen else params
         )
         ctxs = [
-            EpisodeContext(scheduler, _route(baseline, router, roles), router.tokenizer, p_method, p.id, 0)
+            EpisodeContext(scheduler, _route(way, router, roles), router.tokenizer, p_method, p.id, 0)
             for p in problems
         ]
         for ctx in ctxs:
-            ctx.workflow = baseline.name
+            ctx.workflow = way.name
         t0 = time.perf_counter()
         shown = ProgressLines(f"[teamrl eval] {method}:", len(problems), "problems", enabled=progress)
         shown.update(0)
@@ -305,7 +390,7 @@ def evaluate(cfg: Config, methods: list[str], checkpoint: Path | None = None, li
         stats = workflow_stats(spec, outcomes) if len(outcomes) == n else {}
         passed = stats.get("accuracy")
         episodes = [
-            episode_record(method, baseline.name, p, ctx, r, max_reward, task, spec.formats)
+            episode_record(method, way.name, p, ctx, r, max_reward, task, spec.formats)
             for p, ctx, r in zip(problems, ctxs, results)
         ]
         verdicts = [c["valid"] for e in episodes for c in e["calls"] if c["valid"] is not None]
@@ -324,10 +409,12 @@ def evaluate(cfg: Config, methods: list[str], checkpoint: Path | None = None, li
                 scores,
                 stats,
                 episodes,
-                scored_by=score_measure(baseline.name, spec, task),
+                scored_by=score_measure(way.name, spec, task),
+                weights=str(weights[method]) if method in weights else "",
             )
         )
-    note = training_problems_note(cfg, checkpoint)
+    run_dir = None if checkpoint is None else resolve_checkpoint(checkpoint, "--checkpoint")[0]
+    note = training_problems_note(cfg, run_dir)
     for r in rows:
         r.note = note
     return rows
@@ -365,9 +452,9 @@ def format_table(rows: list[EvalRow]) -> str:
         lines += [
             f"| {k} | " + " | ".join(f"{r.stats[k]:.3f}" if k in r.stats else "-" for r in rows) + " |" for k in keys
         ]
-    comparison = compare(rows)
-    if comparison is not None:
-        lines += ["", format_comparison(comparison)]
+    headline = [c for c in paired_comparisons(rows) if (c.trained, c.untrained) in HEADLINE_PAIRS]
+    if headline:
+        lines += ["", *map(format_comparison, headline)]
     return "\n".join(lines)
 
 
@@ -433,15 +520,34 @@ def episode_record(method: str, workflow: str, problem: Any, ctx: EpisodeContext
     }
 
 
+# the comparisons the table ends with, in this order (a run without a warm start or --baseline: team - untrained)
+HEADLINE_PAIRS = (("team", "warm_start"), ("warm_start", "untrained"), ("team", "untrained"), ("team", "baseline"))
+
+
 def paired_comparisons(rows: Sequence[EvalRow]) -> list[Comparison]:
-    """The paired difference of the trained team (else the untrained team) against every other row."""
-    names = [r.method for r in rows]
-    first = "team" if "team" in names else "untrained" if "untrained" in names else None
+    """The paired differences of the rows: with a warm start, ``team - warm start`` (RL's own effect) and
+    ``warm start - untrained`` (the warm start's) first; then the trained team (else the untrained team)
+    against every other row, ``untrained`` first (``team - untrained`` is the warm start and RL together)."""
+    by = {r.method: r for r in rows}
+    first = "team" if "team" in by else "untrained" if "untrained" in by else None
     if first is None:
         return []
-    # untrained first: the comparison train and eval print
-    others = sorted((m for m in names if m != first), key=lambda m: m != "untrained")
-    return [c for c in (compare(rows, first, m) for m in others) if c is not None]
+    warm = "warm_start" in by
+    notes = {("team", "warm_start"): "RL's own effect", ("warm_start", "untrained"): "the warm start's effect"}
+    if warm:
+        notes[("team", "untrained")] = "warm start and RL together"
+    if "baseline" in by:
+        notes[(first, "baseline")] = f"weights of {by['baseline'].weights}"
+    pairs = [p for p in (("team", "warm_start"), ("warm_start", "untrained")) if p[0] in by and p[1] in by]
+    # untrained first: the comparison train and eval print without a warm start
+    pairs += [(first, m) for m in sorted((m for m in by if m != first), key=lambda m: m != "untrained")
+              if (first, m) not in pairs and (m, first) not in pairs]
+    out = []
+    for trained, untrained in pairs:
+        c = compare(rows, trained, untrained)
+        if c is not None:
+            out.append(dataclasses.replace(c, note=notes.get((trained, untrained), "")))
+    return out
 
 
 def problem_source(cfg: Config, training_task: dict | None) -> dict[str, Any]:
@@ -484,12 +590,14 @@ def training_problems_note(cfg: Config, checkpoint: Path | None) -> str:
 
 
 def eval_output_dir(checkpoint: Path | None, cfg: Config, out: Path | None = None) -> Path:
-    """Where an eval writes: ``out`` if given, else ``RUN_DIR/eval/<timestamp>`` for a checkpoint's run,
-    else ``run.dir/eval-<timestamp>`` (an eval of the base model); a fresh folder (``-2``, ... on a clash)."""
+    """Where an eval writes: ``out`` if given, else ``RUN_DIR/eval/<timestamp>`` for a checkpoint's run (a run
+    directory or a checkpoint folder of it), else ``run.dir/eval-<timestamp>`` (an eval of the base model); a fresh
+    folder (``-2``, ... on a clash)."""
     if out is not None:
         return Path(out)
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    base = Path(checkpoint) / "eval" / stamp if checkpoint is not None else Path(cfg.run.dir) / f"eval-{stamp}"
+    run_dir = resolve_checkpoint(checkpoint, "--checkpoint")[0] if checkpoint is not None else None
+    base = run_dir / "eval" / stamp if run_dir is not None else Path(cfg.run.dir) / f"eval-{stamp}"
     path, k = base, 2
     while path.exists():
         path, k = base.with_name(f"{base.name}-{k}"), k + 1
@@ -504,15 +612,16 @@ def write_results(rows: Sequence[EvalRow], out_dir: Path, cfg: Config, command: 
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    training_task, step = None, None
+    training_task, step, warm = None, None, None
     if checkpoint is not None:
-        conf = Path(checkpoint) / "config.yaml"
+        run_dir, ckpt = resolve_checkpoint(checkpoint, "--checkpoint")
+        conf = run_dir / "config.yaml"
         if conf.is_file():
             import yaml
 
             training_task = (yaml.safe_load(conf.read_text()) or {}).get("task")
-        ckpts = list_checkpoints(Path(checkpoint) / "checkpoints")
-        step = int(ckpts[-1].name.rsplit("_", 1)[-1]) if ckpts else None  # checkpoints/step_000002 -> 2
+        step = int(ckpt.name.rsplit("_", 1)[-1])  # checkpoints/step_000002 -> 2
+        warm = warm_start_of(run_dir)
     methods = {}
     for r in rows:
         with (out_dir / f"{r.method}.jsonl").open("w") as f:
@@ -525,6 +634,7 @@ def write_results(rows: Sequence[EvalRow], out_dir: Path, cfg: Config, command: 
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "checkpoint": None if checkpoint is None else str(checkpoint),
         "checkpoint_step": step,
+        "warm_start": warm,  # what the run's warm start was (RUN_DIR/warm_start.json), if it has one
         "limit": limit,
         "temperature": temperature,
         "problems": {

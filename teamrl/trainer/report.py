@@ -179,6 +179,9 @@ def write_report(run_dir: str | Path) -> Path:
         main, k, first, last, secs = summary(metrics)
         page += ["| steps | " + main + f", first {k} | " + main + f", last {k} | seconds per step |",
                  "|---|---|---|---|", f"| {len(metrics)} | {first:.3f} | {last:.3f} | {secs:.1f} |", ""]
+        resumed = warm_start_summary(run_dir, everything)
+        if resumed:
+            page += [resumed, ""]
     acc = accuracy_summary(everything)
     if acc:
         page += ["| held-out accuracy: first | peak (step) | final | cliffs at steps |", "|---|---|---|---|",
@@ -230,6 +233,19 @@ def warm_start_note(run_dir: Path) -> str | None:
                      for name, v in losses.items())
     return (f"This run holds a warm start (teamrl sft{': ' + loss if loss else ''}) and no RL step yet: continue "
             f"with teamrl train ... name={Path(run_dir).name} --resume.")
+def warm_start_summary(run_dir: Path, everything: list[dict[str, Any]]) -> str | None:
+    """One line on the run's warm start (``RUN_DIR/warm_start.json``): that RL resumed from it, what it was
+    trained on, and its held-out accuracy (the step-0 evaluation) where the run evaluated; None without one."""
+    from teamrl.trainer.checkpoint import describe_warm_start, warm_start_of
+
+    record = warm_start_of(run_dir)
+    if record is None:
+        return None
+    line = describe_warm_start(record)
+    step0 = next((r["eval/accuracy"] for r in everything if r.get("step") == 0 and "eval/accuracy" in r), None)
+    if step0 is not None and record.get("rl_resumed_from"):
+        line += f"; its held-out accuracy (step 0): {step0:.3f}"
+    return line[0].upper() + line[1:]
 
 
 def read_report_metrics(path: Path) -> tuple[list[dict[str, Any]], list[int]]:

@@ -17,7 +17,7 @@ import re
 from pathlib import Path
 from typing import Any, Iterable
 
-from teamrl.trainer.report import Series, plot_groups, run_workflow, summary, warm_start_note
+from teamrl.trainer.report import Series, plot_groups, run_workflow, summary, warm_start_note, warm_start_summary
 
 
 COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
@@ -243,17 +243,13 @@ def _eval_table(results: dict) -> str:
             )
             + "</tbody></table>"
         )
-    items = []
-    for c in results.get("comparisons", []):
-        verdict = (
-            "exceeds 2 standard errors"
-            if c["beyond_noise"]
-            else "within 2 standard errors (not distinguishable from noise)"
-        )
-        items.append(
-            f'<li>{_e(c["trained"])} - {_e(c["untrained"])}: {c["difference"]:+.3f} +/- {c["stderr"]:.3f} normalised '
-            f'return (paired over the same {c["problems"]} problems): {verdict}</li>'
-        )
+    import dataclasses
+
+    from teamrl.trainer.evaluate import Comparison, format_comparison  # as report.py: only when there is an eval
+
+    fields = {f.name for f in dataclasses.fields(Comparison)}
+    items = [f"<li>{_e(format_comparison(Comparison(**{k: v for k, v in c.items() if k in fields})))}</li>"
+             for c in results.get("comparisons", [])]
     if items:
         out += f'<ul id="eval-comparisons">{"".join(items)}</ul>'
     return out
@@ -464,6 +460,9 @@ def render_html(run_dir: Path, everything: list[dict], results_file: Path | None
             f'<td class="n">{len(metrics)}</td><td class="n">{_num(first)}</td>'
             f'<td class="n">{_num(last)}</td><td class="n">{secs:.1f}</td></tr></tbody></table>'
         )
+        warm = warm_start_summary(run_dir, everything)
+        if warm:
+            top += f'<p id="warm-start">{_e(warm)}</p>'
     acc = accuracy_summary(everything)
     if acc:
         top += (

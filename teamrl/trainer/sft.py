@@ -14,7 +14,9 @@ The policies, adapters, checkpoints and run directory are RL's own (:class:`Poli
 completion tokens only (prompt and padding carry none), computed with the RL loss's log-prob
 code. The warm-started weights are saved as checkpoint ``step_000000`` with a fresh optimizer
 (RL's learning rate, no SFT moments), so ``teamrl train CONFIG --resume`` (same ``name``)
-starts RL from them at step 0.
+starts RL from them at step 0. They are also kept in ``RUN_DIR/warm_start/`` (out of the rotation of
+``checkpoints/``) and described in ``RUN_DIR/warm_start.json``, so that train, eval and report can
+compare RL with its warm start.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from teamrl.policies.logprobs import build_token_batch, completion_logprobs, to_
 from teamrl.policies.policy import Policy
 from teamrl.policies.router import PolicyRouter
 from teamrl.tasks import Problem, make_task
-from teamrl.trainer.checkpoint import list_checkpoints, save_checkpoint
+from teamrl.trainer.checkpoint import list_checkpoints, record_warm_start, save_checkpoint
 
 WARM_START_STEP = 0  # the checkpoint step of the warm start: RL resumes from it at step 0
 
@@ -163,12 +165,15 @@ def sft_step(policy: Policy, prompts: Sequence[Sequence[int]], completions: Sequ
 
 
 def warm_start(cfg: Config, demonstrations: Sequence[Demonstration], epochs: int = 3, batch_size: int = 8,
-               lr: float | None = None, progress: bool = True) -> tuple[Path, list[dict[str, float]]]:
+               lr: float | None = None, progress: bool = True, source: str = "") -> tuple[Path, list[dict[str, float]]]:
     """Fine-tune the config's policies on ``demonstrations`` and save them as the run's step-0 checkpoint.
 
     Each policy steps on its own roles' demonstrations, ``batch_size`` at a time, ``epochs``
     passes in a seeded order. Returns (run directory, one record per optimizer step:
-    epoch, step, policy, loss). The per-step records also go to ``RUN_DIR/sft.jsonl``.
+    epoch, step, policy, loss). The per-step records also go to ``RUN_DIR/sft.jsonl``; the warm
+    start is also kept in ``RUN_DIR/warm_start/`` with what it was trained on (``source``: where
+    the demonstrations came from) in ``RUN_DIR/warm_start.json``
+    (:func:`~teamrl.trainer.checkpoint.record_warm_start`), for RL's comparisons with it.
     """
     if epochs < 1 or batch_size < 1:
         raise ConfigError(f"sft: --epochs {epochs} and --batch-size {batch_size} must be >= 1")
@@ -185,7 +190,12 @@ def warm_start(cfg: Config, demonstrations: Sequence[Demonstration], epochs: int
         completion = tok(d.completion, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]  # learn to stop too
         by_policy.setdefault(name, []).append((encode_chat(tok, d.messages), completion))
     records = sft_epochs(cfg, router, by_policy, epochs, batch_size, progress)
-    return save_warm_start(cfg, router, records), records
+    trained_on = {
+        "source": source, "demonstrations": len(demonstrations),
+        "roles": {r: sum(d.role == r for d in demonstrations) for r in dict.fromkeys(d.role for d in demonstrations)},
+        "epochs": epochs, "batch_size": batch_size, "lr": lr or cfg.train.lr,
+    }
+    return save_warm_start(cfg, router, records, trained_on), records
 
 
 TokenRow = tuple[list[int], list[int]]  # (prompt token ids, completion token ids) of one training call
@@ -267,7 +277,8 @@ def save_warm_start(cfg: Config, router: PolicyRouter, records: Sequence[dict[st
     state: dict[str, Any] = {"data_position": 0, "warm_start": True}
     if trained_on:
         state["trained_on"] = trained_on
-    save_checkpoint(run_dir / "checkpoints", WARM_START_STEP, router, state)
+    saved = save_checkpoint(run_dir / "checkpoints", WARM_START_STEP, router, state)
+    record_warm_start(run_dir, saved, {"trained_by": "teamrl sft", **(trained_on or {}), "sft_steps": len(records)})
     (run_dir / "metrics.jsonl").touch()  # RL's metrics start here when it resumes from the warm start
     with (run_dir / "sft.jsonl").open("w") as f:
         for r in records:

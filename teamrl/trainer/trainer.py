@@ -41,8 +41,8 @@ from teamrl.rollout.scheduler import GenerationScheduler
 from teamrl.tasks import Problem, make_task
 from teamrl.tasks.solve import SolveTask
 from teamrl.trainer.checkpoint import (check_resume_settings, check_run_dir, checkpoint_to_resume, list_checkpoints,
-                                      load_checkpoint, lock_run_dir, run_dir_writes, save_checkpoint, unlock_run_dir,
-                                      warm_start_weights)
+                                      load_checkpoint, lock_run_dir, record_warm_start, run_dir_writes, save_checkpoint,
+                                      unlock_run_dir, warm_start_of, warm_start_weights)
 from teamrl.trainer.collector import Collector, Rollout
 from teamrl.trainer.diagnostics import CliffDetector, learning_signal
 from teamrl.trainer.evaluate import workflow_stats
@@ -180,15 +180,22 @@ class Trainer:
         self.stopped_at_cliff = False
         self.step = 0
         self.data_position = 0  # of the last trained step (the producer of the asynchronous loop keeps its own)
+        # the warm start RL started from (RUN_DIR/warm_start.json; teamrl sft writes it), its held-out accuracy (the
+        # step-0 evaluation) and whether the last evaluation was under it
+        self.warm_start: dict[str, Any] | None = warm_start_of(self.run_dir)
+        self.warm_start_accuracy: float | None = None
+        self.below_warm_start = False
+        from_warm_start = False
         if resume_from is not None:
             state = load_checkpoint(resume_from, self.learner)
             self.step, self.data_position = state["step"], state["data_position"]
+            from_warm_start = bool(state.get("warm_start"))
             # its own RNG (AT-GRPO branch choice, M-GRPO alignment); a checkpoint from before it was saved:
             # one rollout per step, so the count of rollouts is the step
             self.algorithm.load_state_dict(state.get("algorithm", {"calls": self.step}))
             for rec in read_metrics(self.run_dir / "metrics.jsonl"):  # replay the evaluations for the running peak
                 if "eval/accuracy" in rec and rec["step"] <= self.step:
-                    self.cliffs.update(rec["step"], rec["eval/accuracy"])
+                    self._watch(rec["step"], rec["eval/accuracy"])
         self.kl_reference = self._set_kl_reference()
         # updates of each policy published to the engine: one per trained step (every policy is published after every
         # step, changed or not), so a resumed run knows them from its step
@@ -204,6 +211,9 @@ class Trainer:
         with run_dir_writes(self.run_dir):
             self.run_dir.mkdir(parents=True, exist_ok=True)
             (self.run_dir / "config.yaml").write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
+            if from_warm_start:  # its weights kept out of checkpoints/ (rotated), for comparisons (an older sft's too)
+                resumed = f"{resume_from.parent.name}/{resume_from.name}"
+                self.warm_start = record_warm_start(self.run_dir, resume_from, {"rl_resumed_from": resumed})
             self.metrics = MetricsSink(
                 self.run_dir / "metrics.jsonl",
                 start_step=self.step,
@@ -477,8 +487,33 @@ class Trainer:
             for k, v in self.algorithm.evaluate(problems, self.eval_task, make_ctx, scheduler.run).items()
         }
 
+    def _watch(self, step: int, accuracy: float) -> tuple[Any, bool]:
+        """Feed one held-out accuracy to the running peak and, with a warm start, compare it with the warm start's
+        (the step-0 evaluation); returns (the cliff event, whether it newly fell under the warm start)."""
+        event = self.cliffs.update(step, accuracy)
+        fell = False
+        if self.warm_start is not None:
+            if step == 0:
+                self.warm_start_accuracy = accuracy
+            elif self.warm_start_accuracy is not None:
+                below = accuracy < self.warm_start_accuracy
+                fell, self.below_warm_start = below and not self.below_warm_start, below
+        return event, fell
+
+    def best_checkpoint_line(self) -> str | None:
+        """With a warm start and held-out evaluations: one line naming the best checkpoint by held-out accuracy (the
+        warm start included) and where it is kept; None otherwise (a run without a warm start says nothing new)."""
+        if self.warm_start is None or self.cliffs.peak is None:
+            return None
+        step = self.cliffs.peak_step
+        which = "the warm start (step 0)" if step == 0 else f"step {step}"
+        kept = self.run_dir / "best" / f"step_{step:06d}"
+        return (f"best checkpoint by held-out accuracy: {which}, accuracy {self.cliffs.peak:.3f}"
+                + (f"; kept in {kept}" if kept.is_dir() else ""))
+
     def _evaluate_and_watch(self, step: int) -> dict[str, Any]:
-        """Evaluate, update the running peak; keep the best checkpoint; warn (and stop) at a cliff."""
+        """Evaluate, update the running peak; keep the best checkpoint; warn (and stop) at a cliff; with a warm
+        start, say when the accuracy falls under the warm start's."""
         from tqdm import tqdm
 
         # the engine between two rollouts, with these weights
@@ -487,11 +522,21 @@ class Trainer:
                 out: dict[str, Any] = self.evaluate_accuracy()
         else:
             out = self.evaluate_accuracy()
-        event = self.cliffs.update(step, out["eval/accuracy"])
+        event, fell = self._watch(step, out["eval/accuracy"])
         out["eval/peak_accuracy"] = event.peak
-        if event.kind == "peak" and step > 0:
+        if self.warm_start is not None and step > 0 and self.warm_start_accuracy is not None:
+            out["eval/under_warm_start"] = int(self.below_warm_start)
+        # the base weights need no copy; a warm start's step-0 peak is kept like any other
+        if event.kind == "peak" and (step > 0 or self.warm_start is not None):
             save_checkpoint(self.run_dir / "best", step, self.learner, {"data_position": self.data_position,
                                                                     "eval_accuracy": event.accuracy}, keep=1)
+        if fell:
+            tqdm.write(
+                f"warning: held-out accuracy {event.accuracy:.3f} at step {step} is under the warm start's "
+                f"{self.warm_start_accuracy:.3f} (step 0): RL has lost {self.warm_start_accuracy - event.accuracy:.3f} "
+                f"against its warm start; the best checkpoint (step {event.peak_step}) is in {self.run_dir / 'best'}",
+                file=sys.stderr,
+            )
         if event.kind == "cliff":
             out["eval/cliff"] = 1
             tqdm.write(
@@ -580,7 +625,8 @@ class Trainer:
     def _train_loop(self) -> list[dict[str, Any]]:
         total = self.cfg.train.steps
         bar = progress_bar(total, f"train {self.cfg.name}", "step", self.cfg.run.progress, initial=self.step)
-        if self.eval_task is not None and self.step == 0:  # the untrained workflow's accuracy starts the running peak
+        # the untrained (or warm-started) workflow's accuracy starts the running peak
+        if self.eval_task is not None and self.step == 0:
             self.metrics.log({"step": 0, **self._evaluate_and_watch(0)})
         while self.step < total and not self.stopped_at_cliff:
             rec = self.train_step()
