@@ -170,3 +170,37 @@ def test_two_ranks_skip_as_one_rank_does_when_no_rank_alone_sees_the_advantages_
             assert max(float((got[k] - want[k]).abs().max()) for k in want) <= 1e-5, r
     finally:
         sharded.shutdown()
+
+
+# --- the sampling temperature in the episode rows ------------------------------------------------------------------
+TINY_RUN = ["model=tiny-random", "threads=1", "rollout.max_new_tokens=4", "run.progress=false",
+            "run.tensorboard=false"]
+
+
+def test_each_training_episode_row_records_the_temperature_it_was_sampled_at(tmp_path):
+    """``episodes/step_*.jsonl``: the rollout's samples at ``rollout.temperature``, ReMax's greedy baselines at 0."""
+    import json
+
+    from teamrl.trainer.trainer import Trainer
+
+    cfg = load_config(None, [*TINY_RUN, "task.name=word_count", "rollout.temperature=0.7", "rollout.batch_size=1",
+                             "rollout.group_size=2", "train.advantage=max", "train.steps=1", f"run.dir={tmp_path}",
+                             "name=t", "run.log_episodes=true"])
+    trainer = Trainer(cfg)
+    try:
+        trainer.train_step()
+    finally:
+        trainer.shutdown()
+    rows = [json.loads(line) for line in (tmp_path / "t" / "episodes" / "step_000001.jsonl").read_text().splitlines()]
+    assert sorted({(r["baseline"], r["temperature"]) for r in rows}) == [(False, 0.7), (True, 0.0)]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.5])
+def test_each_evaluated_call_records_the_temperature_it_was_sampled_at(temperature):
+    """``teamrl eval``'s ``<method>.jsonl``: every call's ``temperature`` (``--temperature``; 0: greedy)."""
+    from teamrl.trainer.evaluate import evaluate
+
+    cfg = load_config(None, [*TINY_RUN, "task.name=word_count"])
+    (row,) = evaluate(cfg, ["untrained"], limit=2, temperature=temperature, progress=False)
+    calls = [c for e in row.episodes for c in e["calls"]]
+    assert calls and all(c["temperature"] == temperature for c in calls)

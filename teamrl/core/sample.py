@@ -78,6 +78,7 @@ class Sample:
             "completion": self.text,
             "finish_reason": self.finish_reason,
             "completion_tokens": len(self.completion_ids),
+            "temperature": self.temperature,
             "reward": self.reward,
             "advantage": self.advantage,
             "group": repr(self.group),

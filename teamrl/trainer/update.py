@@ -413,10 +413,13 @@ def update_policy(policy: Policy, samples: Sequence[Sample], settings: UpdatePar
             totals.reduce(ranks)
     if grad_norm is None:  # skipped: the other statistics would be NaN or describe a step that was not taken
         return {"skipped_steps": 1.0, "tokens": float(plan.total_tokens)}
-    if not totals.steps:  # a gradient at rounding level (every rank's norm): no step
-        return {"grad_norm": grad_norm, "tokens": float(plan.total_tokens), "skipped_steps": 1.0,
-                "skipped_no_signal": 1.0}
-    return totals.as_stats(plan, grad_norm)
+    if totals.steps:
+        return totals.as_stats(plan, grad_norm)
+    # a first epoch's gradient at rounding level (every rank's norm): no step; its statistics when they were measured
+    # (one PPO epoch: the last one is the first)
+    stats = totals.as_stats(plan, grad_norm) if settings.ppo_epochs == 1 else {"grad_norm": grad_norm,
+                                                                                "tokens": float(plan.total_tokens)}
+    return {**stats, "skipped_steps": 1.0, "skipped_no_signal": 1.0}
 
 
 @dataclass
