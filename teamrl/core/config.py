@@ -302,7 +302,7 @@ class TrainConfig:
         ge=0,
         doc="a policy's gradient norm (before clipping) at most this is float rounding, not signal: no optimizer step "
         "(skipped_no_signal/<policy>; Adam would scale it to a full step). float32 rounding of a cancelled gradient of "
-        "scale 1 is ~1e-7 (measured: 1.5e-7 to 5e-7); raise it for bf16 compute; 0: never",
+        "scale 1 is ~1e-7 (measured: 1.5e-7 to 6e-7); raise it for bf16 compute; 0: never",
     )
     ppo_epochs: int = option(1, ge=1, doc="passes over each batch; with 1, old log-probs are the detached current ones")
     micro_batch_size: int = option(
