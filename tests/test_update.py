@@ -247,9 +247,9 @@ def test_zero_advantage_samples_are_not_computed_and_the_step_is_unchanged(tiny,
             assert torch.allclose(before[n] - p.detach(), full[n], atol=1e-6, rtol=1e-4), (agg, n)
 
 
-def test_an_all_zero_advantage_update_runs_no_pass_but_still_steps_the_optimizer(tiny, monkeypatch):
-    """No forward pass at all, yet AdamW's momentum and weight decay move the weights exactly as a
-    step on the (zero) full-batch gradient would."""
+def test_an_all_zero_advantage_update_runs_no_pass_and_takes_no_step(tiny, monkeypatch):
+    """No forward pass at all, and no optimizer step (issue 55: no update without signal): AdamW's momentum and
+    weight decay do not move the weights, its moments stay as they were, the statistics say why."""
     model, tok = tiny
     settings = UpdateParams(loss=LossConfig())
     moved = Policy("p", copy.deepcopy(model), None, lr=1e-2, weight_decay=0.1)
@@ -259,13 +259,14 @@ def test_an_all_zero_advantage_update_runs_no_pass_but_still_steps_the_optimizer
     rows = _counting_logprobs(monkeypatch)
     stats = update_policy(moved, [_sample(i, tok, 0.0) for i in range(4)], settings, tok.pad_token_id, [tok.eos_token_id])
     assert rows == []
-    for p in reference.parameters():
-        p.grad = torch.zeros_like(p)
-    reference.step()
-    assert moved.version == reference.version == 2
+    assert moved.version == reference.version == 1
     assert stats["grad_norm"] == 0.0 and stats["loss"] == 0.0
+    assert stats["skipped_no_signal"] == 1.0 and stats["skipped_steps"] == 1.0
     for a, b in zip(moved.parameters(), reference.parameters()):
         assert torch.equal(a.detach(), b.detach())
+    moments = [(moved.optimizer.state[a], reference.optimizer.state[b])
+               for a, b in zip(moved.parameters(), reference.parameters())]
+    assert all(x for x, _ in moments) and all(torch.equal(x[k], y[k]) for x, y in moments for k in x)
 
 
 def test_logged_kl_clip_frac_and_loss_do_not_depend_on_the_micro_batch_size(tiny):

@@ -301,6 +301,13 @@ class TrainConfig:
     lr: float = option(2e-4, gt=0, le=1, doc="learning rate (AdamW)")
     weight_decay: float = option(0.0, ge=0, doc="AdamW weight decay")
     max_grad_norm: float = option(1.0, gt=0, doc="gradient clipping norm per policy")
+    noise_grad_norm: float = option(
+        1e-5,
+        ge=0,
+        doc="a policy's gradient norm (before clipping) at most this is float rounding, not signal: no optimizer step "
+        "(skipped_no_signal/<policy>; Adam would scale it to a full step). float32 rounding of a cancelled gradient of "
+        "scale 1 is ~1e-7 (measured: 1.5e-7 to 6e-7); raise it for bf16 compute; 0: never",
+    )
     ppo_epochs: int = option(1, ge=1, doc="passes over each batch; with 1, old log-probs are the detached current ones")
     micro_batch_size: int = option(
         16,

@@ -81,6 +81,7 @@ class Sample:
             "completion_tokens": len(self.completion_ids),
             "prompt_ids": list(self.prompt_ids),
             "completion_ids": list(self.completion_ids),
+            "temperature": self.temperature,
             "reward": self.reward,
             "advantage": self.advantage,
             "group": repr(self.group),

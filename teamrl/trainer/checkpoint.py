@@ -142,37 +142,8 @@ def save_checkpoint(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     for old in list_checkpoints(folder)[:-keep]:
-        if old.name != WARM_START_DIR:  # a warm start is kept: the KL reference and the comparisons read it
-            shutil.rmtree(old, ignore_errors=True)
+        shutil.rmtree(old, ignore_errors=True)
     return final
-
-
-WARM_START_DIR = "step_000000"  # where ``teamrl sft`` saves a warm start (RL resumes from it at step 0)
-
-
-def warm_start_weights(folder: Path,
-                       policies: PolicyRouter | PolicyStates) -> dict[str, dict[str, torch.Tensor]] | None:
-    """Each policy's weights in the run's warm start (``folder/step_000000`` written by ``teamrl sft``), checked
-    against ``policies`` like a resume; None when the run has no warm start."""
-    path = folder / WARM_START_DIR
-    state_file = path / "trainer_state.pt"
-    if not state_file.is_file():
-        return None
-    state = _read(state_file)
-    _check_trainer_state(state_file, state)
-    if not state.get("warm_start"):
-        return None
-    states = _states(policies)
-    out = {}
-    for name in states.policy_names():
-        f = path / f"policy_{name}.pt"
-        if not f.is_file():
-            raise InputFileMissing(f"warm start {path} has no weights for policy {name!r} ({f.name}); was the policy "
-                                   "mode changed since teamrl sft?")
-        weights = _read(f)
-        _check_weights(f, weights, states.state(name)[0])
-        out[name] = weights
-    return out
 
 
 def _write(obj: Any, path: Path) -> None:
@@ -430,6 +401,26 @@ def warm_start_checkpoint(run_dir: Path) -> Path | None:
                                "checkpoint (trainer_state.pt; moved or deleted?); evaluate without it: "
                                "--method team,untrained")
     return path
+
+
+def warm_start_weights(run_dir: Path,
+                       policies: PolicyRouter | PolicyStates) -> dict[str, dict[str, torch.Tensor]] | None:
+    """Each policy's weights in ``run_dir``'s warm start (:func:`warm_start_checkpoint`), checked against
+    ``policies`` like a resume; None when the run has no warm start."""
+    path = warm_start_checkpoint(run_dir)
+    if path is None:
+        return None
+    states = _states(policies)
+    out = {}
+    for name in states.policy_names():
+        f = path / f"policy_{name}.pt"
+        if not f.is_file():
+            raise InputFileMissing(f"warm start {path} has no weights for policy {name!r} ({f.name}); was the policy "
+                                   "mode changed since teamrl sft?")
+        weights = _read(f)
+        _check_weights(f, weights, states.state(name)[0])
+        out[name] = weights
+    return out
 
 
 def resolve_checkpoint(path: Path, flag: str) -> tuple[Path, Path]:

@@ -487,7 +487,7 @@ def episode_record(method: str, workflow: str, problem: Any, ctx: EpisodeContext
             "call": index, "role": s.role, "policy": s.policy, "turn": s.turn, "branch": s.branch,
             "messages": _plain(messages), "prompt": s.prompt_text, "completion": s.text,
             "finish_reason": s.finish_reason, "prompt_tokens": len(s.prompt_ids),
-            "completion_tokens": len(s.completion_ids), "own_reward": own_reward(s),
+            "completion_tokens": len(s.completion_ids), "temperature": s.temperature, "own_reward": own_reward(s),
             "prompt_ids": list(s.prompt_ids), "completion_ids": list(s.completion_ids),
             "valid": reply_valid(task, problem, s.text, role=s.role, formats=formats),
             **({"reward": s.reward} if s.reward is not None else {}),

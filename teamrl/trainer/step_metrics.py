@@ -20,7 +20,7 @@ from teamrl.trainer.update import IMPORTANCE_STATS, combine_importance_stats
 # Statistics of several optimizer steps of one policy (policy.equalize_steps false) that add up; every other one is
 # the mean over the steps that have it (a role's gradient norm: the mean over the steps that trained it, as the
 # workflow study defines it and verl's reduce_metrics averages).
-SUMMED_OVER_STEPS = ("tokens", "skipped_steps")
+SUMMED_OVER_STEPS = ("tokens", "skipped_steps", "skipped_no_signal")
 
 
 def over_steps(stat: str, values: Sequence[float]) -> float:

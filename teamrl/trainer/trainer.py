@@ -196,7 +196,6 @@ class Trainer:
             for rec in read_metrics(self.run_dir / "metrics.jsonl"):  # replay the evaluations for the running peak
                 if "eval/accuracy" in rec and rec["step"] <= self.step:
                     self._watch(rec["step"], rec["eval/accuracy"])
-        self.kl_reference = self._set_kl_reference()
         # updates of each policy published to the engine: one per trained step (every policy is published after every
         # step, changed or not), so a resumed run knows them from its step
         self.policy_versions: dict[str, int] = {name: self.step for name in self.router.policies}
@@ -214,6 +213,7 @@ class Trainer:
             if from_warm_start:  # its weights kept out of checkpoints/ (rotated), for comparisons (an older sft's too)
                 resumed = f"{resume_from.parent.name}/{resume_from.name}"
                 self.warm_start = record_warm_start(self.run_dir, resume_from, {"rl_resumed_from": resumed})
+            self.kl_reference = self._set_kl_reference()  # after the record: an older sft's warm start has one now
             self.metrics = MetricsSink(
                 self.run_dir / "metrics.jsonl",
                 start_step=self.step,
@@ -233,12 +233,12 @@ class Trainer:
             return "none"
         if loss.kl_reference == "base":
             return "base"
-        weights = warm_start_weights(self.run_dir / "checkpoints", self.learner)
+        weights = warm_start_weights(self.run_dir, self.learner)
         if weights is None:
             if loss.kl_reference == "warm_start":
                 raise ConfigError(f"train.loss.kl_reference=warm_start: run {self.run_dir} has no warm start "
-                                  f"({self.run_dir}/checkpoints/step_000000 from teamrl sft); run teamrl sft first, or "
-                                  "set train.loss.kl_reference to base or auto")
+                                  f"({self.run_dir}/warm_start.json, which teamrl sft writes); run teamrl sft "
+                                  "first, or set train.loss.kl_reference to base or auto")
             return "base"
         for name, state in weights.items():
             self.learner.set_reference(name, state)

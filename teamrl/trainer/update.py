@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import math
 import sys
 from dataclasses import dataclass, field
@@ -36,7 +37,7 @@ def _resolve_auto(params: Any) -> None:
 
 
 # The train section's fields that an update reads, taken from TrainConfig's declaration (type and default) as they are
-UPDATE_FIELDS = ("ppo_epochs", "micro_batch_size", "max_grad_norm", "role_grad_norms")
+UPDATE_FIELDS = ("ppo_epochs", "micro_batch_size", "max_grad_norm", "noise_grad_norm", "role_grad_norms")
 UpdateParams = dataclasses.make_dataclass("UpdateParams", [
     ("loss", LossConfig, field(default_factory=LossConfig)),  # resolved (LossConfig.resolve)
     *[(f.name, f.type, field(default=f.default)) for f in dataclasses.fields(TrainConfig) if f.name in UPDATE_FIELDS],
@@ -192,16 +193,40 @@ def _loss_mask(completions: Sequence[Sequence[int]], eos_ids: Sequence[int], pad
     return completion_mask(ids, list(eos_ids), real)
 
 
-def _zero_gradient_step(policy: Policy, total_tokens: int, epochs: int) -> dict[str, float]:
-    """The optimizer steps (one per PPO epoch) on an all-zero gradient, without computing it: AdamW's
-    momentum and weight decay still move the weights, exactly as after full forward and backward passes."""
-    for _ in range(epochs):
-        for p in policy.parameters():
-            p.grad = torch.zeros_like(p)
-        policy.step()
-    policy.optimizer.zero_grad(set_to_none=True)
-    return {"loss": 0.0, "kl": 0.0, "clip_frac": 0.0, "grad_norm": 0.0, "tokens": float(total_tokens),
-            "skipped_steps": 0.0}
+# How far the advantages of one set of identical samples may sum from 0 and still cancel, relative to the sum of their
+# sizes: advantages come out of float32 (losses.group_advantages), each within 6e-8 of its value, so a set whose exact
+# sum is 0 sums to a few 1e-7 of its sizes; 1e-5 leaves room for sets of ~100 samples.
+ADVANTAGE_SUM_RTOL = 1e-5
+
+
+def _loss_inputs_digest(sample: Sample, loss: LossConfig) -> bytes:
+    """A digest of what a sample's loss gradient depends on besides its advantage (at ratio 1, without a KL term): its
+    tokens, the temperature its log-probs are taken at and, when an importance correction reads them, its sampling
+    log-probs. Samples with one digest have the same per-token gradient: only their advantages weigh it."""
+    inputs = (tuple(sample.prompt_ids), tuple(sample.completion_ids), sample.temperature or 1.0,
+              tuple(sample.sampling_logprobs) if loss.importance_correction != "none" else ())
+    return hashlib.blake2b(repr(inputs).encode(), digest_size=16).digest()
+
+
+def advantages_cancel(samples: Sequence[Sample], loss: LossConfig, ranks: Ranks | None = None) -> bool:
+    """Whether the advantages of ``samples`` cancel: grouped by identical loss inputs (prompt and completion ids,
+    temperature, sampling log-probs when an importance correction reads them), every group's advantages sum to 0
+    (within :data:`ADVANTAGE_SUM_RTOL`). At ratio 1 and without a KL term the exact gradient is then 0, whatever the
+    loss aggregation (identical samples have identical lengths): a role whose completions were identical in a group
+    that varied only through another role's calls. With ``ranks``: over every rank's samples (a collective)."""
+    sums: dict[bytes, tuple[float, float]] = {}
+    for s in samples:
+        key = _loss_inputs_digest(s, loss)
+        net, size = sums.get(key, (0.0, 0.0))
+        sums[key] = (net + s.advantage, size + abs(s.advantage))
+    if ranks is not None:
+        merged: dict[bytes, tuple[float, float]] = {}
+        for part in ranks.all_objects(sums):  # in rank order: every rank adds up the same floats
+            for key, (net, size) in part.items():
+                had = merged.get(key, (0.0, 0.0))
+                merged[key] = (had[0] + net, had[1] + size)
+        sums = merged
+    return all(abs(net) <= ADVANTAGE_SUM_RTOL * size for net, size in sums.values())
 
 
 def _flat_grad(params: list[torch.nn.Parameter]) -> torch.Tensor:
@@ -319,13 +344,14 @@ def update_policy_steps(policy: Policy, parts: Sequence[Sequence[Sample]], setti
     if len(parts) < 2:
         return [update_policy(policy, p, settings, pad_id, eos_ids, ranks=ranks) for p in parts]
     old = [_old_logprobs(policy, p, settings, pad_id, ranks) for p in parts]
-    return [update_policy(policy, p, settings, pad_id, eos_ids, old_logprobs=o, ranks=ranks)
-            for p, o in zip(parts, old)]
+    version = policy.version  # the weights the old log-probs are of (a skipped step leaves them)
+    return [update_policy(policy, p, settings, pad_id, eos_ids, old_logprobs=o, ranks=ranks,
+                          moved=policy.version != version) for p, o in zip(parts, old)]
 
 
 def update_policy(policy: Policy, samples: Sequence[Sample], settings: UpdateParams, pad_id: int,
                   eos_ids: Sequence[int], old_logprobs: Sequence[torch.Tensor] | None = None,
-                  ranks: Ranks | None = None) -> dict[str, float]:
+                  ranks: Ranks | None = None, moved: bool = False) -> dict[str, float]:
     """Train ``policy`` on ``samples`` (which must all be its own) and return loss statistics.
 
     Micro-batches accumulate gradients with weights that make the result equal to one
@@ -343,8 +369,14 @@ def update_policy(policy: Policy, samples: Sequence[Sample], settings: UpdatePar
 
     Without a KL term, samples with advantage 0 add exactly nothing to the loss or its gradient:
     their passes are skipped (the normalisation still counts them, so the step is the full
-    batch's), and ``entropy`` is measured on the samples computed. When every advantage is 0 no
-    pass runs at all, but the optimizer still steps on the zero gradient.
+    batch's), and ``entropy`` is measured on the samples computed.
+
+    A step without signal is not taken (weights, optimizer state and version stay as they were; the statistics say
+    ``skipped_no_signal`` 1, and ``skipped_steps`` counts it): Adam divides a gradient by its own running size, so it
+    would turn float rounding into a full-size step. Without a KL term and at ratio 1 (``moved`` false: the weights are
+    those the old log-probs are of) that is the case when the advantages cancel (:func:`advantages_cancel`; every
+    advantage 0 included), decided before any pass; and always when the gradient's norm (before clipping) is at most
+    ``settings.noise_grad_norm`` (rounding level), decided after the backward passes.
 
     With ``settings.loss.importance_correction`` ``token`` or ``sequence``, each sample's
     ``sampling_logprobs`` (checked first: one finite value per completion token, else
@@ -367,8 +399,11 @@ def update_policy(policy: Policy, samples: Sequence[Sample], settings: UpdatePar
     if settings.loss.importance_correction != "none":  # before any pass: a bad log-prob must not reach the weights
         check_sampling_logprobs(samples, settings.loss.importance_correction)
     plan = _plan_update(samples, settings, pad_id, eos_ids, next(iter(policy.parameters())).device, ranks)
-    if not plan.computes:  # every advantage 0, no KL term: the optimizer still steps on the zero gradient
-        return {**_zero_gradient_step(policy, plan.total_tokens, settings.ppo_epochs), **plan.zero_roles}
+    # the exact gradient is 0 (every rank decides alike: plan.computes is every rank's, advantages_cancel too)
+    if not plan.computes or (settings.loss.kl_coef == 0 and not moved and advantages_cancel(samples, settings.loss,
+                                                                                            ranks)):
+        return {**plan.zero_roles, "loss": 0.0, "kl": 0.0, "clip_frac": 0.0, "grad_norm": 0.0,
+                "tokens": float(plan.total_tokens), "skipped_steps": 1.0, "skipped_no_signal": 1.0}
     with policy.active() as model:
         model.train()
         _constant_logprobs(policy, model, plan, given_old, settings, ranks)
@@ -378,7 +413,13 @@ def update_policy(policy: Policy, samples: Sequence[Sample], settings: UpdatePar
             totals.reduce(ranks)
     if grad_norm is None:  # skipped: the other statistics would be NaN or describe a step that was not taken
         return {"skipped_steps": 1.0, "tokens": float(plan.total_tokens)}
-    return totals.as_stats(plan, grad_norm)
+    if totals.steps:
+        return totals.as_stats(plan, grad_norm)
+    # a first epoch's gradient at rounding level (every rank's norm): no step; its statistics when they were measured
+    # (one PPO epoch: the last one is the first)
+    stats = totals.as_stats(plan, grad_norm) if settings.ppo_epochs == 1 else {"grad_norm": grad_norm,
+                                                                                "tokens": float(plan.total_tokens)}
+    return {**stats, "skipped_steps": 1.0, "skipped_no_signal": 1.0}
 
 
 @dataclass
@@ -525,6 +566,7 @@ class _UpdateTotals:
     is_max: float = -math.inf
     is_min: float = math.inf
     finite: bool = True  # every micro-batch's loss of the current epoch
+    steps: int = 0  # optimizer steps taken
 
     def add_role(self, key: str, value: float) -> None:
         self.by_role[key] = self.by_role.get(key, 0.0) + value
@@ -550,7 +592,7 @@ class _UpdateTotals:
             stats.update(is_weight_mean=self.is_sum / self.is_n, is_weight_max=self.is_max, is_weight_min=self.is_min,
                          is_truncated_frac=self.is_truncated / self.is_n, is_weight_count=self.is_n)
         stats["tokens"] = float(plan.total_tokens)
-        stats["skipped_steps"] = 0.0
+        stats["skipped_steps"] = stats["skipped_no_signal"] = 0.0
         return stats
 
 
@@ -639,9 +681,10 @@ def _ranked_backward(policy: Policy, model: torch.nn.Module, plan: _UpdatePlan, 
 
 def _optimizer_steps(policy: Policy, model: torch.nn.Module, plan: _UpdatePlan, settings: UpdateParams,
                      totals: _UpdateTotals, ranks: Ranks | None = None) -> float | None:
-    """One optimizer step per PPO epoch over every micro-batch; returns the last step's gradient norm, or None when a
+    """One optimizer step per PPO epoch over every micro-batch; returns the last epoch's gradient norm, or None when a
     non-finite loss or gradient skipped the step (the weights stay as they were; with ``ranks``, on every rank when it
-    was so on one)."""
+    was so on one). A first epoch's gradient norm at most ``settings.noise_grad_norm`` (rounding, not signal) takes no
+    step, nor do the epochs after it (they would compute the same gradient); ``totals.steps`` counts the steps taken."""
     params = list(policy.parameters())
     grad_norm = None
     for epoch in range(settings.ppo_epochs):
@@ -671,6 +714,9 @@ def _optimizer_steps(policy: Policy, model: torch.nn.Module, plan: _UpdatePlan, 
                        f"PPO epoch {epoch + 1}); optimizer step skipped, weights unchanged", file=sys.stderr)
             policy.optimizer.zero_grad(set_to_none=True)
             return None
+        if epoch == 0 and grad_norm <= settings.noise_grad_norm:
+            break  # (later epochs follow real steps: their gradient is the PPO objective's, however small)
         policy.step()
+        totals.steps += 1
     policy.optimizer.zero_grad(set_to_none=True)
     return grad_norm
