@@ -643,12 +643,8 @@ def _calibrate(cfg, config: str | None, overrides: list[str], ns, argv: list[str
         _check_out_dir(Path(ns.out), "--out")
     axes = [parse_sweep(text) for text in ns.sweeps] + ([[parse_level(t) for t in ns.levels]] if ns.levels else [])
     checkpoint = Path(ns.checkpoint) if ns.checkpoint else None
-    try:
-        cal = measure(lambda extra: load_config(config, [*overrides, *extra]), settings_grid(cfg, axes),
-                      problems=ns.problems, group_size=ns.group_size, checkpoint=checkpoint, progress=cfg.run.progress)
-    except FileNotFoundError as e:  # a --checkpoint folder without checkpoints
-        print(f"teamrl: {e}", file=sys.stderr)
-        return 2
+    cal = measure(lambda extra: load_config(config, [*overrides, *extra]), settings_grid(cfg, axes),
+                  problems=ns.problems, group_size=ns.group_size, checkpoint=checkpoint, progress=cfg.run.progress)
     print(format_report(cal))
     out = write_calibration(cal, calibrate_output_dir(cfg, Path(ns.out) if ns.out else None), cfg, ["teamrl", *argv],
                             checkpoint=checkpoint)

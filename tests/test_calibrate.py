@@ -141,7 +141,7 @@ def test_bad_input_is_one_line_and_exit_2(capsys, tmp_path):
         (["--set", "rollout.temperature"], "expected KEY=V1,V2,..."),
         (["--set", "rollout.temperature=-1"], "rollout.temperature"),
         (["--level", "task.min_size"], "expected space-separated KEY=VALUE overrides"),
-        (["--checkpoint", str(run)], "no checkpoints/step_N folder"),
+        (["--checkpoint", str(run)], "holds neither checkpoints/step_N"),
         (["--problems", "0"], "out of range"),
     ]
     for args, says in cases:
