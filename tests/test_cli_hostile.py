@@ -222,6 +222,31 @@ def test_resume_with_a_truncated_last_checkpoint_names_it_and_offers_the_intact_
     torch.load(ckpts / "step_000002" / broken, weights_only=False)  # rewritten whole
 
 
+def test_resume_drops_a_cut_last_line_of_metrics_jsonl_and_says_so(capsys, tmp_path, two_checkpoints):
+    # old: json.decoder.JSONDecodeError traceback (core/metrics.py MetricsSink.__init__ / the trainer's replay)
+    import json
+
+    shutil.copytree(two_checkpoints, tmp_path, dirs_exist_ok=True)
+    metrics = tmp_path / "r" / "metrics.jsonl"
+    whole = metrics.read_text()
+    metrics.write_text(whole + '{"step": 3, "reward_mean": 0.')  # a run killed while writing step 3's line
+    rc, err = run_cli(capsys, *tiny_train(tmp_path, "name=r", "train.steps=3", "run.save_every=1"), "--resume")
+    assert rc == 0, err
+    notes = [line for line in err.splitlines() if "metrics.jsonl" in line]
+    assert len(notes) == 1 and "cut short" in notes[0] and "line 3" in notes[0], notes
+    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert [r["step"] for r in records if "reward_mean" in r] == [1, 2, 3]
+
+
+def test_resume_with_a_malformed_line_inside_metrics_jsonl_is_one_line(capsys, tmp_path, two_checkpoints):
+    shutil.copytree(two_checkpoints, tmp_path, dirs_exist_ok=True)
+    metrics = tmp_path / "r" / "metrics.jsonl"
+    lines = metrics.read_text().splitlines()
+    metrics.write_text("\n".join(["[1, 2", *lines]) + "\n")
+    rc, err = run_cli(capsys, *tiny_train(tmp_path, "name=r", "train.steps=3"), "--resume")
+    assert_one_line_error(rc, err, str(metrics), "line 1", "not a JSON record")
+
+
 class _RunsACommand:
     """What an attacker puts into a checkpoint: unpickling it runs ``touch <path>`` (issue 44, H3)."""
 
