@@ -422,3 +422,37 @@ def test_an_interrupt_while_a_checkpoint_is_written_leaves_no_temporary_folder(t
     with pytest.raises(KeyboardInterrupt):
         tr.train()
     assert written and not list((tmp_path / "int" / "checkpoints").glob(".tmp_step_*"))
+
+
+# ---- small ones: bench arguments, a plugin that exits, an argument without '=', run names that hide their text --------
+
+def test_bench_with_no_known_part_or_negative_steps_is_one_line_and_writes_nothing(capsys, tmp_path):
+    # old: exit 0, and an empty table appended to bench/RESULTS.md
+    out = tmp_path / "RESULTS.md"
+    for args, names in ((["--only", "zzz"], ["--only", "'zzz'", "a, b, c, d, e, f"]),
+                        (["--steps", "-3"], ["--steps", "-3", "at least 1"])):
+        rc, err = run_cli(capsys, "bench", *args, "--out", str(out))
+        assert_one_line_error(rc, err, *names)
+    assert not out.exists()
+
+
+def test_a_plugin_that_raises_system_exit_is_one_line(capsys, tmp_path):
+    # old: `teamrl config --plugin p.py` exited 0 and printed nothing
+    plugin = tmp_path / "exits.py"
+    plugin.write_text("import sys\n\nraise SystemExit(0)\n")
+    rc, err = run_cli(capsys, "config", "--plugin", str(plugin))
+    assert_one_line_error(rc, err, f"{plugin}:3", "SystemExit")
+
+
+def test_an_argument_without_equals_after_the_config_is_one_line_exit_2(capsys, tmp_path):
+    # old: SystemExit with the message: exit code 1
+    rc, err = run_cli(capsys, "config", "configs/grpo_word_count.yaml", "train.steps")
+    assert_one_line_error(rc, err, "'train.steps'", "key.sub=value")
+
+
+@pytest.mark.parametrize("name, shown", [('"a\\nb"', "U+000A"), ('"a\\tb"', "U+0009"), ("run\u202etxt.exe", "U+202E")])
+def test_a_run_name_with_a_control_or_format_character_makes_no_folder(capsys, tmp_path, name, shown):
+    # old: a folder named with a newline / a right-to-left override (its name shows reversed) was made
+    rc, err = run_cli(capsys, *tiny_train(tmp_path, f"name={name}"))  # a quoted YAML override: "a\nb" is a newline
+    assert_one_line_error(rc, err, "name:", shown)
+    assert list(tmp_path.iterdir()) == []
