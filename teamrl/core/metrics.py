@@ -73,7 +73,7 @@ def read_metrics_and_cut(path: Path) -> tuple[list[dict[str, Any]], str | None]:
     object is an :class:`InputError` naming the file and the line."""
     text = Path(path).read_text(errors="replace")
     lines = text.splitlines()
-    records = []
+    records: list[dict[str, Any]] = []
     for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
