@@ -482,6 +482,22 @@ def write_results(section: str, out: Path, stamp: str) -> None:
     out.write_text(text)
 
 
+def check_arguments(args: argparse.Namespace, parts: set[str]) -> None:
+    """Refuse, before anything runs or is written, a part that is not one of a-f or a count below its least value:
+    an InputError (``teamrl bench``: one line, exit code 2)."""
+    from teamrl.core.errors import InputError
+
+    unknown = sorted(parts - set("abcdef"))
+    if unknown:
+        raise InputError(f"bench --only: {unknown[0]!r} is not a part; choose from a, b, c, d, e, f (comma-separated)")
+    for flag, values, least in (("--steps", [args.steps], 1), ("--rounds", [args.rounds], 1),
+                                ("--threads", [args.threads], 0), ("--magrpo-tokens", args.magrpo_tokens, 1),
+                                ("--grpo-tokens", args.grpo_tokens, 1)):
+        bad = [v for v in values if v < least]
+        if bad:
+            raise InputError(f"bench {flag} {bad[0]}: must be at least {least}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=str(REPO / "bench" / "RESULTS.md"), help="markdown file to put the results table in ('' to skip)")
@@ -498,8 +514,9 @@ def main(argv: list[str] | None = None) -> int:
     if args._teamrl:
         teamrl_iterations(args._teamrl[1], args._teamrl[2], args._teamrl[0])
         return 0
-    args.threads = args.threads or os.cpu_count() or 1
     parts = set(args.only.split(","))
+    check_arguments(args, parts)
+    args.threads = args.threads or os.cpu_count() or 1
     results: dict = {"anchors": []}
     t0 = time.perf_counter()
     out = Path(args.out) if args.out else None

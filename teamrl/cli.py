@@ -46,7 +46,9 @@ def _split(args: list[str]) -> tuple[str | None, list[str]]:
         elif config is None:
             config = a
         else:
-            raise SystemExit(f"teamrl: unexpected argument {a!r} (expected CONFIG.yaml or key.sub=value)")
+            from teamrl.core.config import ConfigError
+
+            raise ConfigError(f"unexpected argument {a!r}: expected one CONFIG.yaml, then key.sub=value overrides")
     return config, overrides
 
 

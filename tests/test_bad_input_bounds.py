@@ -170,6 +170,36 @@ def test_a_size_beyond_memory_is_refused_before_anything_is_allocated(capsys, tm
     assert time.perf_counter() - t0 < 20
 
 
+def test_a_study_grid_of_a_billion_cells_is_refused_before_it_is_built(tmp_path):
+    # old: 1000 tasks x 1000 models x 1000 seeds grew 0.44 -> 2.25 GB in 72 s and printed nothing
+    import yaml
+
+    study = tmp_path / "grid.yaml"
+    study.write_text(yaml.safe_dump({"name": "huge", "tasks": [{"name": "math.solve", "num_problems": i + 1}
+                                                                for i in range(1000)],
+                                     "models": [f"m{i}" for i in range(1000)], "seeds": list(range(1000))}))
+    t0 = time.perf_counter()
+    r = run_capped("study", str(study), timeout=60)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1, f"exit code {r.returncode}, stderr: {r.stderr[-2000:]}"
+    for name in ("study grid", "7000000000 cells", "1000 tasks x 1000 models x 1000 seeds", "at most 10000"):
+        assert name in lines[0], lines[0]
+    assert time.perf_counter() - t0 < 30
+
+
+def test_a_study_grid_is_refused_when_its_cells_need_more_memory_than_the_machine_has(monkeypatch, tmp_path):
+    from teamrl.core import options
+    from teamrl.core.config import ConfigError
+    from teamrl.trainer.study import load_study
+
+    study = tmp_path / "grid.yaml"
+    study.write_text("name: small\nseeds: [0, 1]\n")
+    assert load_study(study).seeds == [0, 1]
+    monkeypatch.setattr(options, "machine_memory", lambda: 1000)
+    with pytest.raises(ConfigError, match=r"study grid \(14 cells\) needs at least .* GiB of memory"):
+        load_study(study)
+
+
 @pytest.mark.parametrize("command", ["train", "eval"])
 def test_max_new_tokens_beyond_the_models_context_is_refused_before_generating(capsys, tmp_path, command, monkeypatch):
     # a machine with memory enough for 1e9 tokens (the 128 GiB device): the model's context still bounds them;

@@ -222,6 +222,31 @@ def test_resume_with_a_truncated_last_checkpoint_names_it_and_offers_the_intact_
     torch.load(ckpts / "step_000002" / broken, weights_only=False)  # rewritten whole
 
 
+def test_resume_drops_a_cut_last_line_of_metrics_jsonl_and_says_so(capsys, tmp_path, two_checkpoints):
+    # old: json.decoder.JSONDecodeError traceback (core/metrics.py MetricsSink.__init__ / the trainer's replay)
+    import json
+
+    shutil.copytree(two_checkpoints, tmp_path, dirs_exist_ok=True)
+    metrics = tmp_path / "r" / "metrics.jsonl"
+    whole = metrics.read_text()
+    metrics.write_text(whole + '{"step": 3, "reward_mean": 0.')  # a run killed while writing step 3's line
+    rc, err = run_cli(capsys, *tiny_train(tmp_path, "name=r", "train.steps=3", "run.save_every=1"), "--resume")
+    assert rc == 0, err
+    notes = [line for line in err.splitlines() if "metrics.jsonl" in line]
+    assert len(notes) == 1 and "cut short" in notes[0] and "line 3" in notes[0], notes
+    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert [r["step"] for r in records if "reward_mean" in r] == [1, 2, 3]
+
+
+def test_resume_with_a_malformed_line_inside_metrics_jsonl_is_one_line(capsys, tmp_path, two_checkpoints):
+    shutil.copytree(two_checkpoints, tmp_path, dirs_exist_ok=True)
+    metrics = tmp_path / "r" / "metrics.jsonl"
+    lines = metrics.read_text().splitlines()
+    metrics.write_text("\n".join(["[1, 2", *lines]) + "\n")
+    rc, err = run_cli(capsys, *tiny_train(tmp_path, "name=r", "train.steps=3"), "--resume")
+    assert_one_line_error(rc, err, str(metrics), "line 1", "not a JSON record")
+
+
 class _RunsACommand:
     """What an attacker puts into a checkpoint: unpickling it runs ``touch <path>`` (issue 44, H3)."""
 
@@ -397,3 +422,37 @@ def test_an_interrupt_while_a_checkpoint_is_written_leaves_no_temporary_folder(t
     with pytest.raises(KeyboardInterrupt):
         tr.train()
     assert written and not list((tmp_path / "int" / "checkpoints").glob(".tmp_step_*"))
+
+
+# ---- small ones: bench arguments, a plugin that exits, an argument without '=', run names that hide their text --------
+
+def test_bench_with_no_known_part_or_negative_steps_is_one_line_and_writes_nothing(capsys, tmp_path):
+    # old: exit 0, and an empty table appended to bench/RESULTS.md
+    out = tmp_path / "RESULTS.md"
+    for args, names in ((["--only", "zzz"], ["--only", "'zzz'", "a, b, c, d, e, f"]),
+                        (["--steps", "-3"], ["--steps", "-3", "at least 1"])):
+        rc, err = run_cli(capsys, "bench", *args, "--out", str(out))
+        assert_one_line_error(rc, err, *names)
+    assert not out.exists()
+
+
+def test_a_plugin_that_raises_system_exit_is_one_line(capsys, tmp_path):
+    # old: `teamrl config --plugin p.py` exited 0 and printed nothing
+    plugin = tmp_path / "exits.py"
+    plugin.write_text("import sys\n\nraise SystemExit(0)\n")
+    rc, err = run_cli(capsys, "config", "--plugin", str(plugin))
+    assert_one_line_error(rc, err, f"{plugin}:3", "SystemExit")
+
+
+def test_an_argument_without_equals_after_the_config_is_one_line_exit_2(capsys, tmp_path):
+    # old: SystemExit with the message: exit code 1
+    rc, err = run_cli(capsys, "config", "configs/grpo_word_count.yaml", "train.steps")
+    assert_one_line_error(rc, err, "'train.steps'", "key.sub=value")
+
+
+@pytest.mark.parametrize("name, shown", [('"a\\nb"', "U+000A"), ('"a\\tb"', "U+0009"), ("run\u202etxt.exe", "U+202E")])
+def test_a_run_name_with_a_control_or_format_character_makes_no_folder(capsys, tmp_path, name, shown):
+    # old: a folder named with a newline / a right-to-left override (its name shows reversed) was made
+    rc, err = run_cli(capsys, *tiny_train(tmp_path, f"name={name}"))  # a quoted YAML override: "a\nb" is a newline
+    assert_one_line_error(rc, err, "name:", shown)
+    assert list(tmp_path.iterdir()) == []

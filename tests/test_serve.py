@@ -220,6 +220,27 @@ def test_reload_weights_refuses_what_does_not_fit_the_base_model(server, tmp_pat
     assert _post(server.url + "/reset_prefix_cache", {}) == (200, {"success": True})
 
 
+def test_reload_weights_from_a_malformed_or_misshapen_safetensors_folder_is_a_400_like_load_lora_adapter(server,
+                                                                                                      tmp_path):
+    # old: 500 (SafetensorError from load_file; RuntimeError from copy_) where /v1/load_lora_adapter answers 400
+    from safetensors.torch import save_file
+
+    url, base = server.url + "/collective_rpc", server.model_server.base
+    before = {n: p.clone() for n, p in base.named_parameters()}
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "model.safetensors").write_bytes(b"\xff" * 64)
+    name, weight = next(iter(base.named_parameters()))
+    (tmp_path / "shape").mkdir()
+    full = {n: p.detach().clone() for n, p in base.named_parameters()}
+    save_file({**full, name: torch.zeros(3, 5)}, str(tmp_path / "shape" / "model.safetensors"))
+    for folder, words in (("bad", "did not load"), ("shape", f"{name} has shape [3, 5], the base model's is")):
+        status, err = _post(url, {"method": "reload_weights", "kwargs": {"weights_path": str(tmp_path / folder)}})
+        assert status == 400 and err["error"]["param"] == "weights_path" and words in err["error"]["message"], err
+    status, err = _post(server.url + "/v1/load_lora_adapter", {"lora_name": "x", "lora_path": str(tmp_path / "bad")})
+    assert status == 400
+    assert all(torch.equal(p, before[n]) for n, p in base.named_parameters())
+
+
 def test_unreachable_server_is_named():
     with socket.socket() as s:  # a port that nothing listens on
         s.bind(("127.0.0.1", 0))

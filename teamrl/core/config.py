@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, TypeVar
@@ -499,6 +500,10 @@ def validate(cfg: Config) -> None:
             f"name: {cfg.name!r} is not allowed; the run directory is run.dir/name, so give one folder name "
             "without '/' (and not '.' or '..'), e.g. name=lr1e-4"
         )
+    hidden = next((c for c in cfg.name if unicodedata.category(c)[0] in "CZ" and c != " "), None)
+    if hidden is not None:  # a newline splits the logs' lines, a right-to-left override shows the name reversed
+        raise ConfigError(f"name: {cfg.name[:40]!r} holds U+{ord(hidden):04X} ({unicodedata.name(hidden, 'a control')}"
+                          "), which a folder name shows otherwise or not at all; use letters, digits, '-', '_', '.'")
     if len(cfg.name.encode()) > MAX_NAME_BYTES:
         raise ConfigError(f"name: {len(cfg.name.encode())} bytes long ({cfg.name[:20]!r}...); the run directory is "
                           f"run.dir/name, and a folder name is at most {MAX_NAME_BYTES} bytes")

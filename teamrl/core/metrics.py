@@ -10,6 +10,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from teamrl.core.errors import InputError
+
 
 class ProgressLines:
     """Progress of long work as lines on stderr, ``{prefix} 3/40 steps, loss 1.234, 00:12 elapsed, eta 02:28``: the
@@ -49,12 +51,11 @@ class MetricsSink:
                  wandb_project: str = "teamrl", run_name: str = "", config: dict | None = None) -> None:
         self.path = Path(path)
         if self.path.exists():
-            kept = [
-                r
-                for r in self.path.read_text().splitlines()
-                if r.strip() and json.loads(r).get("step", 0) <= start_step
-            ]
-            self.path.write_text("".join(r + "\n" for r in kept))
+            records, cut = read_metrics_and_cut(self.path)
+            if cut:
+                print(f"teamrl: {self.path}: {cut}; dropped it (the run stopped while writing it)", file=sys.stderr)
+            kept = [r for r in records if r.get("step", 0) <= start_step]
+            self.path.write_text("".join(json.dumps(r) + "\n" for r in kept))
         self._tb = None
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
@@ -91,8 +92,33 @@ class MetricsSink:
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
-    """All records of a ``metrics.jsonl``."""
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    """All records of a ``metrics.jsonl`` (a last line cut short is left out: see :func:`read_metrics_and_cut`)."""
+    return read_metrics_and_cut(path)[0]
+
+
+def read_metrics_and_cut(path: Path) -> tuple[list[dict[str, Any]], str | None]:
+    """(the records of a ``metrics.jsonl``, what was cut: a last line with no newline that is not JSON, as a run
+    killed while writing it leaves, is left out and described, else None). Any other line that is not a JSON
+    object is an :class:`InputError` naming the file and the line."""
+    text = Path(path).read_text(errors="replace")
+    lines = text.splitlines()
+    records: list[dict[str, Any]] = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError as e:
+            if n == len(lines) and not text.endswith("\n"):
+                return records, f"line {n} is cut short ({len(line)} characters, no end of line)"
+            record, why = None, f"{type(e).__name__}: {' '.join(str(e).split())[:80]}"
+        else:
+            why = f"a JSON {type(record).__name__}"
+        if not isinstance(record, dict):
+            raise InputError(f"{path}: line {n} is not a JSON record of a step ({why}); remove or fix that line "
+                             "(every line is one JSON object)")
+        records.append(record)
+    return records, None
 
 
 def training_records(records: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -63,13 +63,13 @@ def load_plugin(path: str | Path) -> str:
         spec.loader.exec_module(module)
     except BaseException as e:
         sys.modules.pop(name, None)  # a half-imported plugin is not left behind
-        if isinstance(e, ConfigError) or not isinstance(e, Exception):
+        if isinstance(e, ConfigError) or not isinstance(e, (Exception, SystemExit)):  # Ctrl-C stays Ctrl-C
             raise
         raise PluginError(_plugin_failure(p, e)) from e
     return name
 
 
-def _plugin_failure(path: Path, e: Exception) -> str:
+def _plugin_failure(path: Path, e: BaseException) -> str:
     """One line: where the plugin file failed and why."""
     if isinstance(e, SyntaxError):  # IndentationError and TabError too
         where = f"{e.filename or path}:{e.lineno}" + (f":{e.offset}" if e.offset else "")

@@ -171,13 +171,21 @@ class ModelServer:
             raise RequestError(400, f"weights_path: {path!r} is not a folder holding *.safetensors", "weights_path")
         if self.adapters:  # they are merged into copies of the old weights
             raise RequestError(400, f"reload_weights: unload the adapters first ({sorted(self.adapters)})")
-        state = {k: v for f in files for k, v in load_file(str(f)).items()}
+        try:
+            state = {k: v for f in files for k, v in load_file(str(f)).items()}
+        except Exception as e:  # a corrupt or truncated file: the same 400 as /v1/load_lora_adapter's
+            raise RequestError(400, f"weights_path: {path!r} did not load: {type(e).__name__}: "
+                               f"{' '.join(str(e).split())[:200]}", "weights_path") from e
         own = dict(self.base.named_parameters(remove_duplicate=False))
         unknown, missing = sorted(set(state) - set(own)), sorted(set(own) - set(state))
         tied = {n for n in missing if own[n] is self.base.get_input_embeddings().weight}
         if unknown or set(missing) - tied:
             raise RequestError(400, f"weights_path: {path!r} does not fit base model {self.base_name!r} (unknown "
                                f"{unknown[:3]}, missing {sorted(set(missing) - tied)[:3]})", "weights_path")
+        misshapen = next((n for n, v in state.items() if v.shape != own[n].shape), None)
+        if misshapen is not None:  # checked before any weight is copied: the base model stays whole
+            raise RequestError(400, f"weights_path: {path!r}: {misshapen} has shape {list(state[misshapen].shape)}, "
+                               f"the base model's is {list(own[misshapen].shape)}", "weights_path")
         with torch.no_grad():
             for name, value in state.items():
                 own[name].copy_(value)

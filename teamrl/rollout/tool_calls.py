@@ -22,30 +22,41 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from teamrl.core.registry import Registry
 from teamrl.core.sample import Sample
-from teamrl.rollout.asgi import RequestError, short_repr
+from teamrl.rollout.asgi import MAX_JSON_DEPTH, RequestError, json_depth, short_repr
 
 Parser = Callable[[str], tuple[str, list[str]]]  # text -> (content outside the calls, each call's raw payload)
 TOOL_CALL_PARSERS: Registry[Parser] = Registry("tool-call parser")
 
-HERMES_BLOCK = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+# Bounds on what a model's answer can make the parser do (the answer is untrusted text): blocks per answer and
+# characters parsed at all; a payload nests at most MAX_JSON_DEPTH deep, as a request body to the gateway.
+MAX_TOOL_CALL_BLOCKS = 128
+MAX_TOOL_CALL_TEXT = 1_000_000
+HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
 
 
 @TOOL_CALL_PARSERS.register("hermes")
 def hermes(text: str) -> tuple[str, list[str]]:
-    """``<tool_call>{json}</tool_call>`` blocks; an opened block that never closes is a payload too (malformed)."""
-    payloads = [m.group(1) for m in HERMES_BLOCK.finditer(text)]
-    content = HERMES_BLOCK.sub("", text)
-    start = content.find("<tool_call>")
-    if start >= 0:  # cut off (max_tokens) or never closed: its payload will not decode as a whole call
-        payloads.append(content[start + len("<tool_call>"):] + " (no closing </tool_call>)")
-        content = content[:start]
-    return content.strip(), payloads
+    """``<tool_call>{json}</tool_call>`` blocks; an opened block that never closes is a payload too (malformed).
+    One pass over the text (a block's payload ends at the first ``</tool_call>`` after its opening)."""
+    content: list[str] = []
+    payloads: list[str] = []
+    at = 0
+    while (start := text.find(HERMES_OPEN, at)) >= 0:
+        content.append(text[at:start])
+        end = text.find(HERMES_CLOSE, start + len(HERMES_OPEN))
+        if end < 0:  # cut off (max_tokens) or never closed: its payload will not decode as a whole call
+            payloads.append(text[start + len(HERMES_OPEN):] + " (no closing </tool_call>)")
+            at = len(text)
+            break
+        payloads.append(text[start + len(HERMES_OPEN):end])
+        at = end + len(HERMES_CLOSE)
+    content.append(text[at:])
+    return "".join(content).strip(), payloads
 
 
 @TOOL_CALL_PARSERS.register("llama3_json")
@@ -132,18 +143,22 @@ def call_id(seed: Sequence[int], index: int) -> str:
 
 def _call(payload: str, choice: ToolChoice) -> tuple[str, str] | str:
     """One payload as (name, arguments JSON text), or the reason it is not a call."""
+    if json_depth(payload.encode()) > MAX_JSON_DEPTH:  # json.loads recurses: bound it first, as for a request
+        return f"not JSON: nested deeper than {MAX_JSON_DEPTH} arrays/objects: {short_repr(payload)}"
     try:
         obj = json.loads(payload)
-    except ValueError as e:
+    except (ValueError, RecursionError) as e:
         return f"not JSON ({e.__class__.__name__}: {e}): {short_repr(payload)}"
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         return f"expected {{'name': str, 'arguments': object}}; got {short_repr(obj)}"
     name = obj["name"]
     args = obj.get("arguments", obj.get("parameters", {}))
     if isinstance(args, str):
+        if json_depth(args.encode()) > MAX_JSON_DEPTH:
+            return f"{name}: arguments nested deeper than {MAX_JSON_DEPTH} arrays/objects"
         try:
             args = json.loads(args)
-        except ValueError:
+        except (ValueError, RecursionError):
             return f"{name}: arguments {short_repr(args)} are not a JSON object"
     if not isinstance(args, dict):
         return f"{name}: arguments {short_repr(args)} are not a JSON object"
@@ -160,10 +175,21 @@ def _call(payload: str, choice: ToolChoice) -> tuple[str, str] | str:
 
 def parse_tool_calls(text: str, parser: Parser, choice: ToolChoice, seed: Sequence[int] = ()) -> ToolParse:
     """``text`` as an OpenAI message: tool calls where ``choice`` allows them and every block is a valid call,
-    else the whole text as content with the reasons in ``errors``. ``seed``: the sampled token ids (call ids)."""
+    else the whole text as content with the reasons in ``errors``. ``seed``: the sampled token ids (call ids).
+    Never raises: an answer over the bounds (characters, blocks, nesting) or a parser that fails is a reason."""
     if not choice.parses:
         return ToolParse(text)
-    content, payloads = parser(text)
+    if len(text) > MAX_TOOL_CALL_TEXT:
+        return ToolParse(text, [], [f"the answer has {len(text)} characters; at most {MAX_TOOL_CALL_TEXT} are "
+                                    "parsed for tool calls"])
+    try:
+        content, payloads = parser(text)
+    except Exception as e:  # a user's parser: its failure is this answer's reason, not the episode's crash
+        name = getattr(parser, "__name__", type(parser).__name__)
+        return ToolParse(text, [], [f"the tool-call parser {name!r} raised {e.__class__.__name__}: "
+                                    f"{short_repr(str(e))[1:-1]}"])
+    if len(payloads) > MAX_TOOL_CALL_BLOCKS:
+        return ToolParse(text, [], [f"{len(payloads)} tool-call blocks; at most {MAX_TOOL_CALL_BLOCKS} are parsed"])
     errors: list[str] = []
     calls = []
     for i, payload in enumerate(payloads):

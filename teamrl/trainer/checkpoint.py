@@ -18,8 +18,10 @@ import errno
 import json
 import os
 import pickle
+import pickletools
 import re
 import shutil
+import zipfile
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Protocol
@@ -166,9 +168,128 @@ def _write(obj: Any, path: Path) -> None:
 _LEGACY_SAFE_GLOBALS = [np._core.multiarray._reconstruct, np.ndarray, np.dtype, np.dtypes.UInt32DType]
 
 
+# What a checkpoint file's pickle may unfold to, checked on its opcodes before torch unpickles it: teamrl's own
+# files hold thousands of values, a handful of levels deep. Unpickling itself hashes dict keys (a tuple key of
+# shared references unfolds while it is hashed) and torch walks lists on load, so a bomb must be refused unread.
+MAX_CHECKPOINT_VALUES = 1_000_000
+MAX_CHECKPOINT_DEPTH = 32
+MAX_CHECKPOINT_PICKLE_BYTES = 64 << 20
+_MUTATORS = frozenset({"APPEND", "APPENDS", "SETITEM", "SETITEMS", "ADDITEMS", "BUILD"})  # change the object below
+
+
+class _Node:
+    """A value the pickle builds, as the scan sees it: how many values it unfolds to, how deep it nests, what it
+    holds (labelled by key or position, for the message) and whether it is already inside another value."""
+
+    __slots__ = ("size", "depth", "children", "label", "sealed")
+
+    def __init__(self, label: Any = None) -> None:
+        self.size, self.depth, self.label, self.sealed = 1, 0, label, False
+        self.children: list[tuple[Any, _Node]] = []
+
+    def take(self, children: list[tuple[Any, _Node]]) -> None:
+        for _, child in children:
+            child.sealed = True
+            self.size = min(self.size + child.size, MAX_CHECKPOINT_VALUES + 1)
+            self.depth = max(self.depth, child.depth + 1)
+        self.children += children
+
+
+def _label(node: _Node) -> str:
+    text = str(node.label) if isinstance(node.label, (str, int, float, bool)) else "?"
+    return text if len(text) <= 40 else text[:40] + "..."
+
+
+def check_pickle_bounds(path: Path) -> None:
+    """Refuse, before anything is unpickled, a checkpoint file (torch's zip layout) whose pickle unfolds to more than
+    MAX_CHECKPOINT_VALUES values (shared references counted each time they are reached), nests deeper than
+    MAX_CHECKPOINT_DEPTH, holds a cycle or is over MAX_CHECKPOINT_PICKLE_BYTES: a :class:`CheckpointMismatch`
+    naming the file and the field. Linear in the pickle's size (its opcodes are read, no value is built). A file
+    that is no zip archive is left to torch.load, which names what is wrong with it."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            info = next((i for i in archive.infolist() if i.filename.endswith("data.pkl")), None)
+            if info is None:
+                return
+            with archive.open(info) as f:
+                data = f.read(MAX_CHECKPOINT_PICKLE_BYTES + 1)
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError, ValueError, NotImplementedError):
+        return  # truncated or not torch's format: torch.load says so (CheckpointUnreadable)
+    if len(data) > MAX_CHECKPOINT_PICKLE_BYTES:
+        raise CheckpointMismatch(f"checkpoint file {path}: its pickle is over {MAX_CHECKPOINT_PICKLE_BYTES} bytes; "
+                                 "a checkpoint teamrl writes holds far less (refused before it is read)")
+    root = _scan_pickle(path, data)
+    parts: list[str] = []
+    node = root
+    if root.depth > MAX_CHECKPOINT_DEPTH:
+        what = f"nests deeper than {MAX_CHECKPOINT_DEPTH} lists/mappings"
+        while len(parts) < MAX_CHECKPOINT_DEPTH:
+            key, node = max(node.children, key=lambda kc: kc[1].depth)
+            parts.append(key)
+    elif root.size > MAX_CHECKPOINT_VALUES:
+        what = f"unfolds to more than {MAX_CHECKPOINT_VALUES} values (each shared reference counted)"
+        while over := [kc for kc in node.children if kc[1].size > MAX_CHECKPOINT_VALUES]:
+            key, node = over[0]
+            parts.append(key)
+    else:
+        return
+    where = ".".join(parts[:12]) + (f"... ({len(parts)} levels)" if len(parts) > 12 else "") or "its content"
+    raise CheckpointMismatch(f"checkpoint file {path}: {where} {what}; a checkpoint teamrl writes holds far less "
+                             "(refused before it is unpickled)")
+
+
+def _scan_pickle(path: Path, data: bytes) -> _Node:
+    """Run the pickle ``data``'s opcodes on stand-in values (:class:`_Node`, sizes capped past the bound); the
+    value it returns. A pickle that does not run, or changes a value already inside another (a cycle: teamrl
+    writes none), is a :class:`CheckpointUnreadable`."""
+    stack: list[_Node] = []
+    marks: list[int] = []
+    memo: dict[int, _Node] = {}
+    try:
+        for op, arg, _ in pickletools.genops(data):
+            name = op.name
+            if name == "MARK":
+                marks.append(len(stack))
+            elif name in ("PUT", "BINPUT", "LONG_BINPUT", "MEMOIZE"):
+                memo[len(memo) if name == "MEMOIZE" else arg] = stack[-1]
+            elif name in ("GET", "BINGET", "LONG_BINGET"):
+                stack.append(memo[arg])
+            elif name == "DUP":
+                stack.append(stack[-1])
+            elif name == "STOP":
+                return stack.pop()
+            else:
+                before, sliced = op.stack_before, []
+                if pickletools.markobject in before:
+                    at = marks.pop()
+                    sliced, stack[at:] = stack[at:], []
+                    before = before[:before.index(pickletools.markobject)]
+                popped = [stack.pop() for _ in before][::-1] + sliced
+                if not op.stack_after:
+                    continue  # PROTO, FRAME, POP, POP_MARK
+                if name in _MUTATORS:
+                    node, items = popped[0], popped[1:]
+                    if node.sealed or any(item is node for item in items):
+                        raise ValueError("a value is changed after it was put into another one (a cycle)")
+                    pairs = range(0, len(items) - 1, 2)
+                    node.take([(_label(items[i]), items[i + 1]) for i in pairs]
+                              + [(f"(key {_label(items[i])})", items[i]) for i in pairs] if name.startswith("SETITEM")
+                              else [(str(len(node.children) + i), item) for i, item in enumerate(items)])
+                else:
+                    node = _Node(arg)
+                    node.take([(str(i), item) for i, item in enumerate(popped)])
+                stack.append(node)
+        raise ValueError("the pickle has no STOP")
+    except (ValueError, KeyError, IndexError) as e:
+        raise CheckpointUnreadable(f"checkpoint file {path} is truncated or corrupt (its pickle does not read: "
+                                   f"{' '.join(str(e).split())[:120]})") from e
+
+
 def _read(path: Path, mmap: bool = False) -> Any:
-    """Load a checkpoint file as tensors and plain data only (``weights_only``: unpickling can run no code). A file
-    that does not load (truncated, corrupt, or holding anything else) is a :class:`CheckpointUnreadable` naming it."""
+    """Load a checkpoint file as tensors and plain data only (``weights_only``: unpickling can run no code), after
+    :func:`check_pickle_bounds`. A file that does not load (truncated, corrupt, or holding anything else) is a
+    :class:`CheckpointUnreadable` naming it."""
+    check_pickle_bounds(path)
     try:
         with torch.serialization.safe_globals(_LEGACY_SAFE_GLOBALS):
             return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
@@ -494,6 +615,18 @@ def _kind(obj: Any) -> str:
     return {dict: "a mapping", list: "a list", tuple: "a tuple"}.get(type(obj), type(obj).__name__)
 
 
+def _described(value: Any) -> str:
+    """``value`` for a one-line message, bounded whatever it is: a short number or string as written, else its
+    kind and size (no repr() of a value that could unfold without end)."""
+    if isinstance(value, float) or (isinstance(value, int) and abs(value) < 10**18):
+        return repr(value)
+    if isinstance(value, int):
+        return f"an integer of {value.bit_length()} bits"
+    if isinstance(value, str):
+        return repr(value) if len(value) <= 40 else f"a string of {len(value)} characters"
+    return _kind(value)
+
+
 def _check_weights(f: Path, weights: Any, expected: dict[str, torch.Tensor]) -> None:
     """``weights`` (read from ``f``) are the tensors of the policy whose own are ``expected``: the same names,
     shapes."""
@@ -505,8 +638,8 @@ def _check_weights(f: Path, weights: Any, expected: dict[str, torch.Tensor]) -> 
         )
     extra = [k for k in weights if k not in expected]
     if extra:
-        raise CheckpointMismatch(f"checkpoint file {f}: holds {extra[0]!r}, which this run's policy does not have "
-                                 f"({len(extra)} such); it was written for another model or policy.lora")
+        raise CheckpointMismatch(f"checkpoint file {f}: holds {_described(extra[0])}, which this run's policy does not "
+                                 f"have ({len(extra)} such); it was written for another model or policy.lora")
     missing = [k for k in expected if k not in weights]
     if missing:
         raise CheckpointMismatch(
@@ -530,6 +663,14 @@ def _check_optimizer(f: Path, optim: Any, expected: dict[str, torch.Tensor]) -> 
             f"checkpoint file {f}: expected an optimizer state (a mapping of state and param_groups), "
             f"got {_kind(optim)}"
         )
+    for j, g in enumerate(groups):  # hyperparameters: numbers, flags, names, betas; params: parameter indexes
+        for key, v in g.items():
+            ok = (all(isinstance(p, int) for p in v) if key == "params" else
+                  v is None or isinstance(v, (int, float, str, torch.Tensor)) or (
+                      isinstance(v, (list, tuple)) and all(isinstance(x, (int, float)) for x in v)))
+            if not ok:
+                raise CheckpointMismatch(f"checkpoint file {f}: param_groups.{j}.{_described(key)} must be a number, "
+                                         f"a name or a list of numbers, got {_kind(v)}")
     count = sum(len(g["params"]) for g in groups)
     if count != len(expected):
         raise CheckpointMismatch(f"checkpoint file {f}: holds the state of {count} parameters, this run's policy has "
@@ -537,8 +678,12 @@ def _check_optimizer(f: Path, optim: Any, expected: dict[str, torch.Tensor]) -> 
     shapes = [tuple(t.shape) for t in expected.values()]
     for i, entry in state.items():
         if not isinstance(i, int) or not 0 <= i < count or not isinstance(entry, dict):
-            raise CheckpointMismatch(f"checkpoint file {f}: state entry {i!r} is not a parameter's (0 to {count - 1})")
+            raise CheckpointMismatch(f"checkpoint file {f}: state entry {_described(i)} is not a parameter's "
+                                     f"(0 to {count - 1})")
         for key, v in entry.items():
+            if not isinstance(v, (torch.Tensor, int, float)):  # moments and step counts; torch walks anything else
+                raise CheckpointMismatch(f"checkpoint file {f}: state.{i}.{_described(key)} must be a tensor or a "
+                                         f"number, got {_kind(v)}")
             if isinstance(v, torch.Tensor) and v.dim() > 0 and tuple(v.shape) != shapes[i]:
                 raise CheckpointMismatch(f"checkpoint file {f}: {key} of parameter {i} has shape {list(v.shape)}, this "
                                          f"run's parameter {list(expected)[i]} is {list(shapes[i])}")
@@ -554,7 +699,7 @@ def _check_trainer_state(f: Path, state: Any) -> None:
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
             raise CheckpointMismatch(
                 f"checkpoint file {f}: {key} must be an integer >= 0, got "
-                f"{'nothing' if key not in state else repr(v)}; expected step, data_position and rng"
+                f"{'nothing' if key not in state else _described(v)}; expected step, data_position and rng"
             )
     if not isinstance(state.get("rng"), dict):
         raise CheckpointMismatch(f"checkpoint file {f}: rng must be the mapping of RNG states teamrl writes, got "

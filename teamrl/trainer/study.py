@@ -32,9 +32,14 @@ from typing import Any
 import yaml
 
 from teamrl.core.config import ConfigError, build_dataclass, load_config, option, read_yaml_mapping
+from teamrl.core.options import check_memory
 from teamrl.core.metrics import accuracy_summary, read_metrics, training_records
 
 POLICY_MODES = {"sp": "shared", "ip": "lora_per_role"}
+# Every cell is a training run, and every cell's config is built and checked before the first trains: a grid is
+# bounded in cells, and in the memory those configs take (a checked cell config holds about 2.4 KB)
+MAX_STUDY_CELLS = 10_000
+BYTES_PER_STUDY_CELL = 2048
 
 
 @dataclass
@@ -102,7 +107,23 @@ def load_study(path: str | Path) -> StudyConfig:
             raise ConfigError(f"tasks: {t!r} has no name (math.solve or code.solve)")
     if not (study.workflows and study.policies and study.tasks and study.models and study.seeds):
         raise ConfigError("workflows, policies, tasks, models and seeds must each list at least one value")
+    check_grid_size(study)
     return study
+
+
+def check_grid_size(study: StudyConfig) -> None:
+    """Refuse, before any cell is built, a grid of more than MAX_STUDY_CELLS cells or whose cells' configs need
+    more memory than this machine has: a :class:`ConfigError` naming the grid's factors."""
+    runs = len(study.workflows) * len(study.policies) + int(study.single_agent)
+    count = len(study.tasks) * len(study.models) * len(study.seeds) * runs
+    how = (f"{len(study.tasks)} tasks x {len(study.models)} models x {len(study.seeds)} seeds x {runs} runs each: "
+           f"{len(study.workflows)} workflows x {len(study.policies)} policies"
+           + (" + the single-agent baseline" if study.single_agent else ""))
+    if count > MAX_STUDY_CELLS:
+        raise ConfigError(f"study grid: {count} cells ({how}); a study trains at most {MAX_STUDY_CELLS} runs: list "
+                          "fewer tasks, models, seeds, workflows or policies (or split the grid into studies)")
+    check_memory(f"study grid ({count} cells)", count * BYTES_PER_STUDY_CELL,
+                 f"{how}; {BYTES_PER_STUDY_CELL} bytes per cell's checked config")
 
 
 def cells(study: StudyConfig) -> list[Cell]:
