@@ -58,3 +58,34 @@ def test_one_grpo_step_and_one_magrpo_step_train_on_the_tiny_model(tmp_path, cap
     assert main(["train", "configs/magrpo_reverse_text.yaml", "name=rtt", *common]) == 0
     assert (tmp_path / "rt" / "checkpoints" / "step_000001").is_dir()
     assert (tmp_path / "rtt" / "checkpoints" / "step_000001").is_dir()
+
+
+def test_held_out_evaluation_during_training_scores_a_task_of_partial_credit_by_its_mean_return(tmp_path):
+    """train.eval_every on a task whose workflow returns rewards, not outcomes (reverse_text): the held-out figure
+    is the mean normalised return over the held-out problems, what teamrl eval scores for the same weights."""
+    import json
+
+    from teamrl.core.config import load_config
+    from teamrl.trainer.evaluate import evaluate
+    from teamrl.trainer.trainer import Trainer
+
+    args = ["model=tiny-random", f"run.dir={tmp_path}", "name=ev", "task.name=reverse_text", "task.num_problems=8",
+            "task.test_size=3", "rollout.group_size=2", "rollout.batch_size=1", "rollout.max_new_tokens=6",
+            "train.steps=1", "train.eval_every=1", "train.eval_problems=3", "run.progress=false", "threads=1",
+            "policy.lora.r=4"]
+    Trainer(load_config(None, args)).train()
+    evals = [json.loads(line) for line in (tmp_path / "ev" / "metrics.jsonl").read_text().splitlines()]
+    last = [r for r in evals if "eval/accuracy" in r][-1]
+    assert last["step"] == 1
+    (row,) = evaluate(load_config(None, [*args, "task.split=test"]), ["team"], checkpoint=tmp_path / "ev",
+                      progress=False)
+    assert row.problems == 3 and last["eval/accuracy"] == pytest.approx(row.mean, abs=1e-6)
+
+
+def test_held_out_evaluation_of_a_task_without_a_split_is_one_line(tmp_path):
+    from teamrl.core.config import load_config
+    from teamrl.trainer.trainer import Trainer
+
+    with pytest.raises(ConfigError, match="no held-out split"):
+        Trainer(load_config(None, ["model=tiny-random", f"run.dir={tmp_path}", "task.name=word_count",
+                                   "train.eval_every=1", "run.progress=false"]))

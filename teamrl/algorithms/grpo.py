@@ -115,10 +115,7 @@ class GRPO(Algorithm):
         self.reward_mode = reward
         self._workflow_run = workflow or ""
 
-    @property
-    def can_evaluate(self) -> bool:  # type: ignore[override]
-        """Evaluation during training runs a named workflow (its outcomes give the accuracy)."""
-        return self.workflow is not None
+    can_evaluate = True  # held-out evaluation during training: any workflow (its outcomes, else its rewards)
 
     @property
     def roles(self) -> tuple[str, ...] | None:
@@ -176,10 +173,15 @@ class GRPO(Algorithm):
 
     def evaluate(self, problems: Sequence[Problem], task: Any, make_ctx: ContextFactory,
                  run: Callable[[list[Awaitable]], list]) -> dict[str, float]:
-        """One episode per problem (the caller's contexts decide the sampling, e.g. greedy);
-        accuracy and the workflow's diagnostics. Trains nothing and keeps no state."""
+        """One episode per problem (the caller's contexts decide the sampling, e.g. greedy); accuracy and the
+        workflow's diagnostics. A workflow that returns no outcome (a task scored by its reward alone, partial credit
+        such as reverse_text's) has as ``accuracy`` the mean normalised return, the score ``teamrl eval`` shows.
+        Trains nothing and keeps no state."""
         _, results = self.episodes(problems, task, make_ctx, run, 1)
-        return outcome_metrics(self._workflow_run, [r.outcome for r in results if r.outcome is not None])
+        outcomes = [r.outcome for r in results if r.outcome is not None]
+        if outcomes or not results:
+            return outcome_metrics(self._workflow_run, outcomes)
+        return {"accuracy": sum(r.team_return for r in results) / (len(results) * getattr(task, "max_reward", 1.0))}
 
     @property
     def outcomes(self) -> list[EpisodeOutcome]:

@@ -39,7 +39,6 @@ from teamrl.rollout.engine import Engine, SamplingParams
 from teamrl.rollout.engine_setup import make_engine, probe_logprobs, stop_vllm_servers
 from teamrl.rollout.scheduler import GenerationScheduler
 from teamrl.tasks import Problem, make_task
-from teamrl.tasks.solve import SolveTask
 from teamrl.trainer.checkpoint import (check_resume_settings, check_run_dir, checkpoint_to_resume, list_checkpoints,
                                       load_checkpoint, lock_run_dir, record_warm_start, run_dir_writes, save_checkpoint,
                                       unlock_run_dir, warm_start_of, warm_start_weights)
@@ -244,13 +243,14 @@ class Trainer:
             self.learner.set_reference(name, state)
         return "warm start"
 
-    def _eval_task(self) -> SolveTask:
+    def _eval_task(self) -> Any:
         """The held-out split of the task, for evaluation during training."""
         if not self.algorithm.can_evaluate:
-            raise ConfigError(
-                "train.eval_every: evaluation during training needs a study workflow (workflow.name) on a "
-                "math.solve or code.solve task"
-            )
+            raise ConfigError(f"train.eval_every: evaluation during training runs under algorithm grpo, not "
+                              f"{self.cfg.algorithm}; set train.eval_every=0 and evaluate with teamrl eval")
+        if "split" not in getattr(self.task.Options, "__dataclass_fields__", {}):
+            raise ConfigError(f"train.eval_every: task {self.task.name!r} has no held-out split (task.split); "
+                              "set train.eval_every=0, or use a task that holds problems out")
         task = make_task({**self.cfg.task, "split": "test"})
         if not task.problems():
             raise ConfigError("train.eval_every: the task holds out no problems; set task.test_size > 0")
