@@ -80,3 +80,13 @@ def test_a_warm_start_reference_without_a_warm_start_is_one_line(tmp_path):
 
 def test_auto_without_a_warm_start_is_the_base(tmp_path):
     assert Trainer(_cfg(tmp_path)).kl_reference == "base"
+
+
+def test_rl_after_a_warm_start_at_a_rate_that_undid_warm_starts_says_so(tmp_path, capsys):
+    cfg, run_dir = _warm_started(tmp_path, "train.lr=5e-4")
+    Trainer(cfg, resume=True)
+    err = capsys.readouterr().err
+    assert "warning: train.lr=0.0005 after a warm start" in err and "train.lr=0.0002" in err
+    cfg2, _ = _warm_started(tmp_path / "ok", "train.lr=1e-4")
+    Trainer(cfg2, resume=True)
+    assert "after a warm start" not in capsys.readouterr().err

@@ -63,6 +63,11 @@ def progress_bar(total: int, desc: str, unit: str, enabled: bool, initial: int =
                 dynamic_ncols=True)
 
 
+
+# The highest LoRA learning rate at which RL after a warm start was seen to keep it (reverse_text, seed 0: 1e-4 and
+# 2e-4 kept it, 5e-4 undid it; AT-GRPO, M-GRPO and the study's warm starts also fell at 5e-4: docs/learning.md).
+WARM_START_SAFE_LR = 2e-4
+
 class RunExists(RuntimeError):
     """The run directory already holds checkpoints and ``resume`` was not asked for."""
 
@@ -213,6 +218,10 @@ class Trainer:
                 resumed = f"{resume_from.parent.name}/{resume_from.name}"
                 self.warm_start = record_warm_start(self.run_dir, resume_from, {"rl_resumed_from": resumed})
             self.kl_reference = self._set_kl_reference()  # after the record: an older sft's warm start has one now
+            if from_warm_start and cfg.policy.lora is not None and cfg.train.lr > WARM_START_SAFE_LR:
+                print(f"warning: train.lr={cfg.train.lr:g} after a warm start: RL at 5e-4 undid warm starts here "
+                      "(reverse_text, AT-GRPO, M-GRPO: docs/learning.md, RL after a warm start) where 1e-4 and 2e-4 "
+                      f"kept them; consider train.lr={WARM_START_SAFE_LR:g} or lower", file=sys.stderr)
             self.metrics = MetricsSink(
                 self.run_dir / "metrics.jsonl",
                 start_step=self.step,
