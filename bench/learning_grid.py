@@ -269,8 +269,8 @@ def comparisons() -> list[Comparison]:
                    warm_problems=STUDY_WARM_PROBLEMS, levels=arithmetic, default_level="one operation, operands <= 5",
                    calibrated_by="study_voting"),
         # prime-rl's reverse-text task (issue learn-4): a task nobody here tuned, the warm start from its demonstrations,
-        # then RL at the shipped config's settings (after the warm start: lr 1e-4 and a KL to the warm start) and at the
-        # settings that undid a warm start for a newcomer (grpo_word_count's lr 5e-4, no KL). prime-rl's own figures
+        # then RL at the shipped config's settings (lr 1e-4 and the default KL to the warm start), at grpo_word_count's lr
+        # 5e-4 with that default, and at the old defaults that undid a newcomer's warm start (lr 5e-4, no KL). prime-rl's own figures
         # are another model's (Qwen3-0.6B, 0.05 -> ~0.8 after SFT + 20 RL steps). The held-out texts are the last 48
         # whatever the seed (task.test_size), so the untrained model is evaluated once.
         Comparison("reverse_text", "GRPO on reverse-text (prime-rl's task; LCS-ratio reward), SmolLM2-135M, 200 "
@@ -278,8 +278,11 @@ def comparisons() -> list[Comparison]:
                    (f"task.test_size={EVAL_PROBLEMS}",),
                    (Arm("untrained", rl=False, seed_free=True),
                     Arm("warm start only", warm_start=True, rl=False),
-                    Arm("GRPO after the warm start (the shipped config)", warm_start=True),
-                    Arm("GRPO after the warm start at lr 5e-4, no KL (grpo_word_count's settings)",
+                    Arm("GRPO after the warm start (the shipped config: lr 1e-4, KL 0.5 to the warm start)",
+                        warm_start=True),
+                    Arm("GRPO after the warm start at lr 5e-4 (grpo_word_count's), the default KL to the warm start",
+                        ("train.lr=0.0005",), warm_start=True),
+                    Arm("GRPO after the warm start at lr 5e-4, no KL (the old defaults)",
                         ("train.lr=0.0005", "train.loss.kl_coef=0"), warm_start=True)),
                    quick=("task.num_problems=12", "task.test_size=3"), config="configs/grpo_reverse_text.yaml",
                    eval_problems=EVAL_PROBLEMS, warm_problems=200, warm_epochs=3),

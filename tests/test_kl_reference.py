@@ -90,3 +90,20 @@ def test_rl_after_a_warm_start_at_a_rate_that_undid_warm_starts_says_so(tmp_path
     cfg2, _ = _warm_started(tmp_path / "ok", "train.lr=1e-4")
     Trainer(cfg2, resume=True)
     assert "after a warm start" not in capsys.readouterr().err
+
+
+def test_by_default_a_run_that_began_from_a_warm_start_pulls_toward_it_and_a_run_from_the_base_does_not(tmp_path):
+    from teamrl.core.config import WARM_START_KL_COEF
+
+    cfg, run_dir = _warm_started(tmp_path, "train.loss.kl_coef=null")
+    trainer = Trainer(cfg, resume=True)
+    assert cfg.train.loss.kl_coef == WARM_START_KL_COEF and trainer.kl_reference == "warm start"
+    assert trainer.update_params.loss.kl_coef == WARM_START_KL_COEF
+    trainer.train()
+    assert _first_kl(run_dir) == {"kl/shared": 0.0}  # measured (a KL term ran), and 0 on the warm start itself
+    base = _cfg(tmp_path / "base", "train.loss.kl_coef=null")
+    fresh = Trainer(base)
+    assert base.train.loss.kl_coef == 0.0 and fresh.kl_reference == "none"
+    # an explicit weight is kept, and a base reference takes no default weight
+    cfg2, _ = _warm_started(tmp_path / "b", "train.loss.kl_coef=null", "train.loss.kl_reference=base")
+    assert Trainer(cfg2, resume=True).kl_reference == "none" and cfg2.train.loss.kl_coef == 0.0

@@ -200,8 +200,8 @@ def policy_loss(
     Positions where ``mask`` is False contribute neither loss nor gradient, whatever their values.
     """
     _check_shapes(logprobs, old_logprobs, advantages, mask, ref_logprobs)
-    if cfg.importance_correction == "auto":
-        cfg = cfg.resolve()  # no rollout to ask: on-policy samples, no correction
+    if cfg.importance_correction == "auto" or cfg.kl_coef is None:
+        cfg = cfg.resolve()  # no rollout to ask: on-policy samples, no correction; no warm start to ask: no KL
     if cfg.aggregation == "dr_grpo" and cfg.max_completion_length is None:
         raise ValueError(
             "LossConfig.max_completion_length: required by aggregation 'dr_grpo' (its constant denominator); "

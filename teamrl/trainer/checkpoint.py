@@ -524,6 +524,17 @@ def warm_start_checkpoint(run_dir: Path) -> Path | None:
     return path
 
 
+def began_from_warm_start(run_dir: Path, resume_from: Path | None) -> bool:
+    """Whether the run in ``run_dir`` began from a warm start: one is recorded (``warm_start.json``), or the checkpoint
+    it resumes from is one (an older ``teamrl sft``'s ``step_000000``, recorded once RL starts)."""
+    if warm_start_of(run_dir) is not None:
+        return True
+    if resume_from is None:
+        return False
+    state = _read(resume_from / "trainer_state.pt")
+    return isinstance(state, dict) and bool(state.get("warm_start"))
+
+
 def warm_start_weights(run_dir: Path,
                        policies: PolicyRouter | PolicyStates) -> dict[str, dict[str, torch.Tensor]] | None:
     """Each policy's weights in ``run_dir``'s warm start (:func:`warm_start_checkpoint`), checked against

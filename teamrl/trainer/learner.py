@@ -53,7 +53,7 @@ def make_router(cfg: Config, roles: Sequence[str], role_map: dict[str, str] | No
     p = cfg.policy
     role_map = dict(p.roles) if role_map is None else role_map
     return PolicyRouter(p.mode, list(roles), cfg.model, p.lora, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay,
-                        seed=cfg.seed, need_reference=cfg.train.loss.kl_coef > 0, device=p.device, dtype=p.dtype,
+                        seed=cfg.seed, need_reference=(cfg.train.loss.kl_coef or 0) > 0, device=p.device, dtype=p.dtype,
                         role_map=role_map or None)
 
 

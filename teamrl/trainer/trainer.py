@@ -41,7 +41,8 @@ from teamrl.rollout.scheduler import GenerationScheduler
 from teamrl.tasks import Problem, make_task
 from teamrl.trainer.checkpoint import (check_resume_settings, check_run_dir, checkpoint_to_resume, list_checkpoints,
                                       load_checkpoint, lock_run_dir, record_warm_start, run_dir_writes, save_checkpoint,
-                                      unlock_run_dir, warm_start_of, warm_start_weights)
+                                      unlock_run_dir, warm_start_of, warm_start_weights,
+                                      began_from_warm_start)
 from teamrl.trainer.collector import Collector, Rollout
 from teamrl.trainer.diagnostics import CliffDetector, learning_signal
 from teamrl.trainer.evaluate import workflow_stats
@@ -165,6 +166,10 @@ class Trainer:
         for ckpt, target in set_aside:
             print(f"teamrl: checkpoint {ckpt.name} does not read whole; moved to {target} and resuming from "
                   f"{resume_from.name if resume_from else 'the start'}", file=sys.stderr)
+        # a run that began from a warm start pulls toward it by default (train.loss.kl_coef: null); its policies
+        # and workers are built from the resolved weight
+        cfg.train.loss = cfg.train.loss.with_warm_start(
+            began_from_warm_start(self.run_dir, resume_from) and not cfg.policy.ranks)
         self._build_policies()
         check_max_new_tokens(next(iter(self.router.policies.values())).model, cfg.rollout.max_new_tokens, cfg.model)
         self.params = SamplingParams.from_rollout(cfg.rollout)

@@ -32,7 +32,8 @@ from teamrl.policies.router import declared_role, role_type
 
 
 def _resolve_auto(params: Any) -> None:
-    if params.loss.importance_correction == "auto":  # a loss built in Python, not by make_update_params: on-policy
+    # a loss built in Python, not by make_update_params: on-policy, and no warm start to pull toward
+    if params.loss.importance_correction == "auto" or params.loss.kl_coef is None:
         params.loss = params.loss.resolve()
 
 
