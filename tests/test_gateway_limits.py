@@ -90,6 +90,7 @@ def test_the_run_summary_skips_a_step_whose_reward_mean_was_not_finite(capsys, m
 
     class Finished:
         run_dir = tmp_path
+        warm_start = None  # a run from the base weights (the summary names a warm start when there is one)
 
         def train(self) -> list[dict[str, Any]]:
             return [{"step": 1, "reward_mean": None, "update_s": 0.1, "rollout_s": 0.1},
