@@ -339,6 +339,9 @@ def _main(argv: list[str]) -> int:
         help="open connections held at once (at most half the open-file limit); one over it closes the "
         "oldest that has sent no complete request",
     )
+    p_serve.add_argument("--min-body-rate", type=_number(float, gt=0), default=1024.0, metavar="BYTES_PER_S",
+                         help="when the server is at --max-connections, a request body arriving slower than this "
+                              "gives way to a new connection (default 1024)")
     p_serve.add_argument("--strict", choices=("vllm", "sglang"), default=None,
                          help="imitate vLLM 0.33.0 or SGLang 0.5.23 where they differ from teamrl (per-prompt seeds, "
                               "generation_config defaults, raw log-probs, real LoRA paths); for testing clients")
@@ -595,7 +598,8 @@ def _serve(ns) -> int:
     except RequestError as e:
         print(f"teamrl: --lora: {e.message}", file=sys.stderr)
         return 2
-    serve(ms, ns.host, ns.port, ready_file=ns.ready_file, verbose=ns.verbose, max_connections=ns.max_connections)
+    serve(ms, ns.host, ns.port, ready_file=ns.ready_file, verbose=ns.verbose, max_connections=ns.max_connections,
+          min_body_rate=ns.min_body_rate)
     return 0
 
 

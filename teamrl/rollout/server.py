@@ -69,6 +69,7 @@ MAX_CONNECTIONS = 1024   # open connections (teamrl serve --max-connections; at 
 # a request's header must arrive within this long (408 after): slow clients hold no socket for good
 HEADER_TIMEOUT_S = 10.0
 BODY_TIMEOUT_S = 120.0   # its body (up to MAX_BODY_BYTES) within this long of the header
+MIN_BODY_RATE = 1024.0   # bytes/s a body must come at when the server is at its cap (teamrl serve --min-body-rate)
 SEED_RANGE = (-2**63, 2**63 - 1)  # vLLM's (int64); torch seeds a generator from any of them
 # SamplingParams settings whose request field has another name (errors name the field the client sent)
 REQUEST_FIELD_OF_SETTING = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens"}
@@ -657,22 +658,22 @@ class TeamrlHTTPServer(AsgiServer):
     """``teamrl serve``'s app (:func:`build_app`) on uvicorn, bound to ``host:port`` at construction."""
 
     def __init__(self, model_server: ModelServer, host: str = "127.0.0.1", port: int = 8000, verbose: bool = False,
-                 max_connections: int = MAX_CONNECTIONS) -> None:
+                 max_connections: int = MAX_CONNECTIONS, min_body_rate: float = MIN_BODY_RATE) -> None:
         self.model_server = model_server
         self.verbose = verbose
         super().__init__(build_app(model_server), host, port, verbose,
-                         ConnectionLimits(HEADER_TIMEOUT_S, BODY_TIMEOUT_S, max_connections,
+                         ConnectionLimits(HEADER_TIMEOUT_S, BODY_TIMEOUT_S, max_connections, min_body_rate,
                                           names=("teamrl serve's header timeout", "teamrl serve's body timeout",
-                                                 "teamrl serve --max-connections")))
+                                                 "teamrl serve --max-connections", "teamrl serve --min-body-rate")))
 
 
 def serve(model_server: ModelServer, host: str = "127.0.0.1", port: int = 8000, ready_file: str | None = None,
-          verbose: bool = False, max_connections: int = MAX_CONNECTIONS) -> None:
+          verbose: bool = False, max_connections: int = MAX_CONNECTIONS, min_body_rate: float = MIN_BODY_RATE) -> None:
     """Serve until SIGINT or SIGTERM, then close the socket and return."""
     import signal
     import sys
 
-    httpd = TeamrlHTTPServer(model_server, host, port, verbose, max_connections)
+    httpd = TeamrlHTTPServer(model_server, host, port, verbose, max_connections, min_body_rate)
     # uvicorn runs on a thread: this (main) thread keeps the signals, so a SIGTERM stops the server and
     # returns here (uvicorn's own handlers would re-raise it and end the process with -15)
     serving = threading.Thread(target=httpd.serve_forever, name="teamrl-serve", daemon=True)
