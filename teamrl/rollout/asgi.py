@@ -52,7 +52,8 @@ class RequestError(Exception):
         self.status, self.message, self.param = status, message, param
 
     def body(self) -> dict[str, Any]:
-        kind = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError", 405: "MethodNotAllowed",
+        kind = {400: "BadRequestError", 401: "AuthenticationError", 403: "PermissionDeniedError", 404: "NotFoundError",
+                405: "MethodNotAllowed",
                 409: "ConflictError", 410: "GoneError", 413: "RequestTooLarge"}.get(self.status, "Error")
         return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.status}}
 
