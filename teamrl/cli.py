@@ -339,6 +339,14 @@ def _main(argv: list[str]) -> int:
         help="open connections held at once (at most half the open-file limit); one over it closes the "
         "oldest that has sent no complete request",
     )
+    p_serve.add_argument("--api-key", default=os.environ.get("TEAMRL_API_KEY", ""),
+                         help="every request needs Authorization: Bearer KEY (default: $TEAMRL_API_KEY; unset: none)")
+    p_serve.add_argument("--allowed-path", action="append", default=[], metavar="DIR",
+                         help="a folder POST /v1/load_lora_adapter and /collective_rpc may load from (repeatable; "
+                              "none given: no path is loaded over HTTP, --lora at start still is)")
+    p_serve.add_argument("--min-body-rate", type=_number(float, gt=0), default=1024.0, metavar="BYTES_PER_S",
+                         help="when the server is at --max-connections, a request body arriving slower than this "
+                              "gives way to a new connection (default 1024)")
     p_serve.add_argument("--strict", choices=("vllm", "sglang"), default=None,
                          help="imitate vLLM 0.33.0 or SGLang 0.5.23 where they differ from teamrl (per-prompt seeds, "
                               "generation_config defaults, raw log-probs, real LoRA paths); for testing clients")
@@ -595,7 +603,8 @@ def _serve(ns) -> int:
     except RequestError as e:
         print(f"teamrl: --lora: {e.message}", file=sys.stderr)
         return 2
-    serve(ms, ns.host, ns.port, ready_file=ns.ready_file, verbose=ns.verbose, max_connections=ns.max_connections)
+    serve(ms, ns.host, ns.port, ready_file=ns.ready_file, verbose=ns.verbose, max_connections=ns.max_connections,
+          min_body_rate=ns.min_body_rate, api_key=ns.api_key, allowed_paths=ns.allowed_path)
     return 0
 
 

@@ -39,4 +39,5 @@ if mode == "hang":
 from teamrl.cli import main  # noqa: E402
 
 sys.exit(main(["serve", "--strict", "vllm", "--logprobs-mode", ns.logprobs_mode, "--model", ns.model, "--served-model-name",
-               ns.served_model_name, "--host", ns.host, "--port", ns.port, "--dtype", ns.dtype, "--threads", "1"]))
+               ns.served_model_name, "--host", ns.host, "--port", ns.port, "--dtype", ns.dtype, "--threads", "1",
+               "--allowed-path", "/"]))  # vLLM loads adapters from any folder: so does its stand-in

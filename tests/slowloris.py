@@ -35,3 +35,29 @@ def slow_sockets(url: str, n: int = 1100) -> Iterator[list[socket.socket]]:
     finally:
         for s in held:
             s.close()
+
+
+def stalled_body(path: str = "/v1/completions", length: int = 100000, headers: str = "") -> bytes:
+    """A complete request header announcing ``length`` body bytes, and the first byte of the body only."""
+    return (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n{headers}"
+            f"Content-Length: {length}\r\n\r\n{{").encode()
+
+
+@contextlib.contextmanager
+def stalled_bodies(url: str, n: int, request: bytes | None = None) -> Iterator[list[socket.socket]]:
+    """``n`` connections to ``url``, each with a complete header and a body that stalls after one byte (``request``:
+    what each sends; :func:`stalled_body` by default), closed on exit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < n + 256:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(n + 256, hard), hard))
+    parts = urlsplit(url)
+    held: list[socket.socket] = []
+    try:
+        for _ in range(n):
+            s = socket.create_connection((parts.hostname, parts.port), timeout=10)
+            s.sendall(request or stalled_body())
+            held.append(s)
+        yield held
+    finally:
+        for s in held:
+            s.close()

@@ -168,3 +168,48 @@ def test_a_header_or_body_that_does_not_arrive_in_time_is_a_408_naming_the_setti
             assert answer.startswith(b"HTTP/1.1 408") and f"workflow.options.{setting}".encode() in answer, answer
             assert 0.9 < seconds < 5 and after == b"", (part, seconds, after)  # then the connection is closed
         assert httpx.post(gw.url + "/episodes", timeout=10).status_code == 204  # the server goes on
+
+
+def test_an_episode_request_without_its_token_is_refused_on_its_header_before_any_body_arrives():
+    """Issue 57 item 3: the episode's token was checked after the whole body had come, so a client with no token
+    could hold connections with stalled bodies for the body timeout (30 s). Now the 401 comes on the header, and the
+    connection is closed."""
+    from tests.slowloris import stalled_body
+
+    with external_episodes(body_timeout_s=20.0) as (gw, open_):
+        (ep,) = open_(1)
+        port = int(gw.url.rsplit(":", 1)[1])
+        for headers, status in (("", b"401"), ("Authorization: Bearer wrong\r\n", b"403")):
+            with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+                s.sendall(stalled_body(f"/episodes/{ep.id}/v1/chat/completions", headers=headers))
+                t0 = time.monotonic()
+                answer = s.recv(4096)
+                seconds = time.monotonic() - t0
+                while chunk := s.recv(4096):  # the rest of the answer, then the server closes the connection
+                    answer += chunk
+                print(f"stalled body without the episode's token ({headers.strip() or 'none'}): "
+                      f"{answer[:12]!r} in {seconds:.2f} s")
+                assert answer.startswith(b"HTTP/1.1 " + status) and seconds < 5, (answer[:300], seconds)
+                assert b"episode" in answer and b"connection: close" in answer, answer[:300]
+
+
+def test_stalled_bodies_at_the_gateways_cap_give_way_to_a_claim():
+    """Issue 57 item 3 on the gateway: with the cap full of stalled bodies a claim was a 503; now it is served."""
+    from tests.slowloris import stalled_bodies, stalled_body
+
+    with external_episodes(max_connections=16) as (gw, open_):
+        open_(1)
+        with stalled_bodies(gw.url, 16, stalled_body("/episodes")) as held:
+            time.sleep(0.3)
+            t0 = time.monotonic()
+            try:
+                r = httpx.post(gw.url + "/episodes", timeout=15)
+                status = r.status_code
+            except httpx.HTTPError as e:
+                status = type(e).__name__
+            seconds = time.monotonic() - t0
+            print(f"claim with the cap full of stalled bodies: {status} in {seconds:.2f} s")
+            assert status == 200 and seconds < 5, (status, seconds)
+            held[0].settimeout(5)
+            first = held[0].recv(4096)
+        assert first.startswith(b"HTTP/1.1 503") and b"workflow.options.min_body_rate" in first, first[:300]

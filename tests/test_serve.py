@@ -324,3 +324,72 @@ def test_cli_serve_rejects_bad_arguments():
     assert main(["serve", "--model", "tiny-random", "--lora", "no-equals-sign"]) == 2
     if not torch.cuda.is_available():
         assert main(["serve", "--model", "tiny-random", "--device", "cuda"]) == 2
+
+
+def test_an_api_key_guards_every_route_and_adapter_paths_stay_in_the_allowed_folders(tmp_path):
+    """Issue 57 item 7: ``teamrl serve`` had no credential, and loaded an adapter or full weights from any path on
+    the machine. Now with ``--api-key`` a request without the key is a 401 and with it a 200; a path outside the
+    ``--allowed-path`` folders is a 403 naming the flag, a symlink out of them included."""
+    router = PolicyRouter("lora_per_role", ["planner"], "tiny-random", LORA, lr=1e-2, seed=0)
+    allowed, outside = tmp_path / "adapters", tmp_path / "elsewhere"
+    router.policies["planner"].save_adapter(allowed / "planner")
+    router.policies["planner"].save_adapter(outside / "planner")
+    (allowed / "link").symlink_to(outside / "planner")
+    httpd = TeamrlHTTPServer(ModelServer("tiny-random", seed=0), "127.0.0.1", 0, api_key="k3y",
+                             allowed_paths=[str(allowed)])
+    t = threading.Thread(target=httpd.serve_forever, daemon=True)
+    t.start()
+
+    def post(path: str, body: dict, key: str | None) -> tuple[int, dict]:
+        req = urllib.request.Request(httpd.url + path, data=json.dumps(body).encode(), method="POST",
+                                     headers={"Content-Type": "application/json",
+                                              **({"Authorization": f"Bearer {key}"} if key else {})})
+        try:
+            with urllib.request.urlopen(req, timeout=60) as r:
+                return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read())
+
+    try:
+        load = {"lora_name": "planner", "lora_path": str(allowed / "planner")}
+        for path, body in (("/v1/load_lora_adapter", load), ("/v1/unload_lora_adapter", {"lora_name": "planner"}),
+                           ("/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": str(allowed)}}),
+                           ("/v1/completions", {"model": "tiny-random", "prompt": [1, 2], "max_tokens": 1})):
+            for key in (None, "wrong"):
+                status, err = post(path, body, key)
+                print(f"{path} with key {key}: {status}")
+                assert status == 401 and err["error"]["param"] == "authorization", (path, key, status, err)
+        assert post("/v1/load_lora_adapter", load, "k3y")[0] == 200
+        assert post("/v1/completions", {"model": "planner", "prompt": [1, 2], "max_tokens": 1}, "k3y")[0] == 200
+        assert post("/v1/unload_lora_adapter", {"lora_name": "planner"}, "k3y")[0] == 200
+        for path, body, field in (
+                ("/v1/load_lora_adapter", {"lora_name": "x", "lora_path": str(outside / "planner")}, "lora_path"),
+                ("/v1/load_lora_adapter", {"lora_name": "x", "lora_path": str(allowed / "link")}, "lora_path"),
+                ("/v1/load_lora_adapter", {"lora_name": "x", "lora_path": str(allowed / ".." / "elsewhere")},
+                 "lora_path"),
+                ("/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": "/etc"}}, "weights_path")):
+            status, err = post(path, body, "k3y")
+            print(f"{path} {body}: {status} {err['error']['message']}")
+            assert status == 403 and err["error"]["param"] == field, (status, err)
+            assert "--allowed-path" in err["error"]["message"] and "\n" not in err["error"]["message"], err
+        assert httpd.model_server.adapters == {}
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        t.join(timeout=10)
+
+
+def test_teamrl_serve_reads_its_api_key_from_the_environment_and_refuses_paths_when_no_folder_is_allowed(
+        monkeypatch):
+    """``TEAMRL_API_KEY`` sets ``--api-key`` (as ``VLLM_API_KEY`` does for vLLM); without ``--allowed-path`` no
+    folder may be loaded from over HTTP."""
+    import teamrl.rollout.server as server_module
+    from teamrl.cli import main
+
+    seen = {}
+    monkeypatch.setattr(server_module, "serve", lambda ms, *a, **kw: seen.update(kw))
+    monkeypatch.setenv("TEAMRL_API_KEY", "from-env")
+    assert main(["serve", "--model", "tiny-random", "--port", "0"]) == 0
+    assert seen["api_key"] == "from-env" and seen["allowed_paths"] == []
+    assert main(["serve", "--model", "tiny-random", "--port", "0", "--api-key", "flag", "--allowed-path", "/tmp"]) == 0
+    assert seen["api_key"] == "flag" and seen["allowed_paths"] == ["/tmp"]

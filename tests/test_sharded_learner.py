@@ -373,3 +373,27 @@ def test_full_weights_from_two_ranks_reach_a_server_and_each_reload_is_checked(l
             assert all(torch.allclose(served[k], v, atol=1e-6) for k, v in trained.items())
         finally:
             tr.shutdown()
+
+
+def _store_port(rank) -> int:
+    """The port of the rendezvous store the rank's process group uses (a TCPStore under torch's PrefixStore)."""
+    store = torch.distributed.distributed_c10d._get_default_store()
+    while hasattr(store, "underlying_store"):
+        store = store.underlying_store
+    return store.port
+
+
+def test_the_rendezvous_of_a_sharded_run_listens_on_loopback_only(lora_pair):
+    """Issue 57 item 6: torch's TCPStore listened on ``*:PORT`` whatever address it was given, so anyone reaching the
+    node could read or write the rendezvous. Now, with every rank on this machine, it listens on 127.0.0.1 only.
+    (Ray's own gRPC servers, one per rank process, listen on ``::``: Ray's, printed, not bound by teamrl.)"""
+    from tests.listening import WILDCARDS, listening
+
+    _, sharded, _, _ = lora_pair
+    ranks = sharded.ranks["shared"]
+    port = ray.get(ranks[0].__ray_call__.remote(_store_port), timeout=60)
+    sockets = listening({p for ps in sharded.pids.values() for p in ps})
+    for (host, p), pids in sorted(sockets.items()):
+        print(f"rank sockets: {host}:{p} {'(the rendezvous)' if p == port else ''}")
+    hosts = {host for host, p in sockets if p == port}
+    assert hosts and not hosts & WILDCARDS and hosts <= {"127.0.0.1"}, (port, hosts)

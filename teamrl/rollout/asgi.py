@@ -10,7 +10,8 @@
   a request's header must arrive within ``header_timeout_s`` and its body within ``body_timeout_s``
   (408 after), and at most ``max_connections`` connections are held open (never more than half the
   process's open-file limit): a connection over the cap closes the oldest one that is not being served
-  (a partial header, or kept alive between requests) with a 503 naming the limit.
+  (a partial header, or kept alive between requests) with a 503 naming the limit, else the oldest whose body
+  arrives slower than ``min_body_rate`` (a stalled body: a header and then next to nothing).
 
 FastAPI and uvicorn are imported when a server is built (the ``gateway`` extra; installed by ``make setup``).
 """
@@ -51,7 +52,8 @@ class RequestError(Exception):
         self.status, self.message, self.param = status, message, param
 
     def body(self) -> dict[str, Any]:
-        kind = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError", 405: "MethodNotAllowed",
+        kind = {400: "BadRequestError", 401: "AuthenticationError", 403: "PermissionDeniedError", 404: "NotFoundError",
+                405: "MethodNotAllowed",
                 409: "ConflictError", 410: "GoneError", 413: "RequestTooLarge"}.get(self.status, "Error")
         return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.status}}
 
@@ -105,6 +107,10 @@ class Guard:
 
     - with a ``token``, a request without ``Authorization: Bearer <token>`` is a 401, unless
       ``authorize(scope, headers)`` accepts it (the gateway: an episode's own token on its routes);
+    - ``check_header(scope, headers)`` may refuse a request by its header alone (a :class:`RequestError`;
+      the gateway: an episode route without that episode's token);
+
+    a request refused on its header is answered at once and its connection closed: no body is waited for;
     - a body over ``limit`` bytes is a 413 (``Content-Length`` or chunked: bytes are counted as they
       arrive, and reading stops at the limit), before any of it is parsed;
     - a body whose arrays/objects nest deeper than ``max_depth`` is a 400, before any of it is parsed.
@@ -112,11 +118,12 @@ class Guard:
     The body is read here, whole (it is at most ``limit`` bytes), and replayed to the app."""
 
     def __init__(self, app: Any, limit: int, token: str = "", what: str = "", max_depth: int = MAX_JSON_DEPTH,
-                 depth_what: str = "", authorize: Callable[[dict, dict[bytes, bytes]], bool] | None = None) -> None:
+                 depth_what: str = "", authorize: Callable[[dict, dict[bytes, bytes]], bool] | None = None,
+                 check_header: Callable[[dict, dict[bytes, bytes]], None] | None = None) -> None:
         self.app, self.limit, self.token = app, limit, token
         self.what = what  # the setting that sets the limit, named in the 413
         self.max_depth, self.depth_what = max_depth, depth_what
-        self.authorize = authorize
+        self.authorize, self.check_header = authorize, check_header
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -130,7 +137,13 @@ class Guard:
                 RequestError(
                     401, "missing or wrong bearer token (send Authorization: Bearer <token>)", "authorization"
                 ).body(),
+                close=True,
             )
+        if self.check_header is not None:
+            try:
+                self.check_header(scope, headers)
+            except RequestError as e:
+                return await send_json(send, e.status, e.body(), close=True)
         too_large = RequestError(413, f"the request body is over the limit of {self.limit} bytes" +
                                  (f" ({self.what})" if self.what else ""), "body").body()
         length = headers.get(b"content-length")
@@ -224,12 +237,16 @@ def json_errors(app: Any, endpoints: Callable[[], list[str]] | None = None) -> N
 @dataclass(frozen=True)
 class ConnectionLimits:
     """How long a client may take to send a request, and how many connections are held open at once.
-    ``names``: what the 408/503 answers call the three settings (the gateway's ``workflow.options.*``)."""
+    ``min_body_rate``: bytes per second below which a body in progress gives way to a new connection when the
+    server is at its cap (as nginx's ``client_body_timeout`` bounds a slow body; at the cap only, so a slow client
+    is served whenever there is room). ``names``: what the 408/503 answers call the four settings (the gateway's
+    ``workflow.options.*``)."""
 
     header_timeout_s: float = 10.0
     body_timeout_s: float = 60.0
     max_connections: int = 1024
-    names: tuple[str, str, str] = ("header_timeout_s", "body_timeout_s", "max_connections")
+    min_body_rate: float = 1024.0
+    names: tuple[str, str, str, str] = ("header_timeout_s", "body_timeout_s", "max_connections", "min_body_rate")
 
     def cap(self) -> int:
         """``max_connections``, but at most half the open-file limit: the rest stays for the process's own files and
@@ -259,20 +276,26 @@ def limited_protocol(limits: ConnectionLimits) -> type:
     Each connection is in one phase: ``head`` (no complete request header yet: timed by ``header_timeout_s``),
     ``body`` (header read, body not: ``body_timeout_s``), ``app`` (the request is being served: no limit) or
     ``idle`` (kept alive after a response: uvicorn's keep-alive timeout). ``head`` and ``idle`` ones are not
-    being served, so they give way, oldest first, when a new connection is over the cap."""
+    being served, so they give way, oldest first, when a new connection is over the cap; when there is none, the
+    oldest ``body`` one whose body has come slower than ``min_body_rate`` bytes per second gives way (a stalled
+    body must not hold the cap for the whole body timeout)."""
     import h11
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
     cap = limits.cap()
-    header_name, body_name, cap_name = limits.names
+    header_name, body_name, cap_name, rate_name = limits.names
     # this server's open connections (closed ones leave at once, not a loop turn later when uvicorn forgets them),
-    # and of them those not being served (head, idle), oldest first: O(1) per connection under a flood
+    # and of them those not being served (head, idle), oldest first: O(1) per connection under a flood; and those
+    # receiving a body, oldest first
     open_: set[Any] = set()
     waiting: dict[Any, None] = {}
+    receiving: dict[Any, None] = {}
 
     class LimitedH11Protocol(H11Protocol):
         phase = "new"
         timer: Any = None
+        body_since = 0.0  # when the body phase began (loop time)
+        body_bytes = 0    # bytes received since
 
         def connection_made(self, transport: Any) -> None:  # type: ignore[override]
             super().connection_made(transport)
@@ -281,9 +304,18 @@ def limited_protocol(limits: ConnectionLimits) -> type:
             if len(open_) > cap:
                 self._make_room()
 
+        def _stalled(self, now: float) -> bool:
+            """Whether this body has come slower than ``min_body_rate`` bytes per second so far."""
+            return self.body_bytes < limits.min_body_rate * (now - self.body_since)
+
         def _make_room(self) -> None:
-            """Close the oldest connection that is not being served; this one when every other is."""
+            """Close the oldest connection that is not being served, else the oldest stalled body; this one when
+            every other is being served."""
             oldest = next((c for c in waiting if c is not self), None)
+            now = self.loop.time()
+            # bodies in order of age: under a flood the stalled ones found first are the attacker's oldest
+            slowest = None if oldest is not None else next(
+                (c for c in receiving if c is not self and c._stalled(now)), None)
             if oldest is not None:
                 oldest._close(
                     503,
@@ -291,6 +323,14 @@ def limited_protocol(limits: ConnectionLimits) -> type:
                     f"the server holds at most {cap} open connections ({cap_name}, "
                     "at most half the open-file limit); this one had sent no complete request "
                     "and was the oldest",
+                )
+            elif slowest is not None:
+                slowest._close(
+                    503,
+                    "Service Unavailable",
+                    f"the server holds at most {cap} open connections ({cap_name}); this one's body came at "
+                    f"{slowest.body_bytes / max(now - slowest.body_since, 1e-9):.0f} bytes/s, under the "
+                    f"{limits.min_body_rate:g} bytes/s a body must arrive at when the server is full ({rate_name})",
                 )
             else:
                 self._close(503, "Service Unavailable", f"the server holds at most {cap} open connections "
@@ -303,8 +343,12 @@ def limited_protocol(limits: ConnectionLimits) -> type:
                 self.timer = None
             self.phase = phase
             waiting.pop(self, None)
+            receiving.pop(self, None)
             if phase in ("head", "idle"):
                 waiting[self] = None  # to the end: the newest
+            elif phase == "body":
+                receiving[self] = None
+                self.body_since, self.body_bytes = self.loop.time(), 0
             elif phase == "closed":
                 open_.discard(self)
             if phase == "head":
@@ -339,6 +383,8 @@ def limited_protocol(limits: ConnectionLimits) -> type:
         def data_received(self, data: bytes) -> None:
             if self.phase == "idle":  # the next request begins: its header is timed from its first byte
                 self._enter("head")
+            elif self.phase == "body":
+                self.body_bytes += len(data)
             super().data_received(data)
             if self.phase != "closed":
                 self._follow()

@@ -10,6 +10,7 @@ log-probs with the trainer's (:func:`probe_logprobs`).
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 import uuid
 from pathlib import Path
@@ -114,6 +115,8 @@ def make_engine(cfg: Config, router: PolicyRouter, eos_ids: list[int], run_dir: 
             url,
             router.tokenizer,
             adapter_dir=adapter_dir,
+            # a server started with --api-key (teamrl serve, vLLM): the same key, from the same variable
+            api_key=os.environ.get("TEAMRL_API_KEY") or None,
             dialect=dialect,
             request_deadline_s=r.request_deadline_s,
             vocab_size=max(vocab, len(router.tokenizer)),

@@ -118,6 +118,12 @@ class GatewayOptions:
         doc="open connections held at once (at most half the open-file limit); one "
         "over it closes the oldest that has sent no complete request (503)",
     )
+    min_body_rate: float = option(
+        1024.0,
+        gt=0,
+        doc="bytes per second below which a request body in progress gives way to a new connection when "
+        "the gateway is at max_connections (503)",
+    )
     tool_parser: str = option(
         "hermes",
         doc="how the model writes a tool call (a registered tool-call parser: hermes for Hermes/Qwen "
@@ -200,7 +206,9 @@ class Gateway:
             o.header_timeout_s,
             o.body_timeout_s,
             o.max_connections,
-            names=tuple(f"workflow.options.{k}" for k in ("header_timeout_s", "body_timeout_s", "max_connections")),
+            o.min_body_rate,
+            names=tuple(f"workflow.options.{k}"  # type: ignore[arg-type]
+                        for k in ("header_timeout_s", "body_timeout_s", "max_connections", "min_body_rate")),
         )
         self._server = AsgiServer(build_app(self), o.host, o.port, limits=limits)
         self._thread = threading.Thread(target=self._server.serve_forever, name="teamrl-gateway", daemon=True)
@@ -371,6 +379,13 @@ class Gateway:
                 if self.options.token and hmac.compare_digest(token, self.options.token.encode()):
                     return None
         return token.decode("latin-1") if token is not None else None
+
+    def check_episode_header(self, scope: dict, headers: dict[bytes, bytes]) -> None:
+        """A request on one episode's routes must present that episode's token (:meth:`episode`'s 410/401/403):
+        checked on the header, so that a client without it cannot hold a connection waiting for its body."""
+        match = EPISODE_PATH.match(scope.get("path", ""))
+        if match is not None:
+            self.episode(match.group(1), self.presented_token(headers))
 
     def authorizes(self, scope: dict, headers: dict[bytes, bytes]) -> bool:
         """For a gateway with a ``token``: a request on one episode's routes with that episode's own token

@@ -315,4 +315,5 @@ def build_app(gateway: Gateway) -> Any:
         max_depth=opts.max_json_depth,
         depth_what="workflow.options.max_json_depth",
         authorize=gateway.authorizes,
+        check_header=gateway.check_episode_header,
     )

@@ -36,12 +36,13 @@ one call, so rollouts batch as they do in process.
 import contextlib
 import copy
 import json
+import os
 import threading
 import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 import torch
 
@@ -69,6 +70,7 @@ MAX_CONNECTIONS = 1024   # open connections (teamrl serve --max-connections; at 
 # a request's header must arrive within this long (408 after): slow clients hold no socket for good
 HEADER_TIMEOUT_S = 10.0
 BODY_TIMEOUT_S = 120.0   # its body (up to MAX_BODY_BYTES) within this long of the header
+MIN_BODY_RATE = 1024.0   # bytes/s a body must come at when the server is at its cap (teamrl serve --min-body-rate)
 SEED_RANGE = (-2**63, 2**63 - 1)  # vLLM's (int64); torch seeds a generator from any of them
 # SamplingParams settings whose request field has another name (errors name the field the client sent)
 REQUEST_FIELD_OF_SETTING = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens"}
@@ -562,9 +564,23 @@ def _json_body(raw: bytes) -> Any:
         raise RequestError(400, f"the request body is not valid JSON: {e}") from None
 
 
-def build_app(ms: "ModelServer") -> Any:
+def allowed_folder(path: str, field: str, allowed: Sequence[str] | None) -> None:
+    """A :class:`RequestError` 403 naming ``field`` when ``path`` (its real path: symlinks and ``..`` resolved) is
+    not inside one of the folders ``allowed`` (``None``: any path)."""
+    if allowed is None:
+        return
+    real = os.path.realpath(path)
+    roots = [os.path.realpath(a) for a in allowed]
+    if not any(os.path.commonpath([real, root]) == root for root in roots):
+        raise RequestError(403, f"{field}: {short_repr(path, 300)} is outside the folders this server loads from "
+                           f"(teamrl serve --allowed-path DIR, repeatable; allowed: {roots or 'none'})", field)
+
+
+def build_app(ms: "ModelServer", api_key: str = "", allowed_paths: Sequence[str] | None = None) -> Any:
     """The FastAPI app of ``teamrl serve``: completions, models, health and LoRA load/unload at the
-    paths of the imitated server (vLLM under ``/v1``, SGLang at the root; plain teamrl serve both)."""
+    paths of the imitated server (vLLM under ``/v1``, SGLang at the root; plain teamrl serve both).
+    ``api_key``: every request needs ``Authorization: Bearer <api_key>`` (401 otherwise); ``allowed_paths``: the
+    folders an adapter or full weights may be loaded from over HTTP (403 outside them; ``None``: any)."""
     require_asgi()
     from fastapi import FastAPI, Request
     from fastapi.responses import JSONResponse, PlainTextResponse
@@ -602,6 +618,8 @@ def build_app(ms: "ModelServer") -> Any:
             raise RequestError(
                 400, f"{unknown[0]}: unsupported field; accepted: lora_name, lora_path, load_inplace", unknown[0]
             )
+        if isinstance(body.get("lora_path"), str) and body["lora_path"]:
+            allowed_folder(body["lora_path"], "lora_path", allowed_paths)
         with ms._lock:
             version = ms.load_adapter(body.get("lora_name"), body.get("lora_path"), _bool(body, "load_inplace", False))
         message = f"Success: LoRA adapter '{body['lora_name']}' added successfully."
@@ -632,6 +650,8 @@ def build_app(ms: "ModelServer") -> Any:
                                    "method")
             kwargs = body.get("kwargs") or {}
             path = kwargs.get("weights_path") if isinstance(kwargs, dict) else None
+            if isinstance(path, str) and path:
+                allowed_folder(path, "weights_path", allowed_paths)
 
             def reload() -> None:
                 with ms._lock:
@@ -650,29 +670,32 @@ def build_app(ms: "ModelServer") -> Any:
                 return answer if not isinstance(answer, dict) else JSONResponse(answer)
 
             app.add_api_route(f"{prefix}/{verb}_lora_adapter", route, methods=["POST"])
-    return Guard(app, MAX_BODY_BYTES, what="teamrl serve's limit")
+    return Guard(app, MAX_BODY_BYTES, token=api_key, what="teamrl serve's limit")
 
 
 class TeamrlHTTPServer(AsgiServer):
     """``teamrl serve``'s app (:func:`build_app`) on uvicorn, bound to ``host:port`` at construction."""
 
     def __init__(self, model_server: ModelServer, host: str = "127.0.0.1", port: int = 8000, verbose: bool = False,
-                 max_connections: int = MAX_CONNECTIONS) -> None:
+                 max_connections: int = MAX_CONNECTIONS, min_body_rate: float = MIN_BODY_RATE, api_key: str = "",
+                 allowed_paths: Sequence[str] | None = None) -> None:
         self.model_server = model_server
         self.verbose = verbose
-        super().__init__(build_app(model_server), host, port, verbose,
-                         ConnectionLimits(HEADER_TIMEOUT_S, BODY_TIMEOUT_S, max_connections,
+        super().__init__(build_app(model_server, api_key, allowed_paths), host, port, verbose,
+                         ConnectionLimits(HEADER_TIMEOUT_S, BODY_TIMEOUT_S, max_connections, min_body_rate,
                                           names=("teamrl serve's header timeout", "teamrl serve's body timeout",
-                                                 "teamrl serve --max-connections")))
+                                                 "teamrl serve --max-connections", "teamrl serve --min-body-rate")))
 
 
 def serve(model_server: ModelServer, host: str = "127.0.0.1", port: int = 8000, ready_file: str | None = None,
-          verbose: bool = False, max_connections: int = MAX_CONNECTIONS) -> None:
-    """Serve until SIGINT or SIGTERM, then close the socket and return."""
+          verbose: bool = False, max_connections: int = MAX_CONNECTIONS, min_body_rate: float = MIN_BODY_RATE,
+          api_key: str = "", allowed_paths: Sequence[str] | None = None) -> None:
+    """Serve until SIGINT or SIGTERM, then close the socket and return (``api_key``, ``allowed_paths``: see
+    :func:`build_app`)."""
     import signal
     import sys
 
-    httpd = TeamrlHTTPServer(model_server, host, port, verbose, max_connections)
+    httpd = TeamrlHTTPServer(model_server, host, port, verbose, max_connections, min_body_rate, api_key, allowed_paths)
     # uvicorn runs on a thread: this (main) thread keeps the signals, so a SIGTERM stops the server and
     # returns here (uvicorn's own handlers would re-raise it and end the process with -15)
     serving = threading.Thread(target=httpd.serve_forever, name="teamrl-serve", daemon=True)

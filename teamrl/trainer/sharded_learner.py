@@ -166,23 +166,32 @@ class ShardRank(RayPolicyWorker):
         self.rank, self.world = rank, world
         self.checkpointing = cfg.policy.activation_checkpointing
         self.ranks: GroupRanks | None = None
+        self.store_socket: socket.socket | None = None  # rank 0's: where the group's rendezvous listens
 
-    def address(self) -> tuple[str, int]:
-        """This node's address and a free port on it (rank 0's: where the group meets)."""
+    def node_ip(self) -> str:
+        """The address of the node this rank runs on (Ray's)."""
         import ray
 
-        host = ray.util.get_node_ip_address()
-        with socket.socket() as s:
-            s.bind((host, 0))
-            return host, s.getsockname()[1]
+        return ray.util.get_node_ip_address()
+
+    def address(self, loopback: bool) -> tuple[str, int]:
+        """Where the group meets (rank 0's): a socket listening on a free port of 127.0.0.1 (``loopback``: every rank
+        is on this machine) or of this node's address, never on every interface; :meth:`join` hands it to the
+        rendezvous store (torch's own TCPStore listens on ``*`` whatever host it is given)."""
+        host = "127.0.0.1" if loopback else self.node_ip()
+        self.store_socket = socket.create_server((host, 0), backlog=128)
+        return host, self.store_socket.getsockname()[1]
 
     def join(self, host: str, port: int, timeout_s: float) -> int:
         """Join the group at ``host:port`` (rank 0 hosts it) and shard every model; returns this process's id."""
         dev = self.router.device
         if dev.type == "cuda":
             torch.cuda.set_device(dev)
-        dist.init_process_group("nccl" if dev.type == "cuda" else "gloo", init_method=f"tcp://{host}:{port}",
-                                rank=self.rank, world_size=self.world, timeout=timedelta(seconds=timeout_s))
+        timeout = timedelta(seconds=timeout_s)
+        listen_fd = self.store_socket.fileno() if self.rank == 0 and self.store_socket is not None else None
+        store = dist.TCPStore(host, port, self.world, self.rank == 0, timeout, master_listen_fd=listen_fd)
+        dist.init_process_group("nccl" if dev.type == "cuda" else "gloo", store=store, rank=self.rank,
+                                world_size=self.world, timeout=timeout)
         from torch.distributed.device_mesh import init_device_mesh
 
         mesh = init_device_mesh(dev.type, (self.world,))
@@ -315,7 +324,9 @@ class ShardedLearner:
             for w, actors in self.ranks.items():
                 self.pids[w] = [d["pid"] for d in self._all(w, [a.where.remote() for a in actors])]
                 if len(actors) > 1:
-                    host, port = self._all(w, [actors[0].address.remote()])[0]
+                    # one machine: the rendezvous on loopback; several: on rank 0's node address
+                    loopback = len(set(self._all(w, [a.node_ip.remote() for a in actors]))) == 1
+                    host, port = self._all(w, [actors[0].address.remote(loopback)])[0]
                     self._all(w, [a.join.remote(host, port, p.collective_timeout_s) for a in actors])
             for name in self._names:
                 self._versions[name] = self._on(name, lambda a, *r: a.load_adapter_state.remote(*r), name,
