@@ -130,6 +130,9 @@ def test_advice_names_the_figure_it_follows_from():
     assert "every reward 1 (the task's maximum) -> the task is too easy" in advice(easy)[0]
     fine = Calibration([_result("as configured", 2)], ("agent",), problems=4)
     assert advice(fine) == ["2 of 4 groups varied (50%) as configured: the rewards give a learning signal"]
+    rare = Calibration([_result("as configured", 1, groups=8)], ("agent",), problems=8)
+    assert ("1 of 16 episodes scored 1.000 (the best) -> a warm start from the team's own successes: teamrl sft "
+            "--self-play 8 --min-reward 1") in "\n".join(advice(rare))
 
 
 def test_bad_input_is_one_line_and_exit_2(capsys, tmp_path):

@@ -45,6 +45,7 @@ DEFAULT_GROUP_SIZE = 4  # when the config's group size is 1 (nothing to compare 
 SWEEPABLE = ("task.", "rollout.", "workflow.")  # what a setting may change: the model and its policies stay loaded
 RESULTS_FILE = "calibration.json"
 TRUNCATED_ADVICE = 0.2  # a share of replies cut at max_new_tokens worth raising it for
+SUCCESS_ADVICE = 0.25  # best-scoring episodes rarer than this: keep them as a warm start (teamrl sft --self-play)
 VALID_ADVICE = 0.5  # a share of replies in their role's format under which a warm start of the format comes first
 LITTLE_SIGNAL = 0.25  # a share of varied groups under which larger groups are worth their cost
 
@@ -310,8 +311,9 @@ def advice(cal: Calibration) -> list[str]:
     if not varied:
         where = f"0 of {groups} groups varied at {len(cal.results)} setting{'s' * (len(cal.results) != 1)}"
         if rewards and all(v == 0 for v in rewards):
-            lines.append(f"{where}: every reward 0 -> the task is too hard for this model: a warm start (teamrl sft), "
-                         "an easier level (--set / --level a task option), or a larger model")
+            lines.append(f"{where}: every reward 0 -> the task is too hard for this model: a warm start (teamrl sft "
+                         "on demonstrations, or teamrl sft --self-play N --player FILE.py:fn from a scripted player's "
+                         "successes), an easier level (--set / --level a task option), or a larger model")
         elif all(s == 1 for s in scores):
             lines.append(f"{where}: every reward 1 (the task's maximum) -> the task is too easy for this model: a "
                          "harder level (--set / --level a task option)")
@@ -338,6 +340,12 @@ def advice(cal: Calibration) -> list[str]:
                          "it acts on), or drop it from the team")
         elif silent:
             lines.append(f"role {role} acted at some settings only: 0 calls at {', '.join(r.label for r in silent)}")
+    best_score = max(scores, default=0.0)
+    reached = sum(v >= best_score for v in scores)
+    if 0 < best_score and reached / len(scores) < SUCCESS_ADVICE:
+        lines.append(f"{reached} of {len(scores)} episodes scored {best_score:.3f} (the best) -> a warm start from the "
+                     f"team's own successes: teamrl sft --self-play 8 --min-reward {best_score:.3g} (then teamrl train "
+                     "--resume)")
     if f["valid"] is not None and f["valid"] < VALID_ADVICE:
         lines.append(f"format validity {_pct(f['valid'])} ({own.label}) -> a warm start of the format (teamrl sft) "
                      "before RL: a reply the task cannot read scores alike")
