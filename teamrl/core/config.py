@@ -227,7 +227,7 @@ class RolloutConfig:
 
 # The KL weight toward the warm start a run that began from one takes by default (train.loss.kl_coef: null). On
 # reverse_text (seed 0, 20 GRPO steps at lr 5e-4), 0.05 let the adapter drift 1.9 nats/token from its warm start and
-# lose 0.053 held out; 0.5 kept the drift under 0.43 and the warm start's score (+0.039 +/- 0.024): docs/learning.md.
+# lose 0.053 held out; 0.5 kept it at most 0.44 and the warm start's score (+0.039 +/- 0.024): docs/learning.md.
 WARM_START_KL_COEF = 0.5
 
 
