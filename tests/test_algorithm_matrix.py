@@ -92,4 +92,7 @@ def test_example_trains_with_another_algorithm_by_one_config_key(tmp_path, algor
     else:  # MAGRPO: every role's first call branches: G proposals, G critiques under each, G verdicts under each of those
         # (before: only the proposer trained, optimizer_steps 0 for the critic and the judge)
         assert sorted(r["role"] for r in trained) == ["critic"] * 4 + ["judge"] * 8 + ["proposer"] * 2
-        assert all(record[f"optimizer_steps/{role}"] == 1 for role in ("proposer", "critic", "judge"))
+        # each role's samples reached an update: a step, or one skipped because its samples carried no signal (the
+        # tiny model's rewards may all be equal: no optimizer step from noise)
+        assert all(record[f"optimizer_steps/{role}"] + record.get(f"skipped_no_signal/{role}", 0) == 1
+                   for role in ("proposer", "critic", "judge"))
