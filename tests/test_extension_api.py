@@ -208,3 +208,13 @@ def test_role_map_needs_a_mode_with_several_policies_and_valid_names():
         load_config(None, ["policy.roles={a: a}"])
     with pytest.raises(ConfigError, match="is not a policy name"):
         load_config(None, ["policy.mode=lora_per_role", "policy.roles={a: 'x y'}"])
+
+
+def test_the_same_plugin_file_twice_in_one_process_registers_once(tmp_path, capsys):
+    """A second CLI run in the same process (a notebook, a test, a script calling main twice) with the same --plugin
+    file: its registrations stand; before, the second import registered its names again and failed."""
+    plugin = tmp_path / "twice.py"
+    plugin.write_text("from teamrl.api import register_reward\n\n\n@register_reward('twice_reward')\n"
+                      "def twice_reward(sample, outcome):\n    return 0.0\n")
+    args = ["config", "--plugin", str(plugin), "workflow.reward=twice_reward"]
+    assert main(args) == 0 and main(args) == 0, capsys.readouterr().err

@@ -92,6 +92,9 @@ def test_the_run_summary_skips_a_step_whose_reward_mean_was_not_finite(capsys, m
         run_dir = tmp_path
         warm_start = None  # a run from the base weights (the summary names a warm start when there is one)
 
+        def best_checkpoint_line(self) -> None:  # no held-out evaluation, no best checkpoint to name
+            return None
+
         def train(self) -> list[dict[str, Any]]:
             return [{"step": 1, "reward_mean": None, "update_s": 0.1, "rollout_s": 0.1},
                     {"step": 2, "reward_mean": 0.5, "update_s": 0.1, "rollout_s": 0.1}]

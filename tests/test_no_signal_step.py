@@ -141,7 +141,7 @@ def test_two_ranks_skip_as_one_rank_does_when_no_rank_alone_sees_the_advantages_
     neither rank's share of it sums to 0, yet both ranks skip the planner's step, as one process does."""
     pytest.importorskip("ray")
     extra = ["policy.placement=ray", "policy.workers={base: [planner, coder]}", "policy.ranks={base: 2}",
-             "policy.ray_timeout_s=60", "policy.collective_timeout_s=60",
+             "policy.ray_timeout_s=180", "policy.collective_timeout_s=180",
              "train.lr=0.0001"]  # as test_sharded_learner: Adam's first steps at 1e-2 magnify reduction-order differences
     cfg = load_config(None, [*COMMON, *extra])
     router = make_router(cfg, ROLES)

@@ -55,6 +55,9 @@ def load_plugin(path: str | Path) -> str:
         raise InputFileMissing(f"--plugin {str(p)!r}: no such Python file; give the path of a .py file that registers "
                                "tasks, workflows or rewards")
     name = f"teamrl_plugin_{p.stem}"
+    loaded = sys.modules.get(name)
+    if loaded is not None and Path(getattr(loaded, "__file__", "") or "").resolve() == p.resolve():
+        return name  # imported already in this process (a second run of the CLI): its registrations stand
     spec = importlib.util.spec_from_file_location(name, p)
     assert spec is not None and spec.loader is not None  # a .py file always has a source loader
     module = importlib.util.module_from_spec(spec)

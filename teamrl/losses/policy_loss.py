@@ -207,7 +207,8 @@ def policy_loss(
             "LossConfig.max_completion_length: required by aggregation 'dr_grpo' (its constant denominator); "
             "LossConfig.resolve sets it to rollout.max_new_tokens"
         )
-    if cfg.kl_coef > 0 and ref_logprobs is None:
+    kl_coef = cfg.kl_coef or 0.0  # resolved above: a float
+    if kl_coef > 0 and ref_logprobs is None:
         raise ValueError(f"LossConfig.kl_coef={cfg.kl_coef} > 0 needs ref_logprobs")
     weighted = cfg.importance_correction != "none"
     if weighted:
@@ -244,8 +245,8 @@ def policy_loss(
         if cfg.kl_bias_correction:
             # samples come from the old policy: reweight to the current one (the ratio keeps its gradient)
             kl_t = kl_t * ratio
-        if cfg.kl_coef > 0:
-            loss_t = loss_t + cfg.kl_coef * kl_t
+        if kl_coef > 0:
+            loss_t = loss_t + kl_coef * kl_t
     else:
         kl_t = None
 

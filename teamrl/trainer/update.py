@@ -318,7 +318,7 @@ def _extra_passes(ranks: Ranks | None, planned: int) -> int:
 def _contributes(sample: Sample, loss: LossConfig) -> bool:
     """Whether ``sample`` adds to the loss or its gradient: without a KL term, one with advantage 0
     adds exactly nothing (its forward and backward passes can be skipped)."""
-    return loss.kl_coef > 0 or sample.advantage != 0
+    return (loss.kl_coef or 0) > 0 or sample.advantage != 0  # kl_coef null (unresolved): no warm start, no KL
 
 
 def _old_logprobs(policy: Policy, samples: Sequence[Sample], settings: UpdateParams, pad_id: int,
