@@ -40,4 +40,6 @@ from teamrl.cli import main  # noqa: E402
 
 sys.exit(main(["serve", "--strict", "vllm", "--logprobs-mode", ns.logprobs_mode, "--model", ns.model, "--served-model-name",
                ns.served_model_name, "--host", ns.host, "--port", ns.port, "--dtype", ns.dtype, "--threads", "1",
-               "--allowed-path", "/"]))  # vLLM loads adapters from any folder: so does its stand-in
+               "--allowed-path", "/",  # vLLM loads adapters from any folder: so does its stand-in
+               # vLLM takes its key from VLLM_API_KEY as from --api-key
+               *(("--api-key", os.environ["VLLM_API_KEY"]) if os.environ.get("VLLM_API_KEY") else ())]))

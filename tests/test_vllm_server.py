@@ -15,6 +15,7 @@ import time
 import uuid
 from pathlib import Path
 
+import httpx
 import pytest
 
 from teamrl.core.config import ConfigError, VllmConfig, load_config
@@ -99,7 +100,16 @@ def test_a_run_starts_the_server_with_the_flags_trains_and_leaves_no_process(tmp
     assert {k: argv[k] for k in ("--dtype", "--max-loras", "--logprobs-mode", "--host")} == {
         "--dtype": "float32", "--max-loras": "1", "--logprobs-mode": "processed_logprobs", "--host": "127.0.0.1"}
     assert argv["--max-lora-rank"] == "8"  # policy.lora.r=4, rounded up to a rank vLLM takes
+    # issue 57 item 7: every managed server gets its own key, in its environment (not on the command line, which
+    # every local user can read), and the rollouts send it
+    key = got["env"].pop("VLLM_API_KEY", "")
     assert got["env"] == {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True", "VLLM_CPU_KVCACHE_SPACE": "2"}
+    assert len(key) >= 32 and key == server.api_key == trainer.engine.api_key and key not in " ".join(got["argv"])
+    for path, body in (("/v1/load_lora_adapter", {"lora_name": "x", "lora_path": str(tmp_path)}),
+                       ("/v1/completions", {"model": str(tiny_folder), "prompt": [1, 2], "max_tokens": 1})):
+        no_key = httpx.post(server.url + path, json=body, timeout=30)
+        wrong = httpx.post(server.url + path, json=body, headers={"Authorization": "Bearer " + key[:-1]}, timeout=30)
+        assert (no_key.status_code, wrong.status_code) == (401, 401), (path, no_key.text, wrong.text)
     assert processes_with(marker) and alive(got["pid"])
     trainer.train()
     err = capsys.readouterr().err

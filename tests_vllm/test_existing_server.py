@@ -23,7 +23,9 @@ def narrow_server(tmp_path_factory):
     server = ManagedVLLMServer(VllmConfig(), "smollm2-135m", policies=1, lora_rank=8,
                                log_path=tmp_path_factory.mktemp("narrow") / "vllm_server.log")
     url = server.start()
-    yield url
+    with pytest.MonkeyPatch.context() as mp:  # a server the user started with a key: the runs take it from here
+        mp.setenv("TEAMRL_API_KEY", server.api_key)
+        yield url
     server.stop()
     assert_server_gone(server.server_pid, server.port)
 

@@ -106,6 +106,17 @@ def test_grpo_full_weights_two_steps_through_a_managed_vllm_server_and_a_stale_r
     trainer = Trainer(load_config(REPO / "configs" / "grpo_word_count.yaml", overrides))
     server = trainer.vllm_server
     assert "--enable-lora" not in server.command() and server.environment()["VLLM_SERVER_DEV_MODE"] == "1"
+    # issue 57 item 7: the dev endpoints are behind the server's key (vLLM's own check covers /v1/... only)
+    import httpx
+
+    key = {"Authorization": f"Bearer {server.api_key}"}
+    refused = {path: httpx.request(method, server.url + path, json=body, timeout=30).status_code
+               for method, path, body in (("POST", "/collective_rpc", {"method": "reload_weights"}),
+                                          ("POST", "/v1/completions", {"model": "x", "prompt": "a", "max_tokens": 1}),
+                                          ("GET", "/health", None))}
+    print(f"[test-vllm] vllm-full without the key: {refused}; /health with it: "
+          f"{httpx.get(server.url + '/health', headers=key, timeout=30).status_code}", flush=True)
+    assert set(refused.values()) == {401} and httpx.get(server.url + "/health", headers=key, timeout=30).is_success
     first = tmp_path / "v1"
     trainer.router.policies["shared"].save_weights(first)
     tol = trainer.cfg.rollout.server_check_tolerance

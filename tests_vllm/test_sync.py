@@ -31,7 +31,9 @@ SMALL = ["rollout.batch_size=2", "rollout.group_size=4", "rollout.max_new_tokens
 def server(tmp_path_factory):
     srv = ManagedVLLMServer(VllmConfig(), "smollm2-135m", 2, 16, tmp_path_factory.mktemp("vllm") / "vllm_server.log")
     srv.start(log=lambda line: print(f"[test-vllm] {line}", flush=True))
-    yield srv
+    with pytest.MonkeyPatch.context() as mp:  # a server the user started with a key: the runs take it from here
+        mp.setenv("TEAMRL_API_KEY", srv.api_key)
+        yield srv
     srv.stop(log=lambda line: print(f"[test-vllm] {line}", flush=True))
     assert_server_gone(srv.server_pid, srv.port)
 

