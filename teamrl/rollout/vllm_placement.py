@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from teamrl.core.config import Config, ConfigError
+from teamrl.core.ray_cluster import start_ray
 from teamrl.rollout.completions_api import ServerError
 from teamrl.rollout.vllm_server import STOP_GRACE_S, ManagedVLLMServer, free_port
 
@@ -165,8 +166,7 @@ def start_ray_servers(cfg: Config, run_dir: str | Path, policies: int, log: Call
 
     say = log or (lambda line: print(line, file=sys.stderr, flush=True))
     v, p = cfg.rollout.vllm, cfg.policy
-    if not ray.is_initialized():
-        ray.init(address=p.ray_address or None, include_dashboard=False, log_to_driver=False)
+    start_ray(p.ray_address)
     res = dict(v.resources)
     asked = {"num_cpus": res.pop("num_cpus", 1), **res}
     # the actors import this very teamrl (its checkout on their PYTHONPATH), as the policy workers do

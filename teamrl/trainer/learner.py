@@ -36,6 +36,7 @@ import torch
 
 from teamrl.core.config import Config, ConfigError
 from teamrl.core.memory import trim_freed_memory
+from teamrl.core.ray_cluster import start_ray
 from teamrl.core.sample import Sample
 from teamrl.policies.router import PolicyRouter
 from teamrl.trainer.update import UpdateParams, update_policy_steps
@@ -192,20 +193,12 @@ def actor_options(cfg: Config, worker: str) -> tuple[dict[str, Any], dict[str, A
     return {"runtime_env": {"env_vars": env}, "max_restarts": 0, **asked}, asked
 
 
-def start_ray(cfg: Config) -> None:
-    """Start Ray (``policy.ray_address``, else a local one) unless it runs in this process already."""
-    import ray
-
-    if not ray.is_initialized():
-        ray.init(address=cfg.policy.ray_address or None, include_dashboard=False, log_to_driver=False)
-
-
 def start_actors(cfg: Config, groups: dict[str, tuple[list[str], dict[str, str]]]) -> dict[str, tuple[Any, dict]]:
     """One Ray actor per worker (``groups``: its roles and role map), with the resources ``policy.resources``
     asks for; starts Ray if none runs in this process. Worker name -> (actor handle, the resources it asked for)."""
     import ray
 
-    start_ray(cfg)
+    start_ray(cfg.policy.ray_address)
     actor_cls = ray.remote(RayPolicyWorker)
     actors = {}
     for worker, (roles, role_map) in groups.items():

@@ -40,10 +40,11 @@ from torch.distributed.tensor import DTensor
 
 from teamrl.core.config import Config, ConfigError
 from teamrl.core.memory import trim_freed_memory
+from teamrl.core.ray_cluster import start_ray
 from teamrl.policies.policy import Policy
 from teamrl.policies.router import PolicyRouter
 from teamrl.trainer.learner import (LearnBatch, PolicyState, RayPolicyWorker, StepStats, WorkerFailed,
-                                    actor_options, roles_of, start_ray, worker_groups)
+                                    actor_options, roles_of, worker_groups)
 from teamrl.trainer.update import check_sampling_logprobs, update_policy_steps
 
 # Seconds to wait, after one rank failed, for the answers of the others: a dead rank (whose peers fail in the
@@ -301,7 +302,7 @@ class ShardedLearner:
         self.ranks: dict[str, list[Any]] = {}
         self.pids: dict[str, list[int]] = {}
         self.groups: dict[str, Any] = {}  # worker -> its placement group
-        start_ray(cfg)
+        start_ray(cfg.policy.ray_address)
         try:
             for w, names in groups.items():
                 n = p.ranks.get(w, 1)
