@@ -181,3 +181,32 @@ def test_a_gateway_team_s_calls_are_counted_and_saved(capsys, tmp_path):
         assert e["calls"][1]["reward"] == e["team_return"]
     figures = json.loads((tmp_path / "cal" / "calibration.json").read_text())["settings"][0]["figures"]
     assert figures["roles"]["solver"]["calls_per_episode"] == 1 and figures["silent_roles"] == []
+
+
+def _spread(label: str, low: float, truncated: float) -> SettingResult:
+    """4 groups of 2 calls rewarded on a continuous scale (word_count's), every group varied, each best unique."""
+    episodes = []
+    for g in range(4):
+        for k in range(2):
+            reward = low + 0.1 * g + 0.4 * k
+            call = {"role": "agent", "turn": 0, "reward": reward, "valid": None, "completion_tokens": 4,
+                    "finish_reason": "length" if k < 2 * truncated else "stop"}
+            episodes.append({"problem_id": f"p{g}", "score": reward, "correct": None, "calls": [call], "episode": k})
+    changes = tuple(label.split()) if label != "as configured" else ()
+    return SettingResult(changes, changes, 2, setting_figures(episodes, ["agent"]), episodes)
+
+
+def test_a_continuous_reward_whose_groups_vary_is_called_a_signal_and_gets_no_self_play_advice():
+    """Seen on SmolLM2 with grpo_word_count: every group varied (2 of 2) and calibrate still advised a warm start
+    from the team's own successes (the best score, as any best of a continuous reward, was rare), and raising
+    max_new_tokens, which lowered the reward (0.479 -> 0.375). Now: a signal line first, no self-play, and the
+    truncation advice says what the longer setting did to the reward."""
+    cal = Calibration([_spread("as configured", 0.2, truncated=0.5),
+                       _spread("rollout.max_new_tokens=128", 0.0, truncated=0.0)], ("agent",), problems=4)
+    lines = advice(cal)
+    text = "\n".join(lines)
+    assert lines[0] == "4 of 4 groups varied (100%) as configured: the rewards give a learning signal", lines
+    assert "self-play" not in text, text
+    assert ("50% of replies cut at max_new_tokens (as configured) (rollout.max_new_tokens=128: 0%, reward mean "
+            "0.550 -> 0.350) -> the longer replies scored lower: ask for shorter replies (the prompt, a task option) "
+            "rather than raise rollout.max_new_tokens") in text, text

@@ -326,11 +326,25 @@ def advice(cal: Calibration) -> list[str]:
         at = ", ".join(f"{r.label} ({r.figures['groups_varied']} of {r.figures['groups']})" for r in varied)
         lines.append(f"0 of {f['groups']} groups varied as configured; groups vary only at {at} -> set "
                      f"{' '.join(best_setting(cal).changes)}")
+    # as configured the groups vary enough to learn from: said first, and no warm start is pressed on it (any best
+    # score of a continuous reward is rare, which is no reason for one)
+    signal = f["groups_varied_share"] >= LITTLE_SIGNAL
+    if signal:
+        lines.append(f"{f['groups_varied']} of {f['groups']} groups varied ({_pct(f['groups_varied_share'])}) as "
+                     "configured: the rewards give a learning signal")
     if f["truncated"] is not None and f["truncated"] >= TRUNCATED_ADVICE:
-        longer = [r for r in cal.results if any(c.startswith("rollout.max_new_tokens=") for c in r.changes)]
-        also = "".join(f" ({r.label}: {_pct(r.figures['truncated'])})" for r in longer[:1])
-        lines.append(f"{_pct(f['truncated'])} of replies cut at max_new_tokens ({own.label}){also} -> raise "
-                     "rollout.max_new_tokens (or ask for shorter replies)")
+        longer = [r for r in cal.results if r.changes and all(c.startswith("rollout.max_new_tokens=") for c in r.changes)]
+        means = (f["reward_mean"], longer[0].figures["reward_mean"]) if longer else (None, None)
+        if None not in means and means[1] < means[0]:
+            r = longer[0]
+            lines.append(f"{_pct(f['truncated'])} of replies cut at max_new_tokens ({own.label}) ({r.label}: "
+                         f"{_pct(r.figures['truncated'])}, reward mean {f['reward_mean']:.3f} -> "
+                         f"{r.figures['reward_mean']:.3f}) -> the longer replies scored lower: ask for shorter replies "
+                         "(the prompt, a task option) rather than raise rollout.max_new_tokens")
+        else:
+            also = "".join(f" ({r.label}: {_pct(r.figures['truncated'])})" for r in longer[:1])
+            lines.append(f"{_pct(f['truncated'])} of replies cut at max_new_tokens ({own.label}){also} -> raise "
+                         "rollout.max_new_tokens (or ask for shorter replies)")
     for role in cal.roles:
         silent = [r for r in cal.results if role in r.figures["silent_roles"]]
         episodes = sum(r.figures["episodes"] for r in silent)
@@ -342,7 +356,7 @@ def advice(cal: Calibration) -> list[str]:
             lines.append(f"role {role} acted at some settings only: 0 calls at {', '.join(r.label for r in silent)}")
     best_score = max(scores, default=0.0)
     reached = sum(v >= best_score for v in scores)
-    if 0 < best_score and reached / len(scores) < SUCCESS_ADVICE:
+    if not signal and 0 < best_score and reached / len(scores) < SUCCESS_ADVICE:
         lines.append(f"{reached} of {len(scores)} episodes scored {best_score:.3f} (the best) -> a warm start from the "
                      f"team's own successes: teamrl sft --self-play 8 --min-reward {best_score:.3g} (then teamrl train "
                      "--resume)")
@@ -355,9 +369,6 @@ def advice(cal: Calibration) -> list[str]:
         lines.append(f"at best {best.figures['groups_varied']} of {best.figures['groups']} groups varied "
                      f"({_pct(share)}, {best.label}) -> little signal per step: larger groups (rollout.group_size="
                      f"{2 * best.group_size}) or a level nearer half success")
-    if not lines:
-        lines.append(f"{f['groups_varied']} of {f['groups']} groups varied ({_pct(f['groups_varied_share'])}) as "
-                     "configured: the rewards give a learning signal")
     return lines
 
 
