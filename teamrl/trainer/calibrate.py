@@ -333,7 +333,8 @@ def advice(cal: Calibration) -> list[str]:
         lines.append(f"{f['groups_varied']} of {f['groups']} groups varied ({_pct(f['groups_varied_share'])}) as "
                      "configured: the rewards give a learning signal")
     if f["truncated"] is not None and f["truncated"] >= TRUNCATED_ADVICE:
-        longer = [r for r in cal.results if r.changes and all(c.startswith("rollout.max_new_tokens=") for c in r.changes)]
+        longer = [r for r in cal.results
+                  if r.changes and all(c.startswith("rollout.max_new_tokens=") for c in r.changes)]
         means = (f["reward_mean"], longer[0].figures["reward_mean"]) if longer else (None, None)
         if None not in means and means[1] < means[0]:
             r = longer[0]
