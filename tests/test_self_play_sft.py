@@ -193,3 +193,27 @@ def test_a_player_answers_only_its_roles(tmp_path, pair_workflow):
         by_role = {s.role: s for s in e.samples}
         assert by_role["writer"].text == "bad" and by_role["writer"].tags.get("player")
         assert "player" not in by_role["checker"].tags  # the model answered the checker
+
+
+def test_a_player_is_given_a_list_of_messages_when_the_workflow_passed_a_string(tmp_path, monkeypatch):
+    """Seen writing examples/coder_critic_player.py: the coder + critic workflow calls ctx.generate(role, "text"), and
+    the player was handed the bare string, so ``messages[-1]["content"]`` (the docs' own example reads
+    ``messages[0]["content"]``) raised TypeError. A player now always gets ``[{"role": "user", "content": ...}]``."""
+    monkeypatch.setattr(WORKFLOWS, "_items", dict(WORKFLOWS._items))
+
+    @register_workflow("selfsft_plain", roles=("writer",))
+    async def plain(ctx, task, problem, settings):
+        return float(await ctx.generate("writer", f"write for {problem.id}") == "good")
+
+    seen = []
+
+    def player(role, messages):
+        seen.append(messages)
+        return "good"
+
+    cfg = _cfg(tmp_path, "plain", "workflow.name=selfsft_plain")
+    router, _ = sft_router(cfg)
+    task = make_task(cfg.task)
+    problem = task.problems()[0]
+    (episode,) = sample_episodes(cfg, router, task, [problem], 1, 1.0, 0, player=player)
+    assert seen == [[{"role": "user", "content": f"write for {problem.id}"}]] and episode.reward == 1.0

@@ -1,13 +1,13 @@
 """A player: a Python function that writes a role's replies instead of the model.
 
-``player(role, messages) -> str`` (or an ``async def``) is given what ``ctx.generate(role, messages)``
-was given and returns the reply. :class:`PlayerContext` is the recording episode context with the
-player's roles answered by it: each reply becomes a :class:`~teamrl.core.sample.Sample` whose prompt
-ids are rendered as every call's are (the policy's chat template, :meth:`EpisodeContext.render`)
-and whose completion ids are the reply's tokens and EOS, so what is recorded is what the policy
-would be trained on. ``teamrl sft --self-play N --player module:function`` samples with one: a
-scripted solver, a rule, or a larger model behind an API writes the team's replies and the
-successful episodes become the warm start of the policies.
+``player(role, messages) -> str`` (or an ``async def``) is given what ``ctx.generate(role, messages)`` was given, as
+a list of ``{"role", "content"}`` messages (a string is one user message), and returns the reply.
+:class:`PlayerContext` is the recording episode context with the player's roles answered by it: each reply becomes a
+:class:`~teamrl.core.sample.Sample` whose prompt ids are rendered as every call's are (the policy's chat template,
+:meth:`EpisodeContext.render`) and whose completion ids are the reply's tokens and EOS, so what is recorded is what
+the policy would be trained on. ``teamrl sft --self-play N --player module:function`` samples with one: a scripted
+solver, a rule, or a larger model behind an API writes the team's replies and the successful episodes become the
+warm start of the policies.
 
 Only calls made through ``ctx.generate`` reach a player; calls an OpenAI-API workflow makes through
 the gateway go to the model (:func:`check_player_answered` says so in one line).
@@ -78,9 +78,11 @@ class PlayerContext(EpisodeContext):
                              "declare it in register_workflow(name, roles=(...))") from None
         prompt_text, prompt_ids = self.render(messages, tools)
         tok = self.tokenizer
+        # one shape for every player, whichever ctx.generate was given: a string is one user message
+        shown = [{"role": "user", "content": messages}] if isinstance(messages, str) else messages
         out = []
         for j in range(n):
-            reply = self.player(role, messages)
+            reply = self.player(role, shown)
             if inspect.isawaitable(reply):
                 reply = await reply
             if not isinstance(reply, str):
