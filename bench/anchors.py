@@ -233,14 +233,14 @@ def prompt_groups(samples, loss=None) -> list[tuple[int, list[int], list[bool]]]
     takes them: (prompt length, completion lengths, whether the update trains on each: a trainable sample
     the update's own rule keeps under ``loss``, a ``LossConfig``, default: no KL term, so a non-zero advantage)."""
     from teamrl.losses import LossConfig
-    from teamrl.trainer.update import _contributes
+    from teamrl.trainer.update import contributes_to_loss
 
     loss = loss or LossConfig()
     groups: dict[tuple, tuple[int, list[int], list[bool]]] = {}
     for s in samples:
         g = groups.setdefault((s.policy, tuple(s.prompt_ids)), (len(s.prompt_ids), [], []))
         g[1].append(len(s.completion_ids))
-        g[2].append(s.trainable and _contributes(s, loss))
+        g[2].append(s.trainable and contributes_to_loss(s, loss))
     return list(groups.values())
 
 

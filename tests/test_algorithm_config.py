@@ -19,7 +19,8 @@ def test_algorithm_sections_are_registered_beside_their_algorithms():
     from teamrl.algorithms.at_grpo import ATGRPOConfig
     from teamrl.algorithms.m_grpo import MGRPOConfig
     from teamrl.algorithms.magrpo import MAGRPOConfig
-    from teamrl.core.config import SECTIONS, config_to_dict, describe_schema
+    from teamrl.core.config import SECTIONS, config_to_dict
+    from teamrl.core.schema_doc import describe_schema
 
     assert SECTIONS["magrpo"] is MAGRPOConfig and SECTIONS["at_grpo"] is ATGRPOConfig and SECTIONS["m_grpo"] is MGRPOConfig
     cfg = load_config(None, ["algorithm=magrpo", "magrpo.num_turns=2", "at_grpo.alpha=0.5"])

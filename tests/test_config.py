@@ -3,7 +3,8 @@ import sys
 
 import pytest
 
-from teamrl.core.config import Config, ConfigError, describe_schema, load_config
+from teamrl.core.config import Config, ConfigError, load_config
+from teamrl.core.schema_doc import describe_schema
 
 
 def test_defaults_and_overrides_are_typed(tmp_path):

@@ -17,7 +17,8 @@ from teamrl.core.config import ConfigError, load_config
 from teamrl.policies.chat import encode_chat
 from teamrl.policies.router import role_type
 from teamrl.rollout.engine import SamplingParams
-from teamrl.rollout.gateway import EpisodeHost, Gateway, GatewayOptions
+from teamrl.rollout.gateway import Gateway, GatewayOptions
+from teamrl.rollout.gateway_episode import EpisodeHost
 from teamrl.rollout.hf_engine import HFEngine
 from teamrl.rollout.scheduler import GenerationScheduler
 from teamrl.tasks.solve import MathSolve, MathSolveOptions

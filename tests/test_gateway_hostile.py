@@ -25,7 +25,8 @@ import pytest
 
 from tests.test_gateway import RecordingEngine, run_episodes, serving
 from teamrl.tasks.solve import MathSolve, MathSolveOptions
-from teamrl.rollout.gateway import MAX_CLAIM_WAIT_S, ClientGone, Gateway, GatewayOptions
+from teamrl.rollout.gateway import MAX_CLAIM_WAIT_S, Gateway, GatewayOptions
+from teamrl.rollout.gateway_episode import ClientGone
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,8 @@ from typing import Any, Iterator
 import httpx
 import pytest
 
-from teamrl.rollout.gateway import Gateway, GatewayEpisode, GatewayOptions
+from teamrl.rollout.gateway import Gateway, GatewayOptions
+from teamrl.rollout.gateway_episode import GatewayEpisode
 
 REPO = Path(__file__).resolve().parents[1]
 ROLES = ("writer", "checker")

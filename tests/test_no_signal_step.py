@@ -15,7 +15,8 @@ import torch
 from teamrl.core.config import load_config
 from teamrl.core.sample import Sample
 from teamrl.losses import group_advantages
-from teamrl.trainer.learner import LearnBatch, LocalLearner, make_learner, make_router
+from teamrl.trainer.learner import LearnBatch, LocalLearner, make_router
+from teamrl.trainer.learner_setup import make_learner
 from teamrl.trainer.step_metrics import learner_metrics
 from teamrl.trainer.update import make_update_params
 from tests.test_rollout_pool import local_ray  # noqa: F401  (two Ray nodes of 2 CPUs, this process connected)

@@ -622,11 +622,11 @@ def test_decoding_what_the_program_returned_is_bounded_by_the_wall_clock_limit(c
 
 def test_a_value_not_read_by_the_runs_deadline_does_not_pass():
     from teamrl.sandbox.judge import split_test
-    from teamrl.sandbox.records import _Records
+    from teamrl.sandbox.records import Records
     from teamrl.sandbox.sandbox import _judge_calls
 
-    def judged(deadline: float) -> _Records:
-        rec = _Records(tests={}, values={0: {0: '["i", 3]'}}, value_chunks={0: 1}, done=True)
+    def judged(deadline: float) -> Records:
+        rec = Records(tests={}, values={0: {0: '["i", 3]'}}, value_chunks={0: 1}, done=True)
         _judge_calls(rec, [split_test("assert add(1, 2) == 3")], FAST, "auto", deadline)
         return rec
 

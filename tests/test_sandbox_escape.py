@@ -375,7 +375,7 @@ def test_without_bubblewrap_the_run_is_refused_naming_the_package(monkeypatch):
 def test_an_isolation_step_that_did_not_happen_refuses_the_run(monkeypatch, weakened):
     from teamrl.sandbox import jail, relay, sandbox
 
-    real = jail._bwrap_command
+    real = jail.bwrap_command
 
     def weaker(*args, **kwargs):
         command = real(*args, **kwargs)
@@ -385,7 +385,7 @@ def test_an_isolation_step_that_did_not_happen_refuses_the_run(monkeypatch, weak
         raise AssertionError(f"{weakened} not in the bwrap command")
 
     for module in (sandbox, relay):  # the program's run and the judge's
-        monkeypatch.setattr(module, "_bwrap_command", weaker)
+        monkeypatch.setattr(module, "bwrap_command", weaker)
     r = run_program("print('ran')", ["assert True"], FAST)
     assert r.status == "crash" and r.tests_passed == 0 and "ran" not in r.stdout, r
     assert "could not set up isolation" in r.first_failure, r.first_failure
@@ -394,9 +394,9 @@ def test_an_isolation_step_that_did_not_happen_refuses_the_run(monkeypatch, weak
 def test_a_bubblewrap_failure_is_reported_with_its_message(monkeypatch):
     from teamrl.sandbox import jail, relay, sandbox
 
-    real = jail._bwrap_command
+    real = jail.bwrap_command
     for module in (sandbox, relay):  # the program's run and the judge's
-        monkeypatch.setattr(module, "_bwrap_command", lambda *a, **k: real(*a, **k)[:1] + ["--ro-bind", "/nonexistent-src", "/x"] + real(*a, **k)[1:])
+        monkeypatch.setattr(module, "bwrap_command", lambda *a, **k: real(*a, **k)[:1] + ["--ro-bind", "/nonexistent-src", "/x"] + real(*a, **k)[1:])
     r = run_program("print('ran')", [], FAST)
     assert r.status == "crash" and "ran" not in r.stdout, r
     assert "could not set up isolation" in r.first_failure and "nonexistent-src" in r.first_failure, r.first_failure

@@ -15,7 +15,8 @@ from teamrl.core.config import ConfigError, load_config
 from teamrl.core.sample import Sample
 from teamrl.losses import LossConfig
 from teamrl.losses.policy_loss import AGGREGATIONS
-from teamrl.trainer.learner import LearnBatch, LocalLearner, WorkerFailed, make_learner, make_router
+from teamrl.trainer.learner import LearnBatch, LocalLearner, WorkerFailed, make_router
+from teamrl.trainer.learner_setup import make_learner
 from teamrl.trainer.update import UpdateParams
 from tests.test_placement import _alive
 from tests.test_rollout_pool import local_ray  # noqa: F401  (two Ray nodes of 2 CPUs, this process connected)

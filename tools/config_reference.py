@@ -3,7 +3,7 @@
     python tools/config_reference.py            # rewrite docs/config.md
     python tools/config_reference.py --check    # exit 1 when docs/config.md is stale
 
-The table comes from :func:`teamrl.core.config.schema_table` (every key's type, default and
+The table comes from :func:`teamrl.core.schema_doc.schema_table` (every key's type, default and
 doc); the prose above it is :data:`INTRO`. ``tests/test_docs.py`` fails when the file and the
 schema disagree.
 """
@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script from a checkout
     sys.path.insert(0, str(ROOT))
 
-from teamrl.core.config import schema_table  # noqa: E402
+from teamrl.core.schema_doc import schema_table  # noqa: E402
 
 DOC = ROOT / "docs" / "config.md"
 

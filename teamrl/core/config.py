@@ -17,9 +17,9 @@ from typing import Any, Callable, TypeVar
 
 
 from teamrl.core.errors import ConfigError, InputError, InputFileMissing  # noqa: F401  (their home before)
-from teamrl.core.options import (BYTES_PER_SAMPLE, BYTES_PER_TOKEN, MAX_NAME_BYTES, _coerce, build_dataclass,
+from teamrl.core.options import (BYTES_PER_SAMPLE, BYTES_PER_TOKEN, MAX_NAME_BYTES, coerce, build_dataclass,
                                  check_fields, check_memory, option)
-from teamrl.core.yaml_io import (MAX_CONFIG_BYTES, MAX_YAML_REPEATS, _set_path, load_yaml,  # noqa: F401
+from teamrl.core.yaml_io import (MAX_CONFIG_BYTES, MAX_YAML_REPEATS, set_path, load_yaml,  # noqa: F401
                                  parse_overrides, read_yaml_mapping)
 
 
@@ -479,7 +479,8 @@ def _refuse_moved_keys(data: dict[str, Any]) -> None:
             raise ConfigError(f"{old} was moved: write {new}")
 
 
-def _load_section_providers() -> None:
+def load_section_providers() -> None:
+    """Import the modules that add their own config sections (``SECTION_PROVIDERS``)."""
     for module in SECTION_PROVIDERS:
         importlib.import_module(module)
 
@@ -488,10 +489,10 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     """Read a YAML config (or the defaults), apply overrides, validate, and return a :class:`Config`."""
     data: dict[str, Any] = read_yaml_mapping(path) if path is not None else {}
     for key, value in parse_overrides(overrides or []):
-        _set_path(data, key, value)
-    _load_section_providers()
+        set_path(data, key, value)
+    load_section_providers()
     _refuse_moved_keys(data)
-    sections = {name: _coerce(data.pop(name), cls, name) for name, cls in SECTIONS.items() if name in data}
+    sections = {name: coerce(data.pop(name), cls, name) for name, cls in SECTIONS.items() if name in data}
     try:
         cfg = build_dataclass(Config, data)
     except ConfigError as e:
@@ -709,5 +710,3 @@ def config_to_dict(cfg: Any) -> Any:
         return {k: config_to_dict(v) for k, v in cfg.items()}
     return cfg
 
-
-from teamrl.core.schema_doc import describe_schema, schema_table  # noqa: E402,F401  (needs Config above)

@@ -87,7 +87,7 @@ def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", str(tp)).replace("typing.", "")
 
 
-def _coerce(value: Any, tp: Any, key: str) -> Any:
+def coerce(value: Any, tp: Any, key: str) -> Any:
     """Check ``value`` against annotation ``tp``; build nested dataclasses."""
     if tp is Any:
         return value
@@ -101,7 +101,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             if a is type(None):
                 continue
             try:
-                return _coerce(value, a, key)
+                return coerce(value, a, key)
             except ConfigError as e:
                 errors.append(str(e))
         raise ConfigError(
@@ -117,7 +117,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         (inner,) = typing.get_args(tp)
         if not isinstance(value, list):
             raise ConfigError(f"{key}: expected a list of {_type_name(inner)}, got {value!r}")
-        return [_coerce(v, inner, f"{key}[{i}]") for i, v in enumerate(value)]
+        return [coerce(v, inner, f"{key}[{i}]") for i, v in enumerate(value)]
     if origin is dict:  # a free-form mapping: its keys and values are checked against the annotation too
         key_tp, value_tp = typing.get_args(tp) or (Any, Any)
         if not isinstance(value, dict):
@@ -131,7 +131,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
                     f"{key}: key {k!r} is not a string; expected a mapping of str to {_type_name(value_tp)} "
                     "(quote the key)"
                 )
-            out[k] = _coerce(v, value_tp, f"{key}.{k}")
+            out[k] = coerce(v, value_tp, f"{key}.{k}")
         return out
     if tp is float:
         if isinstance(value, str):  # YAML 1.1 reads "1e-3" (no dot) as a string
@@ -191,7 +191,7 @@ def build_dataclass(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
     kwargs = {}
     for name, value in data.items():
         key = prefix + name
-        v = _coerce(value, hints[name], key)
+        v = coerce(value, hints[name], key)
         _check_range(fields[name], v, key)
         kwargs[name] = v
     return cls(**kwargs)
@@ -205,7 +205,7 @@ def check_fields(obj: Any, prefix: str = "") -> None:
     hints = typing.get_type_hints(type(obj))
     for f in dataclasses.fields(obj):
         key = prefix + f.name
-        value = _coerce(getattr(obj, f.name), hints[f.name], key)
+        value = coerce(getattr(obj, f.name), hints[f.name], key)
         _check_range(f, value, key)
         object.__setattr__(obj, f.name, value)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import typing
 
-from teamrl.core.config import SECTIONS, Config, _load_section_providers
+from teamrl.core.config import SECTIONS, Config, load_section_providers
 
 
 def describe_schema(cls: type = Config, prefix: str = "") -> list[tuple[str, str, str, str]]:
@@ -13,7 +13,7 @@ def describe_schema(cls: type = Config, prefix: str = "") -> list[tuple[str, str
     built-in keys)."""
     rows = _describe_fields(cls, prefix)
     if cls is Config and not prefix:
-        _load_section_providers()
+        load_section_providers()
         for name, section in SECTIONS.items():
             rows += describe_schema(section, name + ".")
     return rows

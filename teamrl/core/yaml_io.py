@@ -150,7 +150,7 @@ def read_yaml_mapping(path: str | Path, what: str = "config file") -> dict[str, 
     return loaded
 
 
-def _set_path(data: dict[str, Any], dotted: str, value: Any) -> None:
+def set_path(data: dict[str, Any], dotted: str, value: Any) -> None:
     parts = dotted.split(".")
     node = data
     for p in parts[:-1]:

@@ -66,25 +66,25 @@ class MalformedAnswer(ServerError):
         self.reason = reason
 
 
-def _short(value: Any, limit: int = 60) -> str:
+def short_text(value: Any, limit: int = 60) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[:limit] + "..."
 
 
-def _completions(resp: Any, expected: int, vocab_size: int | None) -> list[Completion]:
+def post_completions(resp: Any, expected: int, vocab_size: int | None) -> list[Completion]:
     """The ``expected`` choices of a ``/v1/completions`` answer, in index order; ValueError (a few words) for an
     answer that is not one: not a JSON object, choices missing, mistyped, not indexed 0..expected-1, or holding
     token ids outside [0, vocab_size)."""
     if not isinstance(resp, dict):
-        raise ValueError(f"not a JSON object but {_short(resp)}")
+        raise ValueError(f"not a JSON object but {short_text(resp)}")
     choices = resp.get("choices")
     if not isinstance(choices, list) or not all(isinstance(c, dict) for c in choices):
-        raise ValueError(f"choices: expected a list of objects, got {_short(choices)}")
+        raise ValueError(f"choices: expected a list of objects, got {short_text(choices)}")
     indices = [c.get("index") for c in choices]
     if not all(isinstance(i, int) and not isinstance(i, bool) for i in indices) or sorted(indices) != list(
         range(expected)
     ):
-        raise ValueError(f"choices: expected {expected} indexed 0 to {expected - 1}, got indices {_short(indices)}")
+        raise ValueError(f"choices: expected {expected} indexed 0 to {expected - 1}, got indices {short_text(indices)}")
     out = []
     for c in sorted(choices, key=lambda c: c["index"]):
         try:
@@ -102,18 +102,18 @@ def _completion(choice: dict[str, Any]) -> Completion:
     """One OpenAI/vLLM/SGLang completion choice -> a :class:`Completion` (:class:`ServerError` for a malformed one)."""
     lp = choice.get("logprobs") or {}
     if not isinstance(lp, dict) or not isinstance(lp.get("token_logprobs") or [], list):
-        raise ServerError(f"logprobs: expected an object with a list token_logprobs, got {_short(lp)}")
+        raise ServerError(f"logprobs: expected an object with a list token_logprobs, got {short_text(lp)}")
     try:
         logprobs = [float(x) if x is not None else float("nan") for x in (lp.get("token_logprobs") or [])]
     except (TypeError, ValueError):
         raise ServerError(
-            f"logprobs.token_logprobs: expected numbers, got {_short(lp.get('token_logprobs'))}"
+            f"logprobs.token_logprobs: expected numbers, got {short_text(lp.get('token_logprobs'))}"
         ) from None
     ids = choice.get("token_ids")
     if ids is not None and not (
         isinstance(ids, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in ids)
     ):
-        raise ServerError(f"token_ids: expected a list of integers, got {_short(ids)}")
+        raise ServerError(f"token_ids: expected a list of integers, got {short_text(ids)}")
     if ids is None:
         tokens = lp.get("tokens")
         if tokens is None:
@@ -134,7 +134,7 @@ def _completion(choice: dict[str, Any]) -> Completion:
     stop_reason = choice["stop_reason"] if "stop_reason" in choice else choice.get("matched_stop")
     text = choice.get("text", "")
     if not isinstance(text, str):
-        raise ServerError(f"text: expected a string, got {_short(text)}")
+        raise ServerError(f"text: expected a string, got {short_text(text)}")
     if reason == "length":
         finish = "length"
     elif reason in ("stop", "eos") and isinstance(stop_reason, str):

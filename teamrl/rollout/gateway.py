@@ -38,13 +38,12 @@ import asyncio
 import hmac
 import math
 import re
-import secrets
 import sys
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
-from typing import Any, Callable, Hashable, Protocol
+from dataclasses import dataclass
+from typing import Any, Hashable
 
 from teamrl.core.config import option
 from teamrl.core.sample import Sample
@@ -54,7 +53,7 @@ from teamrl.rollout.asgi import (MAX_JSON_DEPTH, AsgiServer, ConnectionLimits, R
                                  short_repr)
 from teamrl.rollout.chat_turns import continues, message_key, prefix_break, restore_sampled
 from teamrl.rollout.engine import GenerationRequest, SamplingParams
-from teamrl.rollout.scheduler import GenerationScheduler
+from teamrl.rollout.gateway_episode import ClientGone, EpisodeHost, GatewayEpisode
 from teamrl.rollout.tool_calls import ToolChoice, ToolParse, parse_tool_calls, parser_for
 from teamrl.rollout.tool_calls import tool_choice as tool_choice_of
 
@@ -63,20 +62,6 @@ MAX_CLAIM_WAIT_S = 60.0  # the longest ``POST /episodes?wait=`` (seconds)
 CLAIM_POLL_S = 0.2  # a waiting claim looks this often whether its client is still connected
 EPISODE_PATH = re.compile(r"^/episodes/([^/]+)/")  # the routes of one episode
 MAX_BREAK_NOTES = 5  # prefix breaks named on stderr per gateway (all are counted)
-
-
-class EpisodeHost(Protocol):
-    """What the gateway reads of an episode's context; ``teamrl.workflows.context.EpisodeContext`` is one.
-
-    Declared here, structurally, so that this layer (rollout) never imports the workflows above it."""
-
-    tokenizer: Any  # encodes the prompt (the chat template applied here), decodes token ids
-    scheduler: GenerationScheduler  # the rollout's batch: every call of every episode in flight joins it
-    route: Callable[[str], str]  # role -> policy name
-    problem_id: Hashable
-    episode: int
-    tags: dict[str, Any]
-    params: SamplingParams  # the rollout's sampling settings (a request may only shorten max_tokens)
 
 
 @dataclass(frozen=True)
@@ -132,32 +117,6 @@ class GatewayOptions:
 
     def __post_init__(self) -> None:
         parser_for(self.tool_parser)  # an unknown parser fails when the config loads, naming the registered ones
-
-
-class ClientGone(Exception):
-    """The client disconnected before its answer was ready: nothing is recorded and nothing sent."""
-
-
-@dataclass
-class GatewayEpisode:
-    """One episode as the gateway sees it. ``committed``: the Samples of calls whose answer was written."""
-
-    id: str
-    ctx: EpisodeHost
-    loop: asyncio.AbstractEventLoop  # the scheduler's: calls run there
-    roles: tuple[str, ...]
-    problem: dict[str, Any]
-    external: bool = False
-    token: str = field(default_factory=lambda: secrets.token_urlsafe(24))  # this episode's credential (no other's)
-    active: bool = True  # its caller may send calls (function running, or claimed by an external client)
-    closed: bool = False
-    queued: int = 0  # calls waiting for their batch or being generated
-    committed: list[Sample] = field(default_factory=list)
-    reward: asyncio.Future | None = None  # external episodes: resolved by POST /reward
-    rewarded: bool = False
-    sampled: dict[str, str] = field(default_factory=dict)  # tool call id -> the text it was parsed from
-    # role -> its last answered chat call: (message keys, prompt ids, each choice's completion ids)
-    last_call: dict[str, tuple[list[tuple], list[int], list[list[int]]]] = field(default_factory=dict)
 
 
 @dataclass

@@ -16,7 +16,7 @@ from typing import Any, Iterator, Sequence
 
 from teamrl.core.sample import Sample
 from teamrl.rollout.asgi import Guard, RequestError, json_errors, require_asgi
-from teamrl.rollout.gateway import ClientGone, Gateway, GatewayEpisode
+from teamrl.rollout.gateway_episode import ClientGone, GatewayEpisode
 from teamrl.rollout.tool_calls import ToolParse
 
 
@@ -154,8 +154,9 @@ def _usage(samples: list[Sample]) -> dict[str, int]:
             "total_tokens": len(samples[0].prompt_ids) + completion}
 
 
-def build_app(gateway: Gateway) -> Any:
-    """The FastAPI app of ``gateway`` (request bodies validated against the pydantic schemas below)."""
+def build_app(gateway: Any) -> Any:
+    """The FastAPI app of ``gateway`` (a :class:`teamrl.rollout.gateway.Gateway`, which imports this module when it
+    starts: named, not imported; request bodies validated against the pydantic schemas below)."""
     require_asgi()
     from fastapi import Depends, FastAPI, Request
     from fastapi.responses import Response, StreamingResponse

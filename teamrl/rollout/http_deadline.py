@@ -17,7 +17,7 @@ from typing import Any
 REQUEST_DEADLINE_S = 900.0  # rollout.request_deadline_s's default: the longest one request may take, first byte to last
 
 
-class _Deadline:
+class Deadline:
     """A whole-request deadline: when it passes, the request's socket is shut down, which ends any blocked read (the
     socket timeout is per read, so an answer dribbled a byte at a time would otherwise never time out)."""
 
@@ -44,9 +44,9 @@ class _Deadline:
 
 
 class _DeadlineConnection:
-    """A connection (mixed into http.client's) whose socket the :class:`_Deadline` shuts down when it expires."""
+    """A connection (mixed into http.client's) whose socket the :class:`Deadline` shuts down when it expires."""
 
-    def __init__(self, *args: Any, deadline: _Deadline, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, deadline: Deadline, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._deadline = deadline
 
@@ -63,10 +63,10 @@ class _DeadlineHTTPSConnection(_DeadlineConnection, http.client.HTTPSConnection)
     pass
 
 
-class _DeadlineHTTPHandler(urllib.request.HTTPHandler):
-    """urllib's handler (proxies, redirects and errors as before) whose connections keep a :class:`_Deadline`."""
+class DeadlineHTTPHandler(urllib.request.HTTPHandler):
+    """urllib's handler (proxies, redirects and errors as before) whose connections keep a :class:`Deadline`."""
 
-    def __init__(self, deadline: _Deadline) -> None:
+    def __init__(self, deadline: Deadline) -> None:
         super().__init__()
         self.deadline = deadline
 
@@ -74,8 +74,8 @@ class _DeadlineHTTPHandler(urllib.request.HTTPHandler):
         return self.do_open(lambda *a, **k: _DeadlineHTTPConnection(*a, deadline=self.deadline, **k), req)
 
 
-class _DeadlineHTTPSHandler(urllib.request.HTTPSHandler):
-    def __init__(self, deadline: _Deadline) -> None:
+class DeadlineHTTPSHandler(urllib.request.HTTPSHandler):
+    def __init__(self, deadline: Deadline) -> None:
         super().__init__()
         self.deadline = deadline
 

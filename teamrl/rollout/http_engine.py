@@ -54,9 +54,9 @@ from typing import Any, Callable, Sequence
 
 from teamrl.core.seeding import derive_seed
 from teamrl.rollout.completions_api import (DIALECT_SPECS, DIALECTS, NEUTRAL_FIELDS, Dialect, MalformedAnswer,
-                                            ServerError, ServerUnreachable, _completions, _short)
+                                            ServerError, ServerUnreachable, post_completions, short_text)
 from teamrl.rollout.engine import Completion, Engine, GenerationRequest, SamplingParams
-from teamrl.rollout.http_deadline import REQUEST_DEADLINE_S, _Deadline, _DeadlineHTTPHandler, _DeadlineHTTPSHandler
+from teamrl.rollout.http_deadline import REQUEST_DEADLINE_S, Deadline, DeadlineHTTPHandler, DeadlineHTTPSHandler
 
 # The sync check's probe: greedy tokens per probe prompt (few: it runs after every adapter load).
 SYNC_PROBE_TOKENS = 8
@@ -129,8 +129,8 @@ class HTTPEngine(Engine):
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
         req = urllib.request.Request(url, data=data, method=method, headers=headers)
-        deadline = _Deadline(self.request_deadline_s if timeout is None else min(timeout, self.request_deadline_s))
-        opener = urllib.request.build_opener(_DeadlineHTTPHandler(deadline), _DeadlineHTTPSHandler(deadline))
+        deadline = Deadline(self.request_deadline_s if timeout is None else min(timeout, self.request_deadline_s))
+        opener = urllib.request.build_opener(DeadlineHTTPHandler(deadline), DeadlineHTTPSHandler(deadline))
         try:
             with opener.open(req, timeout=self.timeout if timeout is None else timeout) as resp:
                 raw = resp.read()
@@ -182,7 +182,8 @@ class HTTPEngine(Engine):
         resp = self.request("GET", "/v1/models")
         data = resp.get("data") if isinstance(resp, dict) else None
         if not isinstance(data, list) or not all(isinstance(m, dict) and isinstance(m.get("id"), str) for m in data):
-            reason = f"GET /v1/models: malformed answer: expected {{'data': [{{'id': ...}}, ...]}}, got {_short(resp)}"
+            reason = (f"GET /v1/models: malformed answer: expected {{'data': [{{'id': ...}}, ...]}}, "
+                      f"got {short_text(resp)}")
             raise MalformedAnswer(f"{self.base_url}: {reason}", reason=reason)
         return list(data)
 
@@ -348,7 +349,7 @@ class HTTPEngine(Engine):
             body["seed"] = seed
         resp = self.request("POST", "/v1/completions", body)
         try:
-            completions = _completions(resp, len(prompts) * n, self.vocab_size)
+            completions = post_completions(resp, len(prompts) * n, self.vocab_size)
         except ValueError as e:  # the server is broken: a failed endpoint, one line naming it
             reason = f"POST /v1/completions: malformed answer: {e}"
             raise MalformedAnswer(f"{self.base_url}: {reason}", reason=reason) from None

@@ -1,6 +1,6 @@
 """Runs inside the *judge's* sandbox process, as that run's program. teamrl never imports it.
 
-The judge is a second, separate sandbox run (``relay._Judge``) that runs the tests
+The judge is a second, separate sandbox run (``relay.JudgeRun``) that runs the tests
 ``judge.split_test`` cannot split, whole, with its own harness, nonce and result channel. The
 program under test never enters it: :func:`_teamrl_judge_runtime` binds each name a test takes
 from the program (``judge.program_names``) to a :class:`Proxy`. Calling a proxy sends the

@@ -10,8 +10,8 @@ from pathlib import Path
 from teamrl.sandbox.limits import SandboxLimits
 
 # After a container is killed, what is left in its pipes is read for at most this long.
-_DRAIN_SECONDS = 1.0
-_PROGRAM_ENV = {
+DRAIN_SECONDS = 1.0
+PROGRAM_ENV = {
     "PATH": "/usr/local/bin:/usr/bin:/bin",
     "LANG": "C.UTF-8",
     "LC_ALL": "C.UTF-8",
@@ -46,7 +46,7 @@ def _setup() -> str:
 
 def _interpreter() -> list[str]:
     # -s -S: no site-packages; -B: no .pyc writes; -P (3.11+): no script/cwd on sys.path.
-    # The environment is built from scratch (_PROGRAM_ENV), so -E is not needed and
+    # The environment is built from scratch (PROGRAM_ENV), so -E is not needed and
     # PYTHONHASHSEED=0 keeps set/dict iteration reproducible across runs. The first stage
     # (_setup.py) builds the isolation, then execs the harness (its argument) the same way.
     flags = ["-s", "-S", "-B"]
@@ -71,13 +71,13 @@ def bwrap_path() -> str:
     )
 
 
-def _bwrap_exit_code(code: int) -> int:
+def bwrap_exit_code(code: int) -> int:
     """bwrap exits with 128 + N when its command was killed by signal N: report -N, as for a
     direct child."""
     return -(code - 128) if 128 < code < 128 + 65 else code
 
 
-def _host_namespaces(network: str) -> dict[str, int]:
+def host_namespace_inodes(network: str) -> dict[str, int]:
     """Inode numbers of this process's namespaces: the harness checks that its own differ."""
     names = _NAMESPACES + (("net",) if network in ("auto", "netns") else ())
     return {name: os.stat(f"/proc/self/ns/{name}").st_ino for name in names}
@@ -108,7 +108,7 @@ def _visible_tree() -> list[str]:
     return args
 
 
-def _bwrap_command(limits: SandboxLimits, network: str, as_root: bool) -> list[str]:
+def bwrap_command(limits: SandboxLimits, network: str, as_root: bool) -> list[str]:
     """The whole command line: bwrap with its own pid, mount, ipc and uts namespaces (and
     network, unless a weaker network mode is forced), a user namespace when the caller is
     not root, the read-only tree of :func:`_visible_tree`, a private /proc, a minimal /dev,

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 # Inside the run's own pid namespace bwrap's reaper is pid 1 and the harness pid 2; records
 # from any other pid (a forked copy of the harness) are not authoritative.
-_HARNESS_PID = 2
+HARNESS_PID = 2
 
 _UNESCAPE = {"\\": "\\", "t": "\t", "n": "\n", "r": "\r"}
 
@@ -17,7 +17,7 @@ def _unescape(text: str) -> str:
 
 
 @dataclass
-class _Records:
+class Records:
     hello: list[str] | None = None
     setup_error: str | None = None
     body: list[str] | None = None
@@ -31,8 +31,8 @@ class _Records:
     late: str | None = None  # the wall-clock limit passed while the caller read the values
 
 
-def _parse_records(data: bytes, nonce: str, n_tests: int) -> _Records:
-    rec = _Records(tests={}, values={}, value_chunks={})
+def parse_records(data: bytes, nonce: str, n_tests: int) -> Records:
+    rec = Records(tests={}, values={}, value_chunks={})
     lines = data.split(b"\n")
     if lines and lines[-1]:
         rec.tampered = "an unterminated line on the result channel"
@@ -41,7 +41,7 @@ def _parse_records(data: bytes, nonce: str, n_tests: int) -> _Records:
         if len(parts) < 3 or parts[0] != nonce:
             rec.tampered = "a line without the harness's nonce on the result channel"
             continue
-        if parts[1] != str(_HARNESS_PID):
+        if parts[1] != str(HARNESS_PID):
             continue  # a forked copy of the harness (the program forked): not authoritative
         kind, fields = parts[2], [_unescape(p) for p in parts[3:]]
         if kind == "hello":

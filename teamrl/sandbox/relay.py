@@ -12,15 +12,27 @@ import signal
 import subprocess
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import Any, Protocol, Sequence
 
-from teamrl.sandbox.jail import _DRAIN_SECONDS, _PROGRAM_ENV, _bwrap_command, _bwrap_exit_code, _host_namespaces
+from teamrl.sandbox.jail import DRAIN_SECONDS, PROGRAM_ENV, bwrap_command, bwrap_exit_code, host_namespace_inodes
 from teamrl.sandbox.judge import MAX_VALUE_CHARS, CallTest, ReferenceTest, RefusedValue, decode_plain, program_names
-from teamrl.sandbox.records import _HARNESS_PID, _parse_records, _Records
-from teamrl.sandbox.users import _LEASES, _kill_user, _kill_user_atomically, _Lease
+from teamrl.sandbox.records import HARNESS_PID, Records, parse_records
+from teamrl.sandbox.users import LEASES, Lease, kill_user, kill_user_atomically
 
-if TYPE_CHECKING:  # for the annotation only: sandbox.py, where _Run is, imports this module
-    from teamrl.sandbox.sandbox import _Run
+
+class ProgramRunView(Protocol):
+    """What the judge reads of the program's run (:class:`teamrl.sandbox.sandbox.ProgramRun`, which imports this
+    module: named here by its shape, not imported)."""
+
+    tests: list[str]
+    setup: str
+    network: str
+    limits: Any
+
+    def payload_limits(self) -> dict: ...
+
+    def kill_all(self, proc: Any, lease: Any, swept: bool = False) -> None: ...
+
 
 _judge_runtime_source: str | None = None
 # A request (the judge's arguments) or a reply (the program's value) bigger than this is
@@ -60,7 +72,7 @@ def _next_frame(buf: bytearray) -> bytes | None:
     return body
 
 
-class _Judge:
+class JudgeRun:
     """The judge's run beside the program's: the tests :func:`split_test` cannot split run
     there whole (``_judge_runtime.py``), against proxies of the names they take from the
     program; this side relays each proxied call to the program's process and its value back,
@@ -68,7 +80,7 @@ class _Judge:
     (the judge's verdict arrived). The program never enters the judge's process, and the
     judge's verdict is the test's (:meth:`merge`)."""
 
-    def __init__(self, run: "_Run", calls: Sequence[CallTest | ReferenceTest | None]):
+    def __init__(self, run: ProgramRunView, calls: Sequence[CallTest | ReferenceTest | None]):
         self.run = run
         self.indexes = [i for i, c in enumerate(calls) if c is None]
         names: set[str] = set()
@@ -83,7 +95,7 @@ class _Judge:
         self.candidate_fds: tuple[int, int] = (-1, -1)
         self.proc: subprocess.Popen | None = None
         self.pidfd: int | None = None
-        self.lease: _Lease | None = None
+        self.lease: Lease | None = None
         self.results = bytearray()
         self.stderr = bytearray()
         self.exited = False
@@ -121,25 +133,25 @@ class _Judge:
         """Start the judge's container; the program's ends of its pipes are closed here."""
         self._close("program_requests_r", "program_replies_w")
         fds = self.fds
-        self.lease = _LEASES.acquire() if os.geteuid() == 0 else None
+        self.lease = LEASES.acquire() if os.geteuid() == 0 else None
         lease = self.lease
-        if lease is not None and _kill_user(lease.uid):
-            _kill_user_atomically(lease.uid, lease.gid)
-            _kill_user(lease.uid)
+        if lease is not None and kill_user(lease.uid):
+            kill_user_atomically(lease.uid, lease.gid)
+            kill_user(lease.uid)
         run = self.run
         code = (_judge_runtime() + f"\nglobals().update(_teamrl_judge_runtime({fds['judge_requests_w']}, "
                 f"{fds['judge_replies_r']}, {self.names!r}))\ndel _teamrl_judge_runtime\n")
         payload = marshal.dumps({
             "nonce": self.nonce, "results_fd": fds["results_w"],
             "uid": lease.uid if lease else None, "gid": lease.gid if lease else None,
-            "network": run.network, "host_namespaces": _host_namespaces(run.network),
+            "network": run.network, "host_namespaces": host_namespace_inodes(run.network),
             "limits": run.payload_limits(), "setup": run.setup, "code": code, "tests": self.tests,
         })
         self.proc = subprocess.Popen(
-            _bwrap_command(run.limits, run.network, lease is not None),
+            bwrap_command(run.limits, run.network, lease is not None),
             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
             pass_fds=(fds["results_w"], fds["judge_requests_w"], fds["judge_replies_r"]),
-            cwd="/", env=dict(_PROGRAM_ENV, HOME="/tmp", TMPDIR="/tmp"), start_new_session=True,
+            cwd="/", env=dict(PROGRAM_ENV, HOME="/tmp", TMPDIR="/tmp"), start_new_session=True,
         )
         self._close("results_w", "judge_requests_w", "judge_replies_r")
         try:
@@ -153,15 +165,15 @@ class _Judge:
         """Kill what is left of the judge's run, reap it, and read the rest of its records."""
         if self.proc is None:
             return
-        self.run._kill_all(
-            self.proc, self.lease, f"{self.nonce}\t{_HARNESS_PID}\tdone\tswept\n".encode() in self.results
+        self.run.kill_all(
+            self.proc, self.lease, f"{self.nonce}\t{HARNESS_PID}\tdone\tswept\n".encode() in self.results
         )
         if self.proc.returncode is None:
             _, status, _ = os.wait4(self.proc.pid, 0)
-            self.proc.returncode = _bwrap_exit_code(os.waitstatus_to_exitcode(status))
+            self.proc.returncode = bwrap_exit_code(os.waitstatus_to_exitcode(status))
         fd = self.fds.get("results_r")
         if fd is not None:
-            deadline = time.monotonic() + _DRAIN_SECONDS
+            deadline = time.monotonic() + DRAIN_SECONDS
             os.set_blocking(fd, False)
             while time.monotonic() < deadline:
                 try:
@@ -178,7 +190,7 @@ class _Judge:
     def close(self) -> None:
         if self.proc is not None and self.proc.returncode is None:
             try:
-                self.run._kill_all(self.proc, self.lease)
+                self.run.kill_all(self.proc, self.lease)
                 _, status, _ = os.wait4(self.proc.pid, 0)
                 self.proc.returncode = os.waitstatus_to_exitcode(status)
             except ChildProcessError:
@@ -198,10 +210,10 @@ class _Judge:
             self.pidfd = None
         self._close(*list(self.fds))
         if self.lease is not None:
-            _LEASES.release(self.lease)
+            LEASES.release(self.lease)
             self.lease = None
 
-    # -- the relay, driven by _Run._pump's selector
+    # -- the relay, driven by ProgramRun._pump's selector
     def register(self, sel: selectors.BaseSelector) -> None:
         assert self.proc is not None and self.proc.stdin is not None and self.proc.stderr is not None
         watch = {"results_r": "results", "judge_requests_r": "requests", "program_replies_r": "replies"}
@@ -406,7 +418,7 @@ class _Judge:
             return
         lines = bytes(self.results[self.scanned : end]).split(b"\n")
         self.scanned = end + 1
-        prefix = f"{self.nonce}\t{_HARNESS_PID}\ttest\t".encode()
+        prefix = f"{self.nonce}\t{HARNESS_PID}\ttest\t".encode()
         wanted = set(self.indexes)
         for line in lines:
             if not line.startswith(prefix):
@@ -433,7 +445,7 @@ class _Judge:
                 self._close("program_requests_w")
 
     # -- the verdicts
-    def _failure(self, jrec: _Records) -> str:
+    def _failure(self, jrec: Records) -> str:
         if jrec.setup_error is not None:
             return f"sandbox: could not set up the judge's isolation: {jrec.setup_error}"
         if jrec.body and jrec.body[0] != "ok":
@@ -444,10 +456,10 @@ class _Judge:
             f"; stderr: {stderr[-300:]}" if stderr else ""
         )
 
-    def merge(self, rec: _Records) -> None:
+    def merge(self, rec: Records) -> None:
         """Put the judge's verdicts into the program's records: a test the program's process
         served takes the judge's verdict; the program's own word on it counts for nothing."""
-        jrec = _parse_records(bytes(self.results), self.nonce, len(self.tests))
+        jrec = parse_records(bytes(self.results), self.nonce, len(self.tests))
         for i in self.indexes:
             mine = rec.tests.pop(i, None)
             rec.values.pop(i, None)

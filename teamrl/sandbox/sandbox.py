@@ -3,7 +3,7 @@
 The child is a fresh interpreter running ``_harness.py`` (see there for the inside view) in a
 bubblewrap container. This side allocates a sandbox user, splits the tests it can judge
 itself (``judge.py``; the others run whole in a second container, the judge's, see
-:class:`~teamrl.sandbox.relay._Judge`), starts the container in its own session, feeds it the
+:class:`~teamrl.sandbox.relay.JudgeRun`), starts the container in its own session, feeds it the
 payload, collects stdout/stderr (capped) and the harness's records
 (nonce-authenticated, on a private pipe), enforces the wall-clock limit, kills everything the
 run left behind, and turns it all into an :class:`ExecutionResult`.
@@ -28,13 +28,13 @@ import time
 import warnings
 from typing import Sequence
 
-from teamrl.sandbox.jail import _DRAIN_SECONDS, _PROGRAM_ENV, _bwrap_command, _bwrap_exit_code, _host_namespaces
+from teamrl.sandbox.jail import DRAIN_SECONDS, PROGRAM_ENV, bwrap_command, bwrap_exit_code, host_namespace_inodes
 from teamrl.sandbox.judge import CallTest, ReferenceTest, decode_plain, short_repr, split_test
 from teamrl.sandbox.limits import SandboxLimits
-from teamrl.sandbox.records import _HARNESS_PID, _parse_records, _Records
-from teamrl.sandbox.relay import _Judge
+from teamrl.sandbox.records import HARNESS_PID, Records, parse_records
+from teamrl.sandbox.relay import JudgeRun
 from teamrl.sandbox.result import ExecutionResult
-from teamrl.sandbox.users import _LEASES, _kill_session, _kill_user, _kill_user_atomically
+from teamrl.sandbox.users import LEASES, kill_session, kill_user, kill_user_atomically
 
 __all__ = ["AUDIT_HOOK_WARNING", "NETWORK_MODES", "run_program"]
 
@@ -66,7 +66,7 @@ def _signal_name(number: int) -> str:
         return str(number)
 
 
-def _judge_calls(rec: _Records, calls: Sequence[CallTest | ReferenceTest | None], limits: SandboxLimits, network: str,
+def _judge_calls(rec: Records, calls: Sequence[CallTest | ReferenceTest | None], limits: SandboxLimits, network: str,
                  deadline: float = float("inf")) -> None:
     """Decide, here, the tests that were split into a call: a test passes only when the
     harness sent back one plain value for it and that value meets the expectation, which the
@@ -132,7 +132,7 @@ def _reference_key(test: ReferenceTest) -> bytes:
 
 
 def _judge_references(
-    rec: _Records, pending: list[tuple[int, ReferenceTest, list, str]], limits: SandboxLimits, network: str
+    rec: Records, pending: list[tuple[int, ReferenceTest, list, str]], limits: SandboxLimits, network: str
 ) -> None:
     """Judge reference tests against their reference solution's values, run in a second
     sandbox run (one per reference solution) on plain values: the inputs, or for find_zero
@@ -151,7 +151,7 @@ def _judge_references(
     failures: dict[int, str] = {}
     for reference, jobs in to_run.items():
         run_calls = [call for _, call in jobs]
-        records = _Run(reference, [c.call_source for c in run_calls], limits, "", network).records(run_calls)
+        records = ProgramRun(reference, [c.call_source for c in run_calls], limits, "", network).records(run_calls)
         for k, (index, call) in enumerate(jobs):
             chunks, count = records.values.get(k), records.value_chunks.get(k, 0)
             outcome = records.tests.get(k) or (records.body if records.body and records.body[0] != "ok" else None)
@@ -211,7 +211,7 @@ def run_program(
     (see ``judge.py``): only its call runs there, and its verdict is taken here; for a
     HumanEval+ input chunk the expected outputs come from the reference solution, run in a
     second sandbox run (cached per reference and inputs). Any other test runs whole in the
-    judge's sandbox run, beside the program's and without the program (:class:`_Judge`): the
+    judge's sandbox run, beside the program's and without the program (:class:`JudgeRun`): the
     names it takes from the program are proxies whose calls are relayed to the program's
     process, only plain values come back, and the judge's verdict is the test's; a test that
     needs more of the program than such calls is counted in ``tests_unjudgeable`` and does
@@ -253,7 +253,7 @@ def run_program(
     tests = [str.__str__(t) for t in tests]
     start = time.monotonic()
     try:
-        return _Run(code, tests, limits, setup, network).execute()
+        return ProgramRun(code, tests, limits, setup, network).execute()
     except Exception as exc:  # noqa: BLE001 - the trainer must never see the sandbox raise
         return ExecutionResult(
             status="crash",
@@ -264,7 +264,7 @@ def run_program(
         )
 
 
-class _Run:
+class ProgramRun:
     def __init__(self, code: str, tests: list[str], limits: SandboxLimits, setup: str, network: str):
         self.code, self.tests, self.limits, self.setup = code, tests, limits, setup
         self.network = network
@@ -302,23 +302,23 @@ class _Run:
         )
         return self._result(records, *self._outcome, time.monotonic() - start)
 
-    def records(self, calls: Sequence[CallTest | ReferenceTest | None]) -> _Records:
+    def records(self, calls: Sequence[CallTest | ReferenceTest | None]) -> Records:
         """Run the program and its tests (a test with a call runs only that call) and return
         what the harness reported; how the process ended is kept in ``self._outcome``."""
         start = time.monotonic()
-        lease = _LEASES.acquire() if os.geteuid() == 0 else None
+        lease = LEASES.acquire() if os.geteuid() == 0 else None
         proc: subprocess.Popen | None = None
         pidfd: int | None = None
         read_fd = write_fd = None
         streams: dict[int, str] = {}
         # Tests that cannot be split run whole in the judge's own sandbox run, beside this one.
-        judge = _Judge(self, calls) if any(c is None for c in calls) else None
+        judge = JudgeRun(self, calls) if any(c is None for c in calls) else None
         try:
             if judge is not None:
                 judge.open()
-            if lease is not None and _kill_user(lease.uid):  # left by a crashed earlier caller
-                _kill_user_atomically(lease.uid, lease.gid)
-                _kill_user(lease.uid)
+            if lease is not None and kill_user(lease.uid):  # left by a crashed earlier caller
+                kill_user_atomically(lease.uid, lease.gid)
+                kill_user(lease.uid)
             read_fd, write_fd = os.pipe()
             self._results_fd = read_fd
             nonce = secrets.token_hex(16)
@@ -329,7 +329,7 @@ class _Run:
                     "uid": lease.uid if lease else None,
                     "gid": lease.gid if lease else None,
                     "network": self.network,
-                    "host_namespaces": _host_namespaces(self.network),
+                    "host_namespaces": host_namespace_inodes(self.network),
                     "limits": self.payload_limits(),
                     "setup": self.setup,
                     "code": self.code,
@@ -343,9 +343,9 @@ class _Run:
                     "serve_fds": judge.candidate_fds if judge is not None else None,
                 }
             )
-            env = dict(_PROGRAM_ENV, HOME="/tmp", TMPDIR="/tmp")
+            env = dict(PROGRAM_ENV, HOME="/tmp", TMPDIR="/tmp")
             proc = subprocess.Popen(
-                _bwrap_command(self.limits, self.network, lease is not None),
+                bwrap_command(self.limits, self.network, lease is not None),
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
@@ -370,19 +370,19 @@ class _Run:
             # Whatever is still running belongs to this run: kill it all, then reap. When the
             # harness finished, it already swept its uid with kill(-1); otherwise do it here.
             swept = exited and self._harness_swept(nonce)
-            self._kill_all(proc, lease, swept)
+            self.kill_all(proc, lease, swept)
             _, wait_status, rusage = os.wait4(proc.pid, 0)
-            proc.returncode = _bwrap_exit_code(os.waitstatus_to_exitcode(wait_status))
+            proc.returncode = bwrap_exit_code(os.waitstatus_to_exitcode(wait_status))
             self._drain(streams)
             self._outcome = (proc.returncode, rusage, timed_out, flooded, lease)
-            rec = _parse_records(bytes(self.results), nonce, len(self.tests))
+            rec = parse_records(bytes(self.results), nonce, len(self.tests))
             if judge is not None:
                 judge.finish()
                 judge.merge(rec)
             return rec
         finally:
             if proc is not None and proc.returncode is None:
-                self._kill_all(proc, lease)
+                self.kill_all(proc, lease)
                 try:
                     _, status, _ = os.wait4(proc.pid, 0)
                     proc.returncode = os.waitstatus_to_exitcode(status)
@@ -402,7 +402,7 @@ class _Run:
                     except OSError:
                         pass
             if lease is not None:
-                _LEASES.release(lease)
+                LEASES.release(lease)
             if judge is not None:
                 judge.close()
 
@@ -416,7 +416,7 @@ class _Run:
             "max_disk_bytes": self.limits.max_disk_bytes,
         }
 
-    def _pump(self, proc, pidfd, payload, streams, deadline, judge: _Judge | None = None):
+    def _pump(self, proc, pidfd, payload, streams, deadline, judge: JudgeRun | None = None):
         """Feed stdin, collect output until the child exits, floods or runs out of time; with
         a judge, also relay its calls, and wait for it to exit too."""
         sel = selectors.DefaultSelector()
@@ -497,9 +497,9 @@ class _Run:
                 self._take("results", data)
         except (BlockingIOError, OSError):
             pass
-        return f"{nonce}\t{_HARNESS_PID}\tdone\tswept\n".encode() in self.results
+        return f"{nonce}\t{HARNESS_PID}\tdone\tswept\n".encode() in self.results
 
-    def _kill_all(self, proc, lease, swept: bool = False) -> None:
+    def kill_all(self, proc, lease, swept: bool = False) -> None:
         try:
             os.killpg(proc.pid, signal.SIGKILL)  # the session's group (pid not reaped yet: no reuse)
         except OSError:
@@ -507,15 +507,15 @@ class _Run:
         if lease is not None:
             # The harness's own kill(-1) normally leaves nothing; if it did not run, or /proc
             # still shows something, sweep atomically from here (daemons, setsid, pid hoppers).
-            if not swept or _kill_user(lease.uid):
-                _kill_user_atomically(lease.uid, lease.gid)
-                _kill_user(lease.uid)
+            if not swept or kill_user(lease.uid):
+                kill_user_atomically(lease.uid, lease.gid)
+                kill_user(lease.uid)
         else:
-            _kill_session(proc.pid)
+            kill_session(proc.pid)
 
     def _drain(self, streams) -> None:
         """Read what is left in the pipes; every writer is dead, so EOF comes quickly."""
-        deadline = time.monotonic() + _DRAIN_SECONDS
+        deadline = time.monotonic() + DRAIN_SECONDS
         open_fds = dict(streams)
         sel = selectors.DefaultSelector()
         for fd, name in open_fds.items():
@@ -541,7 +541,7 @@ class _Run:
 
     # -- the verdict
     def _result(
-        self, rec: _Records, returncode: int, rusage, timed_out: bool, flooded: bool, lease, duration: float
+        self, rec: Records, returncode: int, rusage, timed_out: bool, flooded: bool, lease, duration: float
     ) -> ExecutionResult:
         n = len(self.tests)
         limits = self.limits

@@ -25,7 +25,7 @@ _LOCK_DIR = Path("/run/teamrl-sandbox")
 
 
 @dataclass
-class _Lease:
+class Lease:
     uid: int
     gid: int
     slot: int
@@ -55,7 +55,7 @@ class _UidLeases:
                 self._dir = None
         return self._dir
 
-    def acquire(self) -> _Lease:
+    def acquire(self) -> Lease:
         with self._lock:
             lock_dir = self._lock_dir()
             for k in range(SANDBOX_UID_SLOTS):
@@ -76,17 +76,17 @@ class _UidLeases:
                         continue  # another process holds it
                 self._held.add(slot)
                 self._next = slot + 1
-                return _Lease(uid=uid, gid=uid, slot=slot, fd=fd)
+                return Lease(uid=uid, gid=uid, slot=slot, fd=fd)
         raise RuntimeError(f"all {SANDBOX_UID_SLOTS} sandbox uids are in use")
 
-    def release(self, lease: _Lease) -> None:
+    def release(self, lease: Lease) -> None:
         with self._lock:
             if lease.fd is not None:
                 os.close(lease.fd)
             self._held.discard(lease.slot)
 
 
-_LEASES = _UidLeases()
+LEASES = _UidLeases()
 
 
 def _tasks_of_user(uid: int) -> list[int]:
@@ -107,9 +107,9 @@ def _tasks_of_user(uid: int) -> list[int]:
     return pids
 
 
-def _kill_user(uid: int) -> bool:
+def kill_user(uid: int) -> bool:
     """SIGKILL every process of the sandbox user that /proc shows, until it shows none; True
-    if there was any. (Reads of /proc can race with fork: see _kill_user_atomically.)"""
+    if there was any. (Reads of /proc can race with fork: see kill_user_atomically.)"""
     found = False
     for attempt in range(200):
         pids = _tasks_of_user(uid)
@@ -125,10 +125,10 @@ def _kill_user(uid: int) -> bool:
     return found
 
 
-def _kill_user_atomically(uid: int, gid: int) -> None:
+def kill_user_atomically(uid: int, gid: int) -> None:
     """kill(-1, SIGKILL) as the sandbox user: the kernel signals all of its processes under
     one lock, so a fork in flight is cancelled and a process that forks and exits in a loop
-    cannot slip between the /proc reads of :func:`_kill_user`."""
+    cannot slip between the /proc reads of :func:`kill_user`."""
     for shell in ("/bin/sh", "/usr/bin/sh"):
         if os.path.exists(shell):
             try:
@@ -143,7 +143,7 @@ def _kill_user_atomically(uid: int, gid: int) -> None:
             return
 
 
-def _kill_session(sid: int) -> None:
+def kill_session(sid: int) -> None:
     """Without a sandbox user: SIGKILL what is left of the run's session and process group."""
     try:
         os.killpg(sid, signal.SIGKILL)

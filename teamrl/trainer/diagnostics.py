@@ -82,7 +82,7 @@ def learning_signal(samples: Sequence[Any], roles: Sequence[str] = (),
     - ``signal/groups_varied``: their share; ``signal/groups_varied/<role>`` the share among the groups
       holding samples of that declared role (``roles``; an instance ``generator0`` counts as ``generator``);
     - ``signal/samples_in_loss``: the share of samples for which ``contributes`` (the update's own rule,
-      :func:`teamrl.trainer.update._contributes`) is true, i.e. that reach the loss (default: advantage != 0).
+      :func:`teamrl.trainer.update.contributes_to_loss`) is true, i.e. that reach the loss (default: advantage != 0).
     """
     from teamrl.policies.router import declared_role
 

@@ -396,14 +396,3 @@ class RayLearner:
             except ray.exceptions.RayError:  # already dead: nothing to stop
                 pass
 
-
-def make_learner(cfg: Config, router: PolicyRouter, roles: Sequence[str], separate: bool) -> Learner:
-    """The learner ``policy.placement`` asks for. ``separate`` (rollouts run ahead of the learner): a local learner
-    trains its own copy of ``router``'s trainable weights, so that an update never writes what a rollout reads."""
-    if cfg.policy.placement == "ray" and any(n > 1 for n in cfg.policy.ranks.values()):
-        from teamrl.trainer.sharded_learner import ShardedLearner
-
-        return ShardedLearner(cfg, router, roles)
-    if cfg.policy.placement == "ray":
-        return RayLearner(cfg, router, roles)
-    return LocalLearner(own_copy(router) if separate else router)

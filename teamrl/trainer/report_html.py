@@ -17,7 +17,7 @@ import re
 from pathlib import Path
 from typing import Any, Iterable
 
-from teamrl.trainer.report import Series, plot_groups, run_workflow, summary, warm_start_note, warm_start_summary
+from teamrl.trainer.report_data import Series, plot_groups, run_workflow, summary, warm_start_note, warm_start_summary
 
 
 COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")

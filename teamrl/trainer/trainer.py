@@ -46,10 +46,11 @@ from teamrl.trainer.checkpoint import (check_resume_settings, check_run_dir, che
 from teamrl.trainer.collector import Collector, Rollout
 from teamrl.trainer.diagnostics import CliffDetector, learning_signal
 from teamrl.trainer.evaluate import workflow_stats
-from teamrl.trainer.learner import LearnBatch, make_learner, make_router
+from teamrl.trainer.learner import LearnBatch, make_router
+from teamrl.trainer.learner_setup import make_learner
 from teamrl.trainer.step_metrics import (episode_outcome_line, learner_metrics, role_metrics, sample_metrics,
                                          staleness_metrics)
-from teamrl.trainer.update import (NonFiniteReward, _contributes, check_sampling_logprobs, make_update_params,
+from teamrl.trainer.update import (NonFiniteReward, contributes_to_loss, check_sampling_logprobs, make_update_params,
                                    nonfinite_reward_groups)
 from teamrl.trainer.weight_sync import DriverCopy, InProcess, WeightSync
 from teamrl.workflows import WORKFLOWS, default_workflow
@@ -385,7 +386,8 @@ class Trainer:
         dropped = self._drop_stale(rollout.samples) if self.ahead else (0, 0)
         train_samples = self._assign_advantages(rollout.samples)
         # how much of the batch can teach anything: groups with a non-zero advantage, samples the update computes
-        record.update(learning_signal(train_samples, self.roles, lambda s: _contributes(s, self.update_params.loss)))
+        loss = self.update_params.loss
+        record.update(learning_signal(train_samples, self.roles, lambda s: contributes_to_loss(s, loss)))
         if self.cfg.train.nonfinite_reward == "drop_group":
             record["nonfinite_groups_dropped"] = self.nonfinite_groups_dropped
         parts: dict[str, list[list[Sample]]] = {}

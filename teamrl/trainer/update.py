@@ -315,7 +315,7 @@ def _extra_passes(ranks: Ranks | None, planned: int) -> int:
     return 0 if ranks is None else int(ranks.all_max([planned])[0]) - planned
 
 
-def _contributes(sample: Sample, loss: LossConfig) -> bool:
+def contributes_to_loss(sample: Sample, loss: LossConfig) -> bool:
     """Whether ``sample`` adds to the loss or its gradient: without a KL term, one with advantage 0
     adds exactly nothing (its forward and backward passes can be skipped)."""
     return (loss.kl_coef or 0) > 0 or sample.advantage != 0  # kl_coef null (unresolved): no warm start, no KL
@@ -325,9 +325,10 @@ def _old_logprobs(policy: Policy, samples: Sequence[Sample], settings: UpdatePar
                   ranks: Ranks | None = None) -> list[torch.Tensor]:
     """:func:`policy_logprobs` for the samples :func:`update_policy` will compute; zeros (unread) for
     those it skips."""
-    computed = iter(policy_logprobs(policy, [s for s in samples if _contributes(s, settings.loss)], settings, pad_id,
-                                    ranks))
-    return [next(computed) if _contributes(s, settings.loss) else torch.zeros(len(s.completion_ids)) for s in samples]
+    computed = iter(policy_logprobs(policy, [s for s in samples if contributes_to_loss(s, settings.loss)], settings,
+                                    pad_id, ranks))
+    return [next(computed) if contributes_to_loss(s, settings.loss) else torch.zeros(len(s.completion_ids))
+            for s in samples]
 
 
 def update_policy_steps(policy: Policy, parts: Sequence[Sequence[Sample]], settings: UpdateParams, pad_id: int,
@@ -483,7 +484,7 @@ def _plan_update(samples: list[Sample], settings: UpdateParams, pad_id: int, eos
         {f"{k}@{role_of(s)}": 0.0 for s in samples for k in ("grad_norm", "loss")} if settings.role_grad_norms else {}
     )
     # ... but only those that add to it are computed (GRPO groups whose samples all scored alike do not)
-    samples = [s for s in samples if _contributes(s, cfg)]
+    samples = [s for s in samples if contributes_to_loss(s, cfg)]
     # Keep completions of one prompt together so that micro-batches can share the prompt's pass,
     # prompts of similar length next to each other so that micro-batches pad little, and (for
     # role statistics) each role type's samples together.
