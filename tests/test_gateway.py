@@ -327,3 +327,27 @@ def test_an_episode_context_is_what_the_gateway_reads(engine):
     for name in EpisodeHost.__annotations__:
         assert hasattr(ctx, name), name
     assert ctx.route("writer_1") == "writer" and ctx.tags == {"k": 1} and ctx.episode == 3
+
+
+def test_a_response_format_the_gateway_cannot_honour_is_a_400_naming_it(engine, task):
+    """Issue 56 item 2: ``response_format`` json_object / json_schema was accepted and ignored: a JSON-mode agent got
+    free text with status 200. The gateway samples the model as it is (constrained decoding would change the
+    distribution the loss assumes), so it says so in one line; ``{"type": "text"}`` is what it does, and passes."""
+    answers = []
+
+    def episode(problem, client):
+        msgs = [{"role": "user", "content": "x"}]
+        for fmt in ({"type": "json_object"}, {"type": "json_schema", "json_schema": {"name": "a", "schema": {}}},
+                    {"type": "text"}):
+            try:
+                client.chat.completions.create(model="writer", messages=msgs, response_format=fmt)
+                answers.append((fmt["type"], 200, ""))
+            except openai.APIStatusError as e:
+                answers.append((fmt["type"], e.status_code, e.message))
+        return 0.0
+
+    with serving() as gw:
+        ctxs, _, _ = run_episodes(gw, engine, task, episode, 1)
+    assert [(t, s) for t, s, _ in answers] == [("json_object", 400), ("json_schema", 400), ("text", 200)], answers
+    assert all("response_format" in m and "{'type': 'text'}" in m for _, s, m in answers if s == 400), answers
+    assert len(ctxs[0].samples) == 1  # only the text call was sampled and recorded

@@ -196,6 +196,7 @@ def build_app(gateway: Any) -> Any:
         tool_choice: str | dict[str, Any] | None = None
         stream: bool | None = False
         stream_options: dict[str, Any] | None = None
+        response_format: dict[str, Any] | None = None
 
     class CompletionRequest(BaseModel):
         model_config = ConfigDict(extra="allow")
@@ -245,6 +246,11 @@ def build_app(gateway: Any) -> Any:
 
     @app.post("/episodes/{episode_id}/v1/chat/completions")
     async def chat_completions(body: ChatRequest, request: Request, ep: GatewayEpisode = Depends(_episode)) -> Any:
+        kind = (body.response_format or {}).get("type", "text")
+        if kind != "text":  # constrained decoding would sample another distribution than the loss assumes
+            raise RequestError(400, f"response_format {{'type': {str(kind)[:40]!r}}}: the training gateway samples "
+                                    "the model unconstrained (the distribution the loss assumes); send "
+                                    "{'type': 'text'} or none, and parse the reply yourself", "response_format")
         messages = []
         for m in body.messages:
             extra = {k: v for k, v in (m.model_extra or {}).items() if v is not None}
