@@ -371,3 +371,22 @@ def test_streamed_pieces_spell_the_text_and_split_no_character(text):
     assert "".join(pieces) == text and all("\ufffd" not in p for p in pieces)
     assert len(pieces) == len(text)  # the byte tokenizer: one piece per character, multi-byte ones whole
     assert "".join(_text_pieces(text[:-1] if text else "", ids, TOK)) == (text[:-1] if text else "")  # a cut text
+
+
+def test_the_same_call_in_two_choices_or_two_episodes_gets_two_ids():
+    """Issue 56 item 4: a call's id was a hash of the sampled tokens alone, so the same call sampled twice from the
+    same prompt (two choices of an n=2 request, or two episodes of a group) got the same id. Checked: a call
+    repeated later in one conversation already got another (its prompt holds the first); now the episode and the
+    choice are part of the id too, and the same sample still gets the same id (streamed and whole answers agree)."""
+    from teamrl.core.sample import Sample
+    from teamrl.rollout.gateway import Gateway, GatewayOptions
+
+    gw = Gateway(GatewayOptions())
+    text = '<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>'
+
+    def sample(episode: int, branch: int) -> Sample:
+        return Sample(role="writer", policy="shared", problem_id="p", prompt_ids=[1, 2, 3], completion_ids=[4, 5],
+                      sampling_logprobs=[0.0, 0.0], text=text, episode=episode, branch=branch)
+
+    ids = [gw._parse(sample(e, b), tool_choice([ADD], None)).calls[0]["id"] for e, b in ((0, 0), (0, 1), (1, 0), (0, 0))]
+    assert ids[0] == ids[3] and len(set(ids[:3])) == 3, ids

@@ -475,8 +475,10 @@ class Gateway:
         ``sample.tags`` (``tool_calls``: the names, ``tool_call_errors``), for the reward and the logs."""
         if choice is None or not choice.parses:
             return None
+        # the ids: one per sampled call, the same for the same sample (streamed and whole answers agree), another
+        # for the same tokens sampled in another episode or as another choice of the request
         parse = parse_tool_calls(sample.text, parser_for(self.options.tool_parser), choice,
-                                 [*sample.prompt_ids, -1, *sample.completion_ids])
+                                 [*sample.prompt_ids, -1, *sample.completion_ids, -2, sample.episode, sample.branch])
         sample.tags.update(parse.info())
         return parse
 
