@@ -104,12 +104,13 @@ def test_an_all_zero_reward_says_the_task_is_too_hard(capsys, tmp_path):
 
 
 def _result(label: str, varied: int, groups: int = 4, truncated: float = 0.0, valid: float | None = None,
-            rewards: tuple[float, ...] = (0.0, 1.0)) -> SettingResult:
-    """A setting with ``groups`` groups of 2 calls, ``varied`` of them rewarded ``rewards``, the rest alike."""
+            rewards: tuple[float, ...] = (0.0, 1.0), reward_of=None) -> SettingResult:
+    """A setting with ``groups`` groups of 2 calls, ``varied`` of them rewarded ``rewards``, the rest alike
+    (``reward_of(group, k)``: each call's reward instead)."""
     episodes = []
     for g in range(groups):
         for k in range(2):
-            reward = rewards[k] if g < varied else rewards[0]
+            reward = reward_of(g, k) if reward_of else rewards[k] if g < varied else rewards[0]
             call = {"role": "agent", "turn": 0, "reward": reward, "valid": valid, "completion_tokens": 4,
                     "finish_reason": "length" if k < 2 * truncated else "stop"}
             episodes.append({"problem_id": f"p{g}", "score": reward, "correct": None, "calls": [call], "episode": k})
@@ -185,15 +186,7 @@ def test_a_gateway_team_s_calls_are_counted_and_saved(capsys, tmp_path):
 
 def _spread(label: str, low: float, truncated: float) -> SettingResult:
     """4 groups of 2 calls rewarded on a continuous scale (word_count's), every group varied, each best unique."""
-    episodes = []
-    for g in range(4):
-        for k in range(2):
-            reward = low + 0.1 * g + 0.4 * k
-            call = {"role": "agent", "turn": 0, "reward": reward, "valid": None, "completion_tokens": 4,
-                    "finish_reason": "length" if k < 2 * truncated else "stop"}
-            episodes.append({"problem_id": f"p{g}", "score": reward, "correct": None, "calls": [call], "episode": k})
-    changes = tuple(label.split()) if label != "as configured" else ()
-    return SettingResult(changes, changes, 2, setting_figures(episodes, ["agent"]), episodes)
+    return _result(label, 4, truncated=truncated, reward_of=lambda g, k: low + 0.1 * g + 0.4 * k)
 
 
 def test_a_continuous_reward_whose_groups_vary_is_called_a_signal_and_gets_no_self_play_advice():
