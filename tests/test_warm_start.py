@@ -204,3 +204,37 @@ def test_a_resumed_run_trains_at_its_own_learning_rate_not_the_checkpoints(tmp_p
     trainer = Trainer(_cfg(tmp_path, "train.lr=3e-4", "train.weight_decay=0.01"), resume=True)
     group = trainer.router.policies["shared"].optimizer.param_groups[0]
     assert (group["lr"], group["weight_decay"]) == (3e-4, 0.01)
+
+
+LOOKUP = {"type": "function", "function": {"name": "lookup", "description": "look a key up",
+                                           "parameters": {"type": "object", "properties": {"key": {"type": "string"}}}}}
+
+
+def test_a_tool_call_demonstration_renders_as_the_gateway_renders_and_parses_it(tmp_path, tiny):
+    """Issue 56 item 1: `teamrl sft`'s JSONL had no `tools`, so a tool-using agent could not be warm-started to call
+    a tool. A row may now give `tools` (rendered into the prompt as the gateway renders a request offering them),
+    earlier tool calls and results in `messages`, and the completion as an assistant message with `tool_calls`:
+    it is trained as the text the gateway's parser reads back as that call."""
+    from teamrl.policies.chat import encode_chat
+    from teamrl.rollout.tool_calls import hermes, parse_tool_calls, tool_choice
+    from teamrl.trainer.sft import encode_demonstration
+
+    _, tok = tiny
+    rows = tmp_path / "tools.jsonl"
+    messages = [{"role": "user", "content": "Who wrote it?"},
+                {"role": "assistant", "content": None,
+                 "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "lookup", "arguments": "{\"key\": \"a\"}"}}]},
+                {"role": "tool", "tool_call_id": "c1", "content": "not found"}]
+    rows.write_text(json.dumps({"role": "planner", "messages": messages, "tools": [LOOKUP],
+                                "completion": {"tool_calls": [{"type": "function", "function": {
+                                    "name": "lookup", "arguments": {"key": "b"}}}]}}) + "\n")
+    (d,) = load_demonstrations(rows)
+    assert d.tools == [LOOKUP]
+    parse = parse_tool_calls(d.completion, hermes, tool_choice([LOOKUP], None))
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in parse.calls] == [("lookup", {"key": "b"})]
+    prompt_ids, completion_ids = encode_demonstration(tok, d)
+    assert prompt_ids == encode_chat(tok, messages, [LOOKUP]) and "lookup" in tok.decode(prompt_ids)
+    assert completion_ids[-1] == tok.eos_token_id
+    rows.write_text(json.dumps({"role": "planner", "messages": "q", "tools": {"name": "x"}, "completion": "a"}) + "\n")
+    with pytest.raises(InputError, match="tools.jsonl:1: tools .* must be a list of"):
+        load_demonstrations(rows)

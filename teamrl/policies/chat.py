@@ -70,15 +70,20 @@ def _arguments(arguments: Any) -> Any:
     return arguments
 
 
+def assistant_text(message: dict[str, Any]) -> str:
+    """An assistant message as the text a model writes (Hermes): its content, then each tool call as a
+    ``<tool_call>`` block, which the gateway's ``hermes`` parser reads back as that call."""
+    text = message.get("content") or ""
+    blocks = [json.dumps({"name": c["function"]["name"], "arguments": _arguments(c["function"].get("arguments"))},
+                         ensure_ascii=False) for c in message.get("tool_calls") or ()]
+    return "\n".join([text] * bool(text) + [f"<tool_call>\n{b}\n</tool_call>" for b in blocks]) if blocks else text
+
+
 def tool_fallback(messages: Messages, tools: Sequence[dict[str, Any]] | None) -> list[dict[str, Any]]:
     """The Hermes rendering of tools and tool calls as plain messages, for a template without tool support."""
     out = []
     for m in messages:
-        role, text = m["role"], m.get("content") or ""
-        blocks = [json.dumps({"name": c["function"]["name"], "arguments": _arguments(c["function"].get("arguments"))},
-                             ensure_ascii=False) for c in m.get("tool_calls") or ()]
-        if blocks:
-            text = "\n".join([text] * bool(text) + [f"<tool_call>\n{b}\n</tool_call>" for b in blocks])
+        role, text = m["role"], assistant_text(m)
         if role == "tool":
             role, text = "user", f"<tool_response>\n{text}\n</tool_response>"
         out.append({"role": role, "content": text})

@@ -35,7 +35,7 @@ import yaml
 from teamrl.core.config import Config, ConfigError, InputError, InputFileMissing, config_to_dict
 from teamrl.core.metrics import ProgressLines
 from teamrl.core.seeding import derive_seed, seed_everything
-from teamrl.policies.chat import Messages, encode_chat
+from teamrl.policies.chat import Messages, assistant_text, encode_chat
 from teamrl.policies.logprobs import build_token_batch, completion_logprobs, to_device
 from teamrl.policies.policy import Policy
 from teamrl.policies.router import PolicyRouter
@@ -52,30 +52,66 @@ class Demonstration:
     role: str
     messages: Messages | str
     completion: str
+    tools: list[dict[str, Any]] | None = None  # the tools the prompt offers, rendered as a gateway request's are
+
+
+def _message_ok(m: Any) -> bool:
+    """A chat message: a role and text content, or an assistant's tool calls (content may then be null)."""
+    if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+        return False
+    calls = m.get("tool_calls")
+    if calls is not None:
+        return m["role"] == "assistant" and _tool_calls_ok(calls) and isinstance(m.get("content") or "", str)
+    return isinstance(m.get("content"), str)
+
+
+def _tool_calls_ok(calls: Any) -> bool:
+    return isinstance(calls, list) and bool(calls) and all(
+        isinstance(c, dict) and isinstance(c.get("function"), dict) and isinstance(c["function"].get("name"), str)
+        for c in calls)
 
 
 def _demonstration(row: Any, where: str) -> Demonstration:
-    """One demonstration from a JSONL object or a (role, messages, completion) tuple; ``where`` names it in errors."""
+    """One demonstration from a JSONL object or a (role, messages, completion) tuple; ``where`` names it in errors.
+    A JSONL object may also give ``tools``, and its completion as an assistant message (``content``, ``tool_calls``):
+    it is trained as the text a model writes for it (:func:`~teamrl.policies.chat.assistant_text`)."""
+    tools = None
     if isinstance(row, dict):
         missing = [k for k in ("role", "messages", "completion") if k not in row]
         if missing:
             raise InputError(f"{where}: missing {missing}; a demonstration has role, messages and completion")
-        role, messages, completion = row["role"], row["messages"], row["completion"]
+        role, messages, completion, tools = row["role"], row["messages"], row["completion"], row.get("tools")
     elif isinstance(row, (tuple, list)) and len(row) == 3:
         role, messages, completion = row
     else:
         raise InputError(f"{where}: {row!r:.80} is not a demonstration; expected (role, messages, completion)")
     if not isinstance(role, str) or not role:
         raise InputError(f"{where}: role {role!r} must be a non-empty string")
+    if tools is not None and not (isinstance(tools, list) and all(
+            isinstance(t, dict) and isinstance(t.get("function"), dict) and isinstance(t["function"].get("name"), str)
+            for t in tools)):
+        raise InputError(f"{where}: tools {tools!r:.80} must be a list of OpenAI tool specs "
+                         "({type: function, function: {name, description, parameters}})")
+    if isinstance(completion, dict):
+        calls = completion.get("tool_calls")
+        if (calls is not None and not _tool_calls_ok(calls)) or not isinstance(completion.get("content") or "", str):
+            raise InputError(f"{where}: completion {completion!r:.80} must be text or an assistant message "
+                             "{content, tool_calls: [{function: {name, arguments}}]}")
+        completion = assistant_text(completion)
     if not isinstance(completion, str) or not completion.strip():
         raise InputError(f"{where}: completion {completion!r:.60} must be a non-empty string")
-    ok_messages = isinstance(messages, str) or (isinstance(messages, list) and messages and all(
-        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in messages))
-    if not ok_messages:
+    if not (isinstance(messages, str) or (isinstance(messages, list) and messages and all(map(_message_ok, messages)))):
         raise InputError(
             f"{where}: messages {messages!r:.80} must be a string or a list of {{role, content}} chat messages"
         )
-    return Demonstration(role, messages, completion)
+    return Demonstration(role, messages, completion, tools)
+
+
+def encode_demonstration(tokenizer: Any, d: Demonstration) -> tuple[list[int], list[int]]:
+    """(prompt ids, completion ids) of ``d``: the prompt rendered as every call's is (its tools included), the
+    completion's tokens and EOS (the reply learns to stop)."""
+    completion = tokenizer(d.completion, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    return encode_chat(tokenizer, d.messages, d.tools), completion
 
 
 def load_demonstrations(path: str | Path) -> list[Demonstration]:
@@ -187,8 +223,7 @@ def warm_start(cfg: Config, demonstrations: Sequence[Demonstration], epochs: int
         except KeyError:
             raise InputError(f"sft: a demonstration's role {d.role!r} is not a role of this run; its roles are {roles} "
                              "(teamrl sft --as-role ROLE trains one of them on the task's demonstrations)") from None
-        completion = tok(d.completion, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]  # learn to stop too
-        by_policy.setdefault(name, []).append((encode_chat(tok, d.messages), completion))
+        by_policy.setdefault(name, []).append(encode_demonstration(tok, d))
     records = sft_epochs(cfg, router, by_policy, epochs, batch_size, progress)
     trained_on = {
         "source": source, "demonstrations": len(demonstrations),
