@@ -351,3 +351,26 @@ def test_a_response_format_the_gateway_cannot_honour_is_a_400_naming_it(engine, 
     assert [(t, s) for t, s, _ in answers] == [("json_object", 400), ("json_schema", 400), ("text", 200)], answers
     assert all("response_format" in m and "{'type': 'text'}" in m for _, s, m in answers if s == 400), answers
     assert len(ctxs[0].samples) == 1  # only the text call was sampled and recorded
+
+
+def test_an_async_episodes_client_is_closed_in_its_own_loop(engine, task):
+    """Issue 56 item 6: the Agents SDK team on SmolLM2 printed 8 `Task exception was never retrieved ...
+    RuntimeError: Event loop is closed`: an async episode's AsyncOpenAI client was never closed, so its connections
+    were torn down by the garbage collector after the rollout's loop had closed. Now it is closed at the episode's end,
+    in that loop (a sync client was already closed)."""
+    clients = []
+
+    async def episode(problem, client):
+        clients.append(client)
+        await client.completions.create(model="writer", prompt="Say hi", max_tokens=2)
+        return 1
+
+    def sync_episode(problem, client):
+        clients.append(client)
+        client.completions.create(model="writer", prompt="Say hi", max_tokens=2)
+        return 1
+
+    with serving() as gw:
+        run_episodes(gw, engine, task, episode, 2)
+        run_episodes(gw, engine, task, sync_episode, 1)
+    assert len(clients) == 3 and all(c.is_closed() for c in clients), [c.is_closed() for c in clients]

@@ -98,7 +98,11 @@ async def run_gateway_episode(name: str, episode_fn: Callable | None, roles: tup
         gw.finish_episode(ep, dropped=True)
         raise
     samples = gw.finish_episode(ep, dropped)
-    if client is not None and not dropped and not inspect.iscoroutinefunction(episode_fn):
+    if client is not None and inspect.iscoroutinefunction(episode_fn):
+        # here, in the loop its connections belong to (wait_for cancelled a dropped episode's coroutine): left to the
+        # garbage collector, they were torn down after the loop closed ("Event loop is closed")
+        await client.close()
+    elif client is not None and not dropped:
         client.close()  # a dropped episode's thread may still use it: its calls get a 410
     if dropped:
         return GatewayOutcome("", None, False, {"dropped": True, "calls": 0, **call_stats([])})
