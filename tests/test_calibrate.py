@@ -203,3 +203,14 @@ def test_a_continuous_reward_whose_groups_vary_is_called_a_signal_and_gets_no_se
     assert ("50% of replies cut at max_new_tokens (as configured) (rollout.max_new_tokens=128: 0%, reward mean "
             "0.550 -> 0.350) -> the longer replies scored lower: ask for shorter replies (the prompt, a task option) "
             "rather than raise rollout.max_new_tokens") in text, text
+
+
+def test_a_task_with_its_own_demonstrations_is_pointed_at_them():
+    """Seen on SmolLM2: the six AT-GRPO configs and grpo_reverse_text all scored 0 in every group, and the advice named
+    warm starts in general; each of those tasks has its own demonstrations, so the first step is one command."""
+    zero = [_result("as configured", 0, rewards=(0.0, 0.0))]
+    plain = advice(Calibration(zero, ("agent",), problems=4))[0]
+    own = advice(Calibration(zero, ("agent",), problems=4, task_demonstrations=True))[0]
+    assert "task's own demonstrations" not in plain and "every reward 0" in plain
+    assert ("every reward 0 -> the task is too hard for this model untrained: a warm start from the task's own "
+            "demonstrations first (teamrl sft CONFIG, then teamrl train CONFIG --resume)") in own, own

@@ -32,6 +32,7 @@ from teamrl.policies.models import check_max_new_tokens
 from teamrl.policies.router import declared_role
 from teamrl.rollout.engine import SamplingParams
 from teamrl.rollout.scheduler import GenerationScheduler
+from teamrl.policies.router import role_type
 from teamrl.tasks import make_task
 from teamrl.tasks.task import batch_instances
 from teamrl.trainer.evaluate import episode_record, run_workflow, team_engine
@@ -195,6 +196,7 @@ class Calibration:
     roles: tuple[str, ...]
     skipped: list[dict[str, str]] = field(default_factory=list)
     problems: int = 0
+    task_demonstrations: bool = False  # the task writes its own (a demonstrations(problem) method): teamrl sft uses it
 
 
 def _dotted(data: Mapping[str, Any], key: str) -> Any:
@@ -203,6 +205,18 @@ def _dotted(data: Mapping[str, Any], key: str) -> Any:
             return None
         data = data[part]
     return data
+
+
+def _demonstrates(task: Any, roles: Sequence[str]) -> bool:
+    """Whether ``task`` writes demonstrations for this team's roles (those of its first problem; a task's solver
+    for another team, e.g. math.solve's single ``agent`` under a coder + critic workflow, does not count)."""
+    hook = getattr(task, "demonstrations", None)
+    problems = task.problems()[:1] if callable(hook) else []
+    demos = [row for p in problems for row in hook(p)] if problems else []
+    team = set(roles) | {role_type(r) for r in roles}
+    role_of = [d.get("role") if isinstance(d, dict) else d[0] if isinstance(d, (tuple, list)) and d else None
+               for d in demos]
+    return bool(demos) and all(r in team for r in role_of)
 
 
 def measure(load: Callable[[Sequence[str]], Config], settings: Sequence[tuple[str, ...]],
@@ -227,7 +241,7 @@ def measure(load: Callable[[Sequence[str]], Config], settings: Sequence[tuple[st
     seed_everything(cfgs[0].seed)
     router, engine = team_engine(cfgs[0], roles, checkpoint)
     model = next(iter(router.policies.values())).model
-    out = Calibration([], tuple(roles))
+    out = Calibration([], tuple(roles), task_demonstrations=_demonstrates(runs[0][0], roles))
     bar = progress_bar(len(settings), "calibrate", "setting", progress)
     for s, cfg, (task, run) in zip(settings, cfgs, runs):
         try:
@@ -310,7 +324,11 @@ def advice(cal: Calibration) -> list[str]:
     rewards = [c["reward"] for r in cal.results for e in r.episodes for c in e["calls"]]
     if not varied:
         where = f"0 of {groups} groups varied at {len(cal.results)} setting{'s' * (len(cal.results) != 1)}"
-        if rewards and all(v == 0 for v in rewards):
+        if rewards and all(v == 0 for v in rewards) and cal.task_demonstrations:
+            lines.append(f"{where}: every reward 0 -> the task is too hard for this model untrained: a warm start "
+                         "from the task's own demonstrations first (teamrl sft CONFIG, then teamrl train CONFIG "
+                         "--resume), then calibrate that warm start (--checkpoint runs/NAME)")
+        elif rewards and all(v == 0 for v in rewards):
             lines.append(f"{where}: every reward 0 -> the task is too hard for this model: a warm start (teamrl sft "
                          "on demonstrations, or teamrl sft --self-play N --player FILE.py:fn from a scripted player's "
                          "successes), an easier level (--set / --level a task option), or a larger model")
