@@ -303,3 +303,18 @@ def test_a_shared_prefix_batch_marks_the_same_completion_tokens_as_a_plain_batch
     assert torch.equal(completion_mask(shared.completion_ids, [2], shared.completion_pad_mask),
                        completion_mask(plain.completion_ids, [2], plain.completion_pad_mask))
     assert int(completion_mask(shared.completion_ids, [2], shared.completion_pad_mask).sum()) == 3 + 4 + 1
+
+
+def test_update_params_is_a_plain_dataclass_whose_train_fields_default_to_train_configs():
+    """Issue 58 item 4: UpdateParams was built with make_dataclass at import time (neither a reader nor mypy saw its
+    fields). A plain dataclass now; its train fields are UPDATE_FIELDS with TrainConfig's defaults, one source."""
+    import dataclasses
+
+    from teamrl.core.config import TrainConfig
+    from teamrl.trainer.update import UPDATE_FIELDS, UpdateParams
+
+    fields = {f.name: f for f in dataclasses.fields(UpdateParams)}
+    assert set(fields) == {"loss", "roles", *UPDATE_FIELDS}
+    train = {f.name: f for f in dataclasses.fields(TrainConfig)}
+    for name in UPDATE_FIELDS:
+        assert (fields[name].default, fields[name].type) == (train[name].default, train[name].type), name

@@ -31,25 +31,30 @@ from teamrl.policies.policy import Policy
 from teamrl.policies.router import declared_role, role_type
 
 
-def _resolve_auto(params: Any) -> None:
-    # a loss built in Python, not by make_update_params: on-policy, and no warm start to pull toward
-    if params.loss.importance_correction == "auto" or params.loss.kl_coef is None:
-        params.loss = params.loss.resolve()
-
-
-# The train section's fields that an update reads, taken from TrainConfig's declaration (type and default) as they are
+# The train section's fields that an update reads; their defaults are TrainConfig's (one source)
 UPDATE_FIELDS = ("ppo_epochs", "micro_batch_size", "max_grad_norm", "noise_grad_norm", "role_grad_norms")
-UpdateParams = dataclasses.make_dataclass("UpdateParams", [
-    ("loss", LossConfig, field(default_factory=LossConfig)),  # resolved (LossConfig.resolve)
-    *[(f.name, f.type, field(default=f.default)) for f in dataclasses.fields(TrainConfig) if f.name in UPDATE_FIELDS],
+_TRAIN_DEFAULTS = {f.name: f.default for f in dataclasses.fields(TrainConfig) if f.name in UPDATE_FIELDS}
+
+
+@dataclass
+class UpdateParams:
+    """What one policy's update runs with: the resolved ``train.loss``, the ``train`` fields of :data:`UPDATE_FIELDS`
+    (``role_grad_norms``: per role type, loss share, entropy, tokens and gradient norm) and the team's roles."""
+
+    loss: LossConfig = field(default_factory=LossConfig)  # resolved (LossConfig.resolve)
+    ppo_epochs: int = _TRAIN_DEFAULTS["ppo_epochs"]
+    micro_batch_size: int = _TRAIN_DEFAULTS["micro_batch_size"]
+    max_grad_norm: float = _TRAIN_DEFAULTS["max_grad_norm"]
+    noise_grad_norm: float = _TRAIN_DEFAULTS["noise_grad_norm"]
+    role_grad_norms: bool = _TRAIN_DEFAULTS["role_grad_norms"]
     # the team's declared roles: statistics per declared role each sample acts as (generator0 -> generator);
     # empty: per role name without its instance number
-    ("roles", tuple[str, ...], field(default=())),
-], namespace={"__post_init__": _resolve_auto})
-UpdateParams.__module__ = __name__  # where pickle (a Ray worker) finds it
-UpdateParams.__doc__ = (
-    "What one policy's update runs with: the resolved ``train.loss``, the ``train`` fields of UPDATE_FIELDS "
-    "(``role_grad_norms``: per role type, loss share, entropy, tokens and gradient norm) and the team's roles.")
+    roles: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        # a loss built in Python, not by make_update_params: on-policy, and no warm start to pull toward
+        if self.loss.importance_correction == "auto" or self.loss.kl_coef is None:
+            self.loss = self.loss.resolve()
 
 
 def make_update_params(cfg: Config, roles: Sequence[str] = ()) -> UpdateParams:
