@@ -264,3 +264,15 @@ def test_death_reason_picks_the_exception_line():
     assert death_reason(pydantic) == ("pydantic_core._pydantic_core.ValidationError: 1 validation error for ModelConfig "
                                       "Value error, User-specified max_model_len (100000) is greater than the derived "
                                       "max_model_len")  # as vLLM 0.32 dies with --max-model-len 100000
+
+
+def test_a_key_the_user_gives_is_the_one_sent():
+    """vLLM takes --api-key (rollout.vllm.extra_args) over VLLM_API_KEY (rollout.vllm.env): teamrl sends that one."""
+    from teamrl.rollout.vllm_server import GUARDED_LAUNCHER  # noqa: F401  (the default launcher exists)
+
+    made = ManagedVLLMServer(VllmConfig(command=[sys.executable]), "m", 1, 8, "/tmp/x.log")
+    env = ManagedVLLMServer(VllmConfig(command=[sys.executable], env={"VLLM_API_KEY": "from-env"}), "m", 1, 8, "/tmp/x.log")
+    flag = ManagedVLLMServer(VllmConfig(command=[sys.executable], env={"VLLM_API_KEY": "from-env"},
+                                        extra_args=["--api-key", "from-flag"]), "m", 1, 8, "/tmp/x.log")
+    assert len(made.api_key) >= 32 and made.environment()["VLLM_API_KEY"] == made.api_key
+    assert (env.api_key, flag.api_key) == ("from-env", "from-flag")

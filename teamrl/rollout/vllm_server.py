@@ -185,8 +185,11 @@ class ManagedVLLMServer:
                  device: str = "cpu", dtype: str = "float32", model_path: str | None = None,
                  full_weights: bool = False, api_key: str | None = None) -> None:
         self.settings = settings
-        # every request needs it (Authorization: Bearer); rollout.vllm.env's VLLM_API_KEY when the user gives one
-        self.api_key = api_key or str(settings.env.get("VLLM_API_KEY", "")) or secrets.token_urlsafe(32)
+        # every request needs it (Authorization: Bearer): the user's own when given (vLLM's --api-key in
+        # rollout.vllm.extra_args wins over VLLM_API_KEY, as in vLLM), else one made for this server
+        extra = list(settings.extra_args)
+        flag = extra[extra.index("--api-key") + 1] if "--api-key" in extra[:-1] else ""
+        self.api_key = api_key or flag or str(settings.env.get("VLLM_API_KEY", "")) or secrets.token_urlsafe(32)
         # a full-weight policy: no adapters; its weights are reloaded through the dev-mode POST /collective_rpc
         self.full_weights = full_weights
         self.model = model
