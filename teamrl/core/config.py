@@ -84,8 +84,9 @@ class PolicyConfig:
         "{proposer: {num_gpus: 1}, critic: {resources: {node_b: 1}}}; "
         "a worker not listed asks for num_cpus 1",
     )
-    ray_address: str = option("", doc="ray: address of a running cluster (ray start --head prints it); empty: a Ray "
-                                      "already initialised in this process, else a local one (ray.init)")
+    ray_address: str = option("", doc="ray: address of a running cluster (ray start --head prints it; auto: the one on "
+                                      "this machine); empty: a Ray already initialised in this process, else a local "
+                                      "cluster of the run's own (never another run's)")
     ray_timeout_s: float = option(600.0, gt=0, doc="ray: seconds to wait for a worker's answer before failing with an "
                                                    "error naming it")
     ranks: dict[str, int] = option(

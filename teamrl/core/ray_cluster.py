@@ -22,13 +22,15 @@ def token_file() -> Path:
 
 
 def start_ray(address: str = "") -> None:
-    """Connect to the cluster at ``address`` (``policy.ray_address``), else start a local one, unless Ray runs in
-    this process already."""
+    """Connect to the cluster at ``address`` (``policy.ray_address``; ``auto``: the one ``ray start`` began on this
+    machine), else start a local cluster of this run's own, unless Ray runs in this process already."""
     import ray
 
     if ray.is_initialized():
         return
-    ray.init(address=address or None, include_dashboard=False, log_to_driver=False)
+    # "local": a cluster of this run's own; ray.init() with no address joins a cluster already on the machine (another
+    # run's, which ends when that run does)
+    ray.init(address=address or "local", include_dashboard=False, log_to_driver=False)
     if address:  # someone else's cluster: its security is theirs
         return
     if os.environ.get("RAY_AUTH_MODE", "").lower() == "disabled":
