@@ -456,3 +456,22 @@ def test_a_run_name_with_a_control_or_format_character_makes_no_folder(capsys, t
     rc, err = run_cli(capsys, *tiny_train(tmp_path, f"name={name}"))  # a quoted YAML override: "a\nb" is a newline
     assert_one_line_error(rc, err, "name:", shown)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_ctrl_c_inside_torch_save_is_the_interrupt_not_the_zip_writers_error(tmp_path, monkeypatch):
+    """Seen once in make test (test_a_signal_ends_train_in_one_line_and_the_run_resumes[SIGINT]): SIGINT landed inside
+    torch.save, torch's zip writer then failed closing the file (`RuntimeError: ... unexpected pos 12608 vs 12560`)
+    and that error, not the interrupt, ended the run: exit 1 with a traceback instead of the one-line 130."""
+    import torch
+
+    from teamrl.trainer import checkpoint
+
+    def interrupted_save(obj, f):
+        try:
+            raise KeyboardInterrupt
+        finally:  # torch's writer closing the zip after the interrupt
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 12608 vs 12560")
+
+    monkeypatch.setattr(torch, "save", interrupted_save)
+    with pytest.raises(KeyboardInterrupt):
+        checkpoint._write({"x": 1}, tmp_path / "a.pt")

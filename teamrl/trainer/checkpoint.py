@@ -155,6 +155,13 @@ def _write(obj: Any, path: Path) -> None:
         try:
             torch.save(obj, f)
         except RuntimeError as e:
+            # Ctrl-C or SIGTERM inside torch.save: its zip writer then fails closing the file ("unexpected pos"), and
+            # that error would hide the interrupt (exit 1 and a traceback instead of the one-line stop)
+            cause: BaseException | None = e.__context__
+            while cause is not None and isinstance(cause, Exception):
+                cause = cause.__context__
+            if cause is not None:
+                raise cause from None
             # torch's zip writer can see a short write on a full disk first (``unexpected pos 125824 vs 125712``),
             # before any OSError: a file system with less than a block left is that disk-full error
             free = os.statvfs(path.parent)
